@@ -1,0 +1,1 @@
+"""Conveyor platform package."""

@@ -1,0 +1,152 @@
+"""Avro <-> dataclasses. The only module that imports fastavro.
+
+Every schema under records/, state/ and events/ is parsed once at import. A log record is an
+``Envelope`` whose ``body`` is the Avro encoding of the record named by ``kind``; encoding the
+body separately lets a reader route on ``kind`` without decoding the body, and keeps each body
+schema independent (adding a record kind never changes the envelope).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+from conveyor.schemas import types as t
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+SCHEMA_DIR = Path(__file__).parent
+T = TypeVar("T")
+
+_named: dict[str, Any] = {}
+
+
+def _load(relpath: str) -> Any:
+    with open(SCHEMA_DIR / relpath) as fh:
+        return parse_schema(json.load(fh), named_schemas=_named)
+
+
+def load_schema_json(relpath: str) -> dict[str, Any]:
+    """The raw schema document, for the schema-sync test and the docs."""
+    with open(SCHEMA_DIR / relpath) as fh:
+        return cast(dict[str, Any], json.load(fh))
+
+
+# Nested dataclass fields and enum fields per class: what a plain dict must be turned into.
+_NESTED: dict[type, dict[str, type]] = {
+    t.GrantLeases: {"requests": t.LeaseRequest},
+    t.CompleteAttempts: {"items": t.Completion},
+    t.SaveCheckpoints: {"items": t.Checkpoint},
+    t.ExpireLeases: {"items": t.LeaseRef},
+    t.FireTimers: {"timers": t.TimerRef},
+    t.EventBatch: {"events": t.TaskEvent},
+}
+_ENUMS: dict[type, dict[str, type[StrEnum]]] = {
+    t.Completion: {"outcome": t.Outcome},
+    t.TimerRef: {"kind": t.TimerKind},
+    t.Task: {"status": t.TaskStatus},
+    t.TaskEvent: {"kind": t.EventKind},
+}
+
+
+class Codec(Generic[T]):
+    """Encode and decode one dataclass type with one parsed Avro schema."""
+
+    def __init__(self, cls: type[T], schema: Any) -> None:
+        self.cls = cls
+        self.schema = schema
+        self.names = [f.name for f in dataclasses.fields(cast(Any, cls))]
+        self._to_dict = _make_to_dict(cls)
+        self._from_dict = _make_from_dict(cls)
+
+    def encode(self, obj: T) -> bytes:
+        buf = io.BytesIO()
+        schemaless_writer(buf, self.schema, self._to_dict(obj))
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> T:
+        datum = cast(dict[str, Any], schemaless_reader(io.BytesIO(data), self.schema, None))
+        return cast(T, self._from_dict(datum))
+
+
+def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
+    names = [f.name for f in dataclasses.fields(cls)]
+    nested = {name: _make_to_dict(sub) for name, sub in _NESTED.get(cls, {}).items()}
+
+    def to_dict(obj: Any) -> dict[str, Any]:
+        d = {name: getattr(obj, name) for name in names}
+        for name, conv in nested.items():
+            d[name] = [conv(item) for item in d[name]]
+        return d
+
+    return to_dict
+
+
+def _make_from_dict(cls: type) -> Callable[[dict[str, Any]], Any]:
+    nested = {name: _make_from_dict(sub) for name, sub in _NESTED.get(cls, {}).items()}
+    enums = _ENUMS.get(cls, {})
+    if not nested and not enums:
+        return lambda d: cls(**d)
+
+    def from_dict(d: dict[str, Any]) -> Any:
+        for name, conv in nested.items():
+            d[name] = [conv(item) for item in d[name]]
+        for name, enum in enums.items():
+            d[name] = enum(d[name])
+        return cls(**d)
+
+    return from_dict
+
+
+ENVELOPE = Codec(t.Envelope, _load("records/Envelope.avsc"))
+TASK_SPEC = Codec(t.TaskSpec, _load("records/TaskSpec.avsc"))
+RECORDS: dict[str, Codec[Any]] = {
+    cls.__name__: Codec(cls, _load(f"records/{cls.__name__}.avsc"))
+    for cls in (
+        t.EnqueueTasks,
+        t.CancelTasks,
+        t.RetryFailed,
+        t.GrantLeases,
+        t.CompleteAttempts,
+        t.SaveCheckpoints,
+        t.ExpireLeases,
+        t.FireTimers,
+        t.AnnounceEpoch,
+    )
+}
+TASK = Codec(t.Task, _load("state/Task.avsc"))
+ATTEMPT = Codec(t.Attempt, _load("state/Attempt.avsc"))
+IDEMPOTENCY = Codec(t.IdempotencyEntry, _load("state/IdempotencyEntry.avsc"))
+TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
+EVENT_BATCH = Codec(t.EventBatch, _load("events/EventBatch.avsc"))
+
+
+class RecordDecodeError(Exception):
+    """A log record that is not a valid envelope or body; the processor quarantines it."""
+
+
+def encode_record(record: t.Record, *, epoch: int, ts_ms: int, key: str) -> bytes:
+    kind = type(record).__name__
+    body = RECORDS[kind].encode(record)
+    return ENVELOPE.encode(t.Envelope(kind=kind, epoch=epoch, ts_ms=ts_ms, key=key, body=body))
+
+
+def decode_envelope(data: bytes) -> t.Envelope:
+    try:
+        return ENVELOPE.decode(data)
+    except Exception as exc:  # fastavro raises many types on hostile input
+        raise RecordDecodeError(f"bad envelope: {exc!r}") from exc
+
+
+def decode_body(envelope: t.Envelope) -> t.Record:
+    codec = RECORDS.get(envelope.kind)
+    if codec is None:
+        raise RecordDecodeError(f"unknown record kind {envelope.kind!r}")
+    try:
+        return cast(t.Record, codec.decode(envelope.body))
+    except Exception as exc:
+        raise RecordDecodeError(f"bad {envelope.kind} body: {exc!r}") from exc

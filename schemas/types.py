@@ -1,0 +1,289 @@
+"""Python shapes of the Avro schemas in this folder (records/, state/, events/).
+
+One dataclass per Avro record; field names and order match the .avsc files exactly
+(``tests/unit/test_codec.py`` keeps them in sync). Records and events are frozen; ``Task``
+is the mutable live-state row the state machine edits and puts back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+# --- log records (inputs, imperative) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    kind: str
+    epoch: int
+    ts_ms: int
+    key: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    task_id: str
+    tenant: str
+    app: str
+    task_type: str
+    queue: str = "default"
+    priority: int = 0
+    payload: bytes = b""
+    run_at_ms: int | None = None
+    attempts_max: int = 5
+    backoff_base_ms: int = 1_000
+    backoff_factor: float = 2.0
+    backoff_cap_ms: int = 3_600_000
+    non_retryable: list[str] = field(default_factory=list)
+    schedule_to_start_ms: int | None = None
+    start_to_close_ms: int | None = None
+    schedule_to_close_ms: int | None = None
+    cancel_grace_ms: int = 30_000
+    idempotency_key: str | None = None
+    idempotency_window_ms: int = 86_400_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueTasks:
+    tasks: list[bytes]  # each an encoded TaskSpec: the processor stores it without re-encoding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelTasks:
+    tenant: str
+    task_ids: list[str]
+    reason: str = "canceled by request"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryFailed:
+    tenant: str
+    task_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRequest:
+    request_id: str
+    agent_id: str
+    app: str
+    tenants: list[str]
+    queues: list[str]
+    capacity: int
+    lease_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrantLeases:
+    requests: list[LeaseRequest]
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # retryable per policy
+    FATAL = "FATAL"  # straight to FAILED
+    CANCELED = "CANCELED"  # the handler observed a cancel and stopped
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    task_id: str
+    lease_id: int
+    outcome: Outcome
+    result: bytes | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    error_stack: str | None = None
+    retry_after_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompleteAttempts:
+    items: list[Completion]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    task_id: str
+    lease_id: int
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SaveCheckpoints:
+    items: list[Checkpoint]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRef:
+    task_id: str
+    lease_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpireLeases:
+    items: list[LeaseRef]
+
+
+class TimerKind(StrEnum):
+    RUN = "RUN"  # delay or retry backoff over: back to ENQUEUED
+    SCHEDULE_TO_START = "SCHEDULE_TO_START"
+    SCHEDULE_TO_CLOSE = "SCHEDULE_TO_CLOSE"
+    START_TO_CLOSE = "START_TO_CLOSE"
+    CANCEL_GRACE = "CANCEL_GRACE"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerRef:
+    fire_at_ms: int
+    task_id: str
+    kind: TimerKind
+    token: int  # the lease id or attempt the timer was armed for; stale tokens do nothing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FireTimers:
+    timers: list[TimerRef]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnnounceEpoch:
+    leader_id: str
+
+
+Record = (
+    EnqueueTasks
+    | CancelTasks
+    | RetryFailed
+    | GrantLeases
+    | CompleteAttempts
+    | SaveCheckpoints
+    | ExpireLeases
+    | FireTimers
+    | AnnounceEpoch
+)
+
+# Records only the partition leader proposes; the machine ignores them from a stale epoch.
+LEADER_RECORDS = (GrantLeases, ExpireLeases, FireTimers, AnnounceEpoch)
+
+# --- live state ---------------------------------------------------------------------------
+
+
+class TaskStatus(StrEnum):
+    ENQUEUED = "ENQUEUED"
+    LEASED = "LEASED"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+    EXPIRED = "EXPIRED"
+
+
+TERMINAL = frozenset(
+    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELED, TaskStatus.EXPIRED}
+)
+
+
+@dataclass(slots=True, kw_only=True)
+class Task:
+    task_id: str
+    tenant: str
+    app: str
+    task_type: str
+    queue: str
+    priority: int
+    status: TaskStatus
+    attempt: int
+    budget_base: int  # attempts used before the last dead-letter retry
+    lease_id: int  # the newest lease ever granted; 0 before the first
+    created_ms: int
+    run_at_ms: int
+    updated_ms: int
+    ready_seq: int  # position in the ready queue; 0 when not ready
+    version: int  # log offset of the last change
+    cancel_grace_ms: int
+    start_to_close_ms: int | None = None
+    start_by_ms: int | None = None  # schedule_to_start deadline (absolute)
+    close_by_ms: int | None = None  # schedule_to_close deadline (absolute)
+    grace_until_ms: int | None = None  # end of the cancel grace of a pending cancel
+    agent_id: str | None = None
+    leased_ms: int | None = None
+    cancel_cause: str | None = None  # CancelCause while a cancel of a LEASED task is pending
+    cancel_reason: str | None = None
+    checkpoint: bytes | None = None
+    result: bytes | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    error_stack: str | None = None
+    finished_ms: int | None = None
+
+
+class CancelCause(StrEnum):
+    """Why a LEASED task was asked to stop; decides where it goes when the grace ends."""
+
+    CANCEL = "CANCEL"  # -> CANCELED
+    START_TO_CLOSE = "START_TO_CLOSE"  # -> the attempt failed; retry per policy
+    SCHEDULE_TO_CLOSE = "SCHEDULE_TO_CLOSE"  # -> EXPIRED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    task_id: str
+    attempt: int
+    lease_id: int
+    agent_id: str
+    started_ms: int
+    finished_ms: int
+    outcome: str
+    error_class: str | None = None
+    error_message: str | None = None
+    error_stack: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdempotencyEntry:
+    task_id: str
+    expires_ms: int
+
+
+# --- events (outputs, past tense) -----------------------------------------------------------
+
+
+class EventKind(StrEnum):
+    TaskEnqueued = "TaskEnqueued"
+    TaskLeased = "TaskLeased"
+    TaskSucceeded = "TaskSucceeded"
+    AttemptFailed = "AttemptFailed"
+    TaskRetryScheduled = "TaskRetryScheduled"
+    TaskFailed = "TaskFailed"
+    TaskCanceled = "TaskCanceled"
+    TaskExpired = "TaskExpired"
+    CancelRequested = "CancelRequested"
+    CheckpointSaved = "CheckpointSaved"
+    LeaseExpired = "LeaseExpired"
+    TaskRequeued = "TaskRequeued"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskEvent:
+    kind: EventKind
+    task_id: str
+    tenant: str
+    app: str
+    task_type: str
+    queue: str
+    status: str
+    attempt: int
+    ts_ms: int
+    version: int
+    agent_id: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventBatch:
+    partition: int
+    offset: int
+    events: list[TaskEvent]

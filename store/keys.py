@@ -1,0 +1,150 @@
+"""Key encodings of the partition tables. One keyspace, one leading byte per table.
+
+Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) so that
+"ab" + "c" never collides with "a" + "bc".
+
+    table        key                                              value
+    tasks        t task_id                                        Task (Avro)
+    specs        s task_id                                        TaskSpec (Avro, as enqueued)
+    attempts     a task_id u32:attempt                            Attempt (Avro)
+    idempotency  i lp:tenant lp:app key                           IdempotencyEntry (Avro)
+    ready        r lp:app lp:tenant lp:queue u8:255-prio u64:seq  task_id
+    timers       T u64:fire_at_ms lp:task_id u8:kind u64:token    b""
+    leased       l task_id                                        u64:lease_id
+    dead         d lp:tenant task_id                              b""
+    outbox       o u64:offset                                     EventBatch (Avro)
+    meta         m name                                           per name
+"""
+
+from __future__ import annotations
+
+import struct
+
+from conveyor.schemas.types import TimerKind, TimerRef
+
+TASKS = b"t"
+SPECS = b"s"
+ATTEMPTS = b"a"
+IDEMPOTENCY = b"i"
+READY = b"r"
+TIMERS = b"T"
+LEASED = b"l"
+DEAD = b"d"
+OUTBOX = b"o"
+META = b"m"
+
+META_APPLIED = META + b"applied"
+META_EPOCH = META + b"epoch"
+META_CURSOR = META + b"cursor/"  # + app: the tenant served last (round-robin position)
+
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_TIMER_KINDS = list(TimerKind)
+_TIMER_CODE = {kind: i for i, kind in enumerate(_TIMER_KINDS)}
+
+
+def u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def read_u64(b: bytes, at: int = 0) -> int:
+    value: int = _U64.unpack_from(b, at)[0]
+    return value
+
+
+def lp(s: str) -> bytes:
+    raw = s.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def read_lp(b: bytes, at: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(b, at)
+    return b[at + 2 : at + 2 + n].decode(), at + 2 + n
+
+
+def task(task_id: str) -> bytes:
+    return TASKS + task_id.encode()
+
+
+def spec(task_id: str) -> bytes:
+    return SPECS + task_id.encode()
+
+
+def attempt(task_id: str, n: int) -> bytes:
+    return ATTEMPTS + lp(task_id) + _U32.pack(n)
+
+
+def attempts_of(task_id: str) -> bytes:
+    return ATTEMPTS + lp(task_id)
+
+
+def idempotency(tenant: str, app: str, key: str) -> bytes:
+    return IDEMPOTENCY + lp(tenant) + lp(app) + key.encode()
+
+
+def ready_app(app: str) -> bytes:
+    return READY + lp(app)
+
+
+def ready_tenant(app: str, tenant: str) -> bytes:
+    return READY + lp(app) + lp(tenant)
+
+
+def ready_queue(app: str, tenant: str, queue: str) -> bytes:
+    return READY + lp(app) + lp(tenant) + lp(queue)
+
+
+def ready(app: str, tenant: str, queue: str, priority: int, seq: int) -> bytes:
+    return ready_queue(app, tenant, queue) + bytes((255 - priority,)) + _U64.pack(seq)
+
+
+def ready_order(key: bytes) -> bytes:
+    """The (priority, seq) tail of a ready key: compares across queues of one tenant."""
+    return key[-9:]
+
+
+def timer(ref: TimerRef) -> bytes:
+    return (
+        TIMERS
+        + _U64.pack(ref.fire_at_ms)
+        + lp(ref.task_id)
+        + bytes((_TIMER_CODE[ref.kind],))
+        + _U64.pack(ref.token)
+    )
+
+
+def timers_until(fire_at_ms: int) -> bytes:
+    """Exclusive upper bound of the timers due at or before ``fire_at_ms``."""
+    return TIMERS + _U64.pack(fire_at_ms + 1)
+
+
+def parse_timer(key: bytes) -> TimerRef:
+    fire_at_ms = read_u64(key, 1)
+    task_id, at = read_lp(key, 9)
+    return TimerRef(
+        fire_at_ms=fire_at_ms,
+        task_id=task_id,
+        kind=_TIMER_KINDS[key[at]],
+        token=read_u64(key, at + 1),
+    )
+
+
+def leased(task_id: str) -> bytes:
+    return LEASED + task_id.encode()
+
+
+def dead(tenant: str, task_id: str) -> bytes:
+    return DEAD + lp(tenant) + task_id.encode()
+
+
+def dead_of(tenant: str) -> bytes:
+    return DEAD + lp(tenant)
+
+
+def outbox(offset: int) -> bytes:
+    return OUTBOX + _U64.pack(offset)
+
+
+def cursor(app: str) -> bytes:
+    return META_CURSOR + app.encode()

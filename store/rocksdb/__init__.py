@@ -1,0 +1,5 @@
+"""RocksDB (rocksdict) implementation of the KV protocol: one database per partition."""
+
+from conveyor.store.rocksdb.kv import RocksKV
+
+__all__ = ["RocksKV"]

@@ -1,0 +1,220 @@
+"""Typed tables over a KV, with the pending changes of the batch being applied.
+
+The state machine reads and writes through ``Tables``; nothing reaches the KV until the
+processor calls ``take_changes()`` and writes them, with the applied offset, in one batch.
+Reads see the batch's own earlier writes. Dirty ``Task`` rows stay decoded until the batch is
+taken, so a task touched by several records of one batch is encoded once.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+
+from conveyor.schemas import codec
+from conveyor.schemas.types import Attempt, IdempotencyEntry, Task, TaskSpec, TimerRef
+from conveyor.store import keys
+from conveyor.store.api import KV
+
+
+class Tables:
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+        self._pending: dict[bytes, bytes | None] = {}
+        self._tasks: dict[str, Task] = {}  # decoded this batch
+        self._dirty: set[str] = set()  # put this batch: encoded at take_changes
+
+    # -- raw access with the overlay ----------------------------------------------------------
+
+    def _get(self, key: bytes) -> bytes | None:
+        if key in self._pending:
+            return self._pending[key]
+        return self.kv.get(key)
+
+    def _put(self, key: bytes, value: bytes | None) -> None:
+        self._pending[key] = value
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Committed pairs merged with pending ones, in key order, deletions hidden."""
+        lo = start or prefix
+        mine = sorted((k, v) for k, v in self._pending.items() if k.startswith(prefix) and k >= lo)
+        if not mine:
+            yield from self.kv.scan(prefix, start)
+            return
+        pending = dict(mine)
+        committed = ((k, v) for k, v in self.kv.scan(prefix, start) if k not in pending)
+        for key, value in heapq.merge(committed, mine, key=lambda kv: kv[0]):
+            if value is not None:
+                yield key, value
+
+    def take_changes(self) -> dict[bytes, bytes | None]:
+        """Everything written since the last call, encoded; the overlay starts empty again."""
+        for task_id in self._dirty:
+            self._pending[keys.task(task_id)] = codec.TASK.encode(self._tasks[task_id])
+        changes = self._pending
+        self._pending = {}
+        self._tasks = {}
+        self._dirty = set()
+        return changes
+
+    def discard_changes(self) -> None:
+        self._pending = {}
+        self._tasks = {}
+        self._dirty = set()
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending or self._dirty)
+
+    # -- tasks and specs ----------------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task | None:
+        found = self._tasks.get(task_id)
+        if found is not None:
+            return found
+        raw = self._get(keys.task(task_id))
+        if raw is None:
+            return None
+        task = codec.TASK.decode(raw)
+        # Handlers edit the row in place and then put it; keep the same object for the batch.
+        self._tasks[task_id] = task
+        return task
+
+    def put_task(self, task: Task) -> None:
+        self._tasks[task.task_id] = task
+        self._dirty.add(task.task_id)
+
+    def spec(self, task_id: str) -> TaskSpec | None:
+        raw = self._get(keys.spec(task_id))
+        return None if raw is None else codec.TASK_SPEC.decode(raw)
+
+    def spec_bytes(self, task_id: str) -> bytes | None:
+        return self._get(keys.spec(task_id))
+
+    def put_spec(self, task_id: str, raw: bytes) -> None:
+        self._put(keys.spec(task_id), raw)
+
+    # -- attempts -----------------------------------------------------------------------------
+
+    def put_attempt(self, attempt: Attempt) -> None:
+        self._put(keys.attempt(attempt.task_id, attempt.attempt), codec.ATTEMPT.encode(attempt))
+
+    def attempts(self, task_id: str) -> list[Attempt]:
+        return [codec.ATTEMPT.decode(v) for _, v in self.scan(keys.attempts_of(task_id))]
+
+    # -- idempotency --------------------------------------------------------------------------
+
+    def idempotency(self, tenant: str, app: str, key: str) -> IdempotencyEntry | None:
+        raw = self._get(keys.idempotency(tenant, app, key))
+        return None if raw is None else codec.IDEMPOTENCY.decode(raw)
+
+    def put_idempotency(self, tenant: str, app: str, key: str, entry: IdempotencyEntry) -> None:
+        self._put(keys.idempotency(tenant, app, key), codec.IDEMPOTENCY.encode(entry))
+
+    # -- ready queues -------------------------------------------------------------------------
+
+    def add_ready(self, task: Task) -> None:
+        key = keys.ready(task.app, task.tenant, task.queue, task.priority, task.ready_seq)
+        self._put(key, task.task_id.encode())
+
+    def remove_ready(self, task: Task) -> None:
+        key = keys.ready(task.app, task.tenant, task.queue, task.priority, task.ready_seq)
+        self._put(key, None)
+
+    def _distinct(self, prefix: bytes, start_of: Callable[[str], bytes]) -> list[str]:
+        """The distinct length-prefixed names right after ``prefix``: one seek per name."""
+        names: list[str] = []
+        start: bytes | None = None
+        while True:
+            found = next(self.scan(prefix, start), None)
+            if found is None:
+                return names
+            name = keys.read_lp(found[0], len(prefix))[0]
+            names.append(name)
+            start = start_of(name) + b"\xff\xff\xff"
+
+    def ready_tenants(self, app: str) -> list[str]:
+        """Tenants with ready work for ``app``, in key order."""
+        return self._distinct(keys.ready_app(app), lambda t: keys.ready_tenant(app, t))
+
+    def ready_heads(
+        self, app: str, tenant: str, queues: list[str], limit: int
+    ) -> list[tuple[bytes, str]]:
+        """Up to ``limit`` ready (key, task id) of one tenant, by priority then age."""
+        if not queues:
+            queues = self._distinct(
+                keys.ready_tenant(app, tenant), lambda q: keys.ready_queue(app, tenant, q)
+            )
+        streams = [self.scan(keys.ready_queue(app, tenant, q)) for q in queues]
+        merged = heapq.merge(*streams, key=lambda kv: keys.ready_order(kv[0]))
+        out: list[tuple[bytes, str]] = []
+        for key, value in merged:
+            out.append((key, value.decode()))
+            if len(out) >= limit:
+                break
+        return out
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def add_timer(self, ref: TimerRef) -> None:
+        self._put(keys.timer(ref), b"")
+
+    def remove_timer(self, ref: TimerRef) -> None:
+        self._put(keys.timer(ref), None)
+
+    def timer_exists(self, ref: TimerRef) -> bool:
+        return self._get(keys.timer(ref)) is not None
+
+    def due_timers(self, now_ms: int, limit: int) -> list[TimerRef]:
+        bound = keys.timers_until(now_ms)
+        out: list[TimerRef] = []
+        for key, _ in self.scan(keys.TIMERS):
+            if key >= bound or len(out) >= limit:
+                break
+            out.append(keys.parse_timer(key))
+        return out
+
+    def next_timer_ms(self) -> int | None:
+        first = next(self.scan(keys.TIMERS), None)
+        return None if first is None else keys.read_u64(first[0], 1)
+
+    # -- leased index, dead letters, meta -----------------------------------------------------
+
+    def set_leased(self, task_id: str, lease_id: int) -> None:
+        self._put(keys.leased(task_id), keys.u64(lease_id))
+
+    def clear_leased(self, task_id: str) -> None:
+        self._put(keys.leased(task_id), None)
+
+    def leased(self) -> Iterator[tuple[str, int]]:
+        for key, value in self.scan(keys.LEASED):
+            yield key[1:].decode(), keys.read_u64(value)
+
+    def add_dead(self, tenant: str, task_id: str) -> None:
+        self._put(keys.dead(tenant, task_id), b"")
+
+    def remove_dead(self, tenant: str, task_id: str) -> None:
+        self._put(keys.dead(tenant, task_id), None)
+
+    def dead(self, tenant: str) -> Iterator[str]:
+        prefix = keys.dead_of(tenant)
+        for key, _ in self.scan(prefix):
+            yield key[len(prefix) :].decode()
+
+    def meta_int(self, key: bytes) -> int | None:
+        raw = self._get(key)
+        return None if raw is None else keys.read_u64(raw)
+
+    def put_meta_int(self, key: bytes, value: int) -> None:
+        self._put(key, keys.u64(value))
+
+    def meta_str(self, key: bytes) -> str | None:
+        raw = self._get(key)
+        return None if raw is None else raw.decode()
+
+    def put_meta_str(self, key: bytes, value: str) -> None:
+        self._put(key, value.encode())
+
+    def put_raw(self, key: bytes, value: bytes | None) -> None:
+        """For the processor's own rows (outbox, applied offset) in the same batch."""
+        self._put(key, value)

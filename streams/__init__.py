@@ -1,0 +1,1 @@
+"""The platform's data path: log -> processor -> state machine -> outputs."""

@@ -1,0 +1,75 @@
+"""apply(tables, record, meta) -> Outcome: the whole state machine behind one function.
+
+Rule 1: pure. No clock (time is ``meta.ts_ms``), no randomness (jitter and derived ids are
+hashes of ids and offsets), no I/O beyond the ``Tables`` handed in. A test bans the imports.
+Rule 2: a valid record that does not apply (stale lease, stale epoch, unknown task) is answered
+with a rejection in the outcome, never an exception.
+Rule 3: records only the leader proposes are ignored when their epoch is older than the last
+epoch announced through the log, so a deposed leader's writes are harmless even where the log
+cannot refuse them.
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from conveyor.schemas.types import (
+    LEADER_RECORDS,
+    AnnounceEpoch,
+    CancelTasks,
+    CompleteAttempts,
+    EnqueueTasks,
+    ExpireLeases,
+    FireTimers,
+    GrantLeases,
+    Record,
+    RetryFailed,
+    SaveCheckpoints,
+)
+from conveyor.store import keys
+from conveyor.store.tables import Tables
+from conveyor.streams.machine.handlers.cancel import apply_cancel, apply_retry_failed
+from conveyor.streams.machine.handlers.complete import (
+    apply_checkpoints,
+    apply_complete,
+    apply_expire,
+)
+from conveyor.streams.machine.handlers.dispatch import apply_grant
+from conveyor.streams.machine.handlers.enqueue import apply_enqueue
+from conveyor.streams.machine.handlers.timers import apply_timers
+from conveyor.streams.machine.outcome import Meta, Outcome
+
+
+def current_epoch(tables: Tables) -> int:
+    return tables.meta_int(keys.META_EPOCH) or 0
+
+
+def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
+    out = Outcome()
+    if isinstance(record, LEADER_RECORDS):
+        epoch = current_epoch(tables)
+        if meta.epoch < epoch:
+            out.ignored = f"epoch {meta.epoch} is older than the announced epoch {epoch}"
+            return out
+    match record:
+        case EnqueueTasks():
+            apply_enqueue(tables, record, meta, out)
+        case CancelTasks():
+            apply_cancel(tables, record, meta, out)
+        case RetryFailed():
+            apply_retry_failed(tables, record, meta, out)
+        case GrantLeases():
+            apply_grant(tables, record, meta, out)
+        case CompleteAttempts():
+            apply_complete(tables, record, meta, out)
+        case SaveCheckpoints():
+            apply_checkpoints(tables, record, meta, out)
+        case ExpireLeases():
+            apply_expire(tables, record, meta, out)
+        case FireTimers():
+            apply_timers(tables, record, meta, out)
+        case AnnounceEpoch():
+            tables.put_meta_int(keys.META_EPOCH, meta.epoch)
+        case _:
+            assert_never(record)
+    return out

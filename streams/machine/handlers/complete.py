@@ -1,0 +1,132 @@
+"""CompleteAttempts, SaveCheckpoints, ExpireLeases: everything fenced by a lease id.
+
+Rule: an item whose lease id is not the task's current lease of a LEASED task is rejected and
+changes nothing. That is what keeps a paused zombie agent from completing a task twice.
+"""
+
+from __future__ import annotations
+
+from conveyor.schemas.types import (
+    CancelCause,
+    CompleteAttempts,
+    Completion,
+    EventKind,
+    ExpireLeases,
+    SaveCheckpoints,
+    Task,
+    TaskStatus,
+)
+from conveyor.schemas.types import (
+    Outcome as AttemptOutcome,
+)
+from conveyor.store.tables import Tables
+from conveyor.streams.machine.lifecycle import (
+    attempt_failed,
+    emit,
+    finish,
+    record_attempt,
+    touch,
+)
+from conveyor.streams.machine.outcome import Meta, Outcome, Reply
+
+
+def holder(tables: Tables, task_id: str, lease_id: int) -> Task | str:
+    """The task if ``lease_id`` is its live lease, else why not."""
+    task = tables.task(task_id)
+    if task is None:
+        return "unknown task"
+    if task.status != TaskStatus.LEASED:
+        return f"task is {task.status.value}"
+    if task.lease_id != lease_id:
+        return f"stale lease {lease_id}; current lease is {task.lease_id}"
+    return task
+
+
+def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Outcome) -> None:
+    for index, item in enumerate(record.items):
+        task = holder(tables, item.task_id, item.lease_id)
+        if isinstance(task, str):
+            out.actions.append(
+                Reply(offset=meta.offset, index=index, ok=False, task_id=item.task_id, reason=task)
+            )
+            continue
+        _complete(tables, task, item, meta, out)
+        out.actions.append(
+            Reply(
+                offset=meta.offset, index=index, ok=True, task_id=item.task_id, status=task.status
+            )
+        )
+
+
+def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome) -> None:
+    match item.outcome:
+        case AttemptOutcome.SUCCEEDED:
+            record_attempt(tables, task, meta, "SUCCEEDED")
+            task.result = item.result
+            finish(tables, task, TaskStatus.SUCCEEDED, meta, out, EventKind.TaskSucceeded)
+        case AttemptOutcome.CANCELED if task.cancel_cause is not None:
+            record_attempt(tables, task, meta, "CANCELED", "Canceled", item.error_message)
+            status, kind = _after_stop(task.cancel_cause)
+            finish(
+                tables,
+                task,
+                status,
+                meta,
+                out,
+                kind,
+                error_class="Canceled",
+                error_message=task.cancel_reason,
+            )
+        case AttemptOutcome.FAILED | AttemptOutcome.FATAL | AttemptOutcome.CANCELED:
+            attempt_failed(
+                tables,
+                task,
+                meta,
+                out,
+                error_class=item.error_class or "Error",
+                error_message=item.error_message,
+                error_stack=item.error_stack,
+                fatal=item.outcome == AttemptOutcome.FATAL,
+                retry_after_ms=item.retry_after_ms,
+            )
+
+
+def _after_stop(cause: str) -> tuple[TaskStatus, EventKind]:
+    if cause == CancelCause.SCHEDULE_TO_CLOSE:
+        return TaskStatus.EXPIRED, EventKind.TaskExpired
+    return TaskStatus.CANCELED, EventKind.TaskCanceled
+
+
+def apply_checkpoints(tables: Tables, record: SaveCheckpoints, meta: Meta, out: Outcome) -> None:
+    for index, item in enumerate(record.items):
+        task = holder(tables, item.task_id, item.lease_id)
+        if isinstance(task, str):
+            out.actions.append(
+                Reply(offset=meta.offset, index=index, ok=False, task_id=item.task_id, reason=task)
+            )
+            continue
+        task.checkpoint = item.value
+        touch(task, meta)
+        tables.put_task(task)
+        emit(out, EventKind.CheckpointSaved, task, meta)
+        out.actions.append(
+            Reply(
+                offset=meta.offset, index=index, ok=True, task_id=item.task_id, status=task.status
+            )
+        )
+
+
+def apply_expire(tables: Tables, record: ExpireLeases, meta: Meta, out: Outcome) -> None:
+    for item in record.items:
+        task = holder(tables, item.task_id, item.lease_id)
+        if isinstance(task, str):
+            continue  # the lease ended some other way first
+        emit(out, EventKind.LeaseExpired, task, meta, error_class="LeaseExpired")
+        attempt_failed(
+            tables,
+            task,
+            meta,
+            out,
+            error_class="LeaseExpired",
+            error_message=f"no heartbeat for lease {item.lease_id}",
+        )

@@ -1,0 +1,135 @@
+"""FireTimers: delays and backoff ending, the three timeouts, the cancel grace.
+
+A timer carries a token (the attempt or lease it was armed for). A timer whose task has moved
+on is stale and does nothing, so disarming a timer is an optimisation, never a requirement.
+"""
+
+from __future__ import annotations
+
+from conveyor.schemas.types import (
+    CancelCause,
+    EventKind,
+    FireTimers,
+    Task,
+    TaskStatus,
+    TimerKind,
+    TimerRef,
+)
+from conveyor.store.tables import Tables
+from conveyor.streams.machine.handlers.cancel import request_stop
+from conveyor.streams.machine.lifecycle import (
+    attempt_failed,
+    emit,
+    finish,
+    make_ready,
+    touch,
+)
+from conveyor.streams.machine.outcome import Meta, Outcome
+from conveyor.streams.machine.transitions import move
+
+WAITING = (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT)
+
+
+def apply_timers(tables: Tables, record: FireTimers, meta: Meta, out: Outcome) -> None:
+    for index, ref in enumerate(record.timers):
+        if not tables.timer_exists(ref):
+            continue  # already fired or disarmed
+        tables.remove_timer(ref)
+        task = tables.task(ref.task_id)
+        if task is not None and task.status not in (
+            TaskStatus.SUCCEEDED,
+            TaskStatus.FAILED,
+            TaskStatus.CANCELED,
+            TaskStatus.EXPIRED,
+        ):
+            _fire(tables, task, ref, meta, out, index)
+
+
+def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, index: int) -> None:
+    leased_now = task.status == TaskStatus.LEASED and task.lease_id == ref.token
+    match ref.kind:
+        case TimerKind.RUN:
+            if task.status in WAITING and task.ready_seq == 0 and task.attempt == ref.token:
+                if task.status == TaskStatus.RETRY_WAIT:
+                    move(task, TaskStatus.ENQUEUED)
+                make_ready(tables, task, meta, index)
+                touch(task, meta)
+                tables.put_task(task)
+                emit(out, EventKind.TaskRequeued, task, meta)
+        case TimerKind.SCHEDULE_TO_START:
+            if task.status == TaskStatus.ENQUEUED and task.lease_id == 0:
+                finish(
+                    tables,
+                    task,
+                    TaskStatus.EXPIRED,
+                    meta,
+                    out,
+                    EventKind.TaskExpired,
+                    error_class="ScheduleToStartTimeout",
+                    error_message="not started before schedule_to_start",
+                )
+        case TimerKind.SCHEDULE_TO_CLOSE:
+            if task.status == TaskStatus.LEASED:
+                request_stop(
+                    tables,
+                    task,
+                    CancelCause.SCHEDULE_TO_CLOSE,
+                    "schedule_to_close passed",
+                    meta,
+                    out,
+                )
+            else:
+                finish(
+                    tables,
+                    task,
+                    TaskStatus.EXPIRED,
+                    meta,
+                    out,
+                    EventKind.TaskExpired,
+                    error_class="ScheduleToCloseTimeout",
+                    error_message="not finished before schedule_to_close",
+                )
+        case TimerKind.START_TO_CLOSE:
+            if leased_now and task.cancel_cause is None:
+                request_stop(
+                    tables, task, CancelCause.START_TO_CLOSE, "start_to_close passed", meta, out
+                )
+        case TimerKind.CANCEL_GRACE:
+            if leased_now and task.cancel_cause is not None:
+                _grace_over(tables, task, meta, out)
+
+
+def _grace_over(tables: Tables, task: Task, meta: Meta, out: Outcome) -> None:
+    cause = task.cancel_cause
+    if cause == CancelCause.START_TO_CLOSE:
+        task.cancel_cause = None  # the attempt failed; the task is not canceled
+        attempt_failed(
+            tables,
+            task,
+            meta,
+            out,
+            error_class="StartToCloseTimeout",
+            error_message="the attempt ran past start_to_close",
+        )
+    elif cause == CancelCause.SCHEDULE_TO_CLOSE:
+        finish(
+            tables,
+            task,
+            TaskStatus.EXPIRED,
+            meta,
+            out,
+            EventKind.TaskExpired,
+            error_class="ScheduleToCloseTimeout",
+            error_message="not finished before schedule_to_close",
+        )
+    else:
+        finish(
+            tables,
+            task,
+            TaskStatus.CANCELED,
+            meta,
+            out,
+            EventKind.TaskCanceled,
+            error_class="Canceled",
+            error_message=task.cancel_reason,
+        )

@@ -1,0 +1,288 @@
+"""Shared moves of the lifecycle: make ready, end an attempt, finish, arm and disarm timers.
+
+Every helper edits the task in place, puts it, and records the events and actions it causes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from conveyor.schemas.types import (
+    Attempt,
+    CancelCause,
+    EventKind,
+    Task,
+    TaskEvent,
+    TaskSpec,
+    TaskStatus,
+    TimerKind,
+    TimerRef,
+)
+from conveyor.store.tables import Tables
+from conveyor.streams.machine.outcome import LeaseEnded, Meta, Outcome, TaskFinished
+from conveyor.streams.machine.transitions import move
+
+SEQ_SLOTS = 1 << 16  # items per record that can become ready: seq = (offset + 1) * SLOTS + i
+
+
+def ready_seq(meta: Meta, index: int) -> int:
+    assert 0 <= index < SEQ_SLOTS, f"record item index {index} out of range"
+    return (meta.offset + 1) * SEQ_SLOTS + index
+
+
+def emit(
+    out: Outcome,
+    kind: EventKind,
+    task: Task,
+    meta: Meta,
+    *,
+    error_class: str | None = None,
+    error_message: str | None = None,
+) -> None:
+    out.events.append(
+        TaskEvent(
+            kind=kind,
+            task_id=task.task_id,
+            tenant=task.tenant,
+            app=task.app,
+            task_type=task.task_type,
+            queue=task.queue,
+            status=task.status.value,
+            attempt=task.attempt,
+            ts_ms=meta.ts_ms,
+            version=meta.offset,
+            agent_id=task.agent_id,
+            error_class=error_class,
+            error_message=error_message,
+        )
+    )
+
+
+def touch(task: Task, meta: Meta) -> None:
+    task.updated_ms = meta.ts_ms
+    task.version = meta.offset
+
+
+def make_ready(tables: Tables, task: Task, meta: Meta, index: int) -> None:
+    task.ready_seq = ready_seq(meta, index)
+    tables.add_ready(task)
+
+
+def run_timer(task: Task) -> TimerRef:
+    return TimerRef(
+        fire_at_ms=task.run_at_ms, task_id=task.task_id, kind=TimerKind.RUN, token=task.attempt
+    )
+
+
+def start_to_close_timer(task: Task) -> TimerRef | None:
+    if task.start_to_close_ms is None or task.leased_ms is None:
+        return None
+    return TimerRef(
+        fire_at_ms=task.leased_ms + task.start_to_close_ms,
+        task_id=task.task_id,
+        kind=TimerKind.START_TO_CLOSE,
+        token=task.lease_id,
+    )
+
+
+def grace_timer(task: Task) -> TimerRef | None:
+    if task.grace_until_ms is None:
+        return None
+    return TimerRef(
+        fire_at_ms=task.grace_until_ms,
+        task_id=task.task_id,
+        kind=TimerKind.CANCEL_GRACE,
+        token=task.lease_id,
+    )
+
+
+def deadline_timers(task: Task) -> list[TimerRef]:
+    refs = []
+    if task.start_by_ms is not None:
+        refs.append(
+            TimerRef(
+                fire_at_ms=task.start_by_ms,
+                task_id=task.task_id,
+                kind=TimerKind.SCHEDULE_TO_START,
+                token=0,
+            )
+        )
+    if task.close_by_ms is not None:
+        refs.append(
+            TimerRef(
+                fire_at_ms=task.close_by_ms,
+                task_id=task.task_id,
+                kind=TimerKind.SCHEDULE_TO_CLOSE,
+                token=0,
+            )
+        )
+    return refs
+
+
+def leave_waiting(tables: Tables, task: Task) -> None:
+    """Take an ENQUEUED or RETRY_WAIT task off the ready queue or its RUN timer."""
+    if task.ready_seq:
+        tables.remove_ready(task)
+        task.ready_seq = 0
+    else:
+        tables.remove_timer(run_timer(task))
+
+
+def end_lease(tables: Tables, task: Task, out: Outcome) -> None:
+    """Release everything a LEASED task holds for its current lease."""
+    tables.clear_leased(task.task_id)
+    for ref in (start_to_close_timer(task), grace_timer(task)):
+        if ref is not None:
+            tables.remove_timer(ref)
+    task.grace_until_ms = None
+    task.cancel_cause = None
+    out.actions.append(LeaseEnded(task_id=task.task_id, lease_id=task.lease_id))
+
+
+def record_attempt(
+    tables: Tables,
+    task: Task,
+    meta: Meta,
+    outcome: str,
+    error_class: str | None = None,
+    error_message: str | None = None,
+    error_stack: str | None = None,
+) -> None:
+    tables.put_attempt(
+        Attempt(
+            task_id=task.task_id,
+            attempt=task.attempt,
+            lease_id=task.lease_id,
+            agent_id=task.agent_id or "",
+            started_ms=task.leased_ms or meta.ts_ms,
+            finished_ms=meta.ts_ms,
+            outcome=outcome,
+            error_class=error_class,
+            error_message=error_message,
+            error_stack=error_stack,
+        )
+    )
+
+
+def finish(
+    tables: Tables,
+    task: Task,
+    to: TaskStatus,
+    meta: Meta,
+    out: Outcome,
+    kind: EventKind,
+    *,
+    error_class: str | None = None,
+    error_message: str | None = None,
+    error_stack: str | None = None,
+) -> None:
+    """Move to a terminal state and drop everything the task still holds."""
+    if task.status == TaskStatus.LEASED:
+        end_lease(tables, task, out)
+    elif task.status in (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT):
+        leave_waiting(tables, task)
+    for ref in deadline_timers(task):
+        tables.remove_timer(ref)
+    move(task, to)
+    if error_class is not None:
+        task.error_class, task.error_message = error_class, error_message
+        task.error_stack = error_stack
+    task.finished_ms = meta.ts_ms
+    touch(task, meta)
+    if to == TaskStatus.FAILED:
+        tables.add_dead(task.tenant, task.task_id)
+    tables.put_task(task)
+    emit(out, kind, task, meta, error_class=error_class, error_message=error_message)
+    out.actions.append(TaskFinished(task_id=task.task_id, status=to))
+
+
+def backoff_ms(spec: TaskSpec, task_id: str, attempt: int) -> int:
+    """Exponential backoff with full jitter; the jitter is a hash of (task id, attempt)."""
+    ceiling = min(spec.backoff_cap_ms, spec.backoff_base_ms * spec.backoff_factor ** (attempt - 1))
+    digest = hashlib.blake2b(f"{task_id}:{attempt}".encode(), digest_size=8).digest()
+    fraction = int.from_bytes(digest, "big") / 2**64
+    return int(ceiling * fraction)
+
+
+def attempt_failed(
+    tables: Tables,
+    task: Task,
+    meta: Meta,
+    out: Outcome,
+    *,
+    error_class: str,
+    error_message: str | None,
+    error_stack: str | None = None,
+    fatal: bool = False,
+    retry_after_ms: int | None = None,
+) -> None:
+    """A LEASED attempt failed: retry after a backoff, or fail the task for good."""
+    assert task.status == TaskStatus.LEASED
+    record_attempt(tables, task, meta, "FAILED", error_class, error_message, error_stack)
+    if task.cancel_cause == CancelCause.CANCEL:
+        finish(
+            tables,
+            task,
+            TaskStatus.CANCELED,
+            meta,
+            out,
+            EventKind.TaskCanceled,
+            error_class=error_class,
+            error_message=error_message,
+            error_stack=error_stack,
+        )
+        return
+    spec = tables.spec(task.task_id)
+    assert spec is not None, f"task {task.task_id} has no spec"
+    exhausted = task.attempt - task.budget_base >= spec.attempts_max
+    if fatal or exhausted or error_class in spec.non_retryable:
+        finish(
+            tables,
+            task,
+            TaskStatus.FAILED,
+            meta,
+            out,
+            EventKind.TaskFailed,
+            error_class=error_class,
+            error_message=error_message,
+            error_stack=error_stack,
+        )
+        return
+    delay = (
+        retry_after_ms
+        if retry_after_ms is not None
+        else backoff_ms(spec, task.task_id, task.attempt)
+    )
+    run_at = meta.ts_ms + max(0, delay)
+    if task.close_by_ms is not None and run_at >= task.close_by_ms:
+        finish(
+            tables,
+            task,
+            TaskStatus.EXPIRED,
+            meta,
+            out,
+            EventKind.TaskExpired,
+            error_class="ScheduleToCloseTimeout",
+            error_message="the next retry would start after schedule_to_close",
+        )
+        return
+    end_lease(tables, task, out)
+    move(task, TaskStatus.RETRY_WAIT)
+    task.attempt += 1
+    task.run_at_ms = run_at
+    task.error_class, task.error_message, task.error_stack = (
+        error_class,
+        error_message,
+        error_stack,
+    )
+    touch(task, meta)
+    tables.add_timer(run_timer(task))
+    tables.put_task(task)
+    emit(
+        out,
+        EventKind.TaskRetryScheduled,
+        task,
+        meta,
+        error_class=error_class,
+        error_message=error_message,
+    )

@@ -1,0 +1,80 @@
+"""What applying one record produces: actions for the runtime, events for the stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.schemas.types import TaskEvent, TaskStatus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Meta:
+    """Where a record sits and who proposed it: the machine's only source of time."""
+
+    partition: int
+    offset: int
+    epoch: int
+    ts_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """The answer to item ``index`` of the client or agent record at ``offset``."""
+
+    offset: int
+    index: int
+    ok: bool
+    task_id: str
+    created: bool = False
+    status: TaskStatus | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    task_id: str
+    lease_id: int
+    attempt: int
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Offer:
+    """Leases granted for a waiting agent's request; the runtime hands them over."""
+
+    request_id: str
+    grants: list[Grant]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseEnded:
+    """Stop tracking heartbeats of this lease."""
+
+    task_id: str
+    lease_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelLease:
+    """Tell the lease holder to stop (answered on its next heartbeat)."""
+
+    task_id: str
+    lease_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFinished:
+    """A task reached a terminal state: wake whoever waits for its result."""
+
+    task_id: str
+    status: TaskStatus
+
+
+Action = Reply | Offer | LeaseEnded | CancelLease | TaskFinished
+
+
+@dataclass(slots=True)
+class Outcome:
+    actions: list[Action] = field(default_factory=list)
+    events: list[TaskEvent] = field(default_factory=list)
+    ignored: str | None = None  # set when a valid record did not apply at all (stale epoch)

@@ -1,0 +1,45 @@
+"""The task lifecycle as data. Every status change goes through ``move``.
+
+Rule 1: terminal states (SUCCEEDED, FAILED, CANCELED, EXPIRED) are final. A dead-letter retry
+makes a new task; it never revives the FAILED one.
+Rule 2: a move that is not in the table is a broken invariant: ``move`` asserts, and the
+processor stops rather than write a forked history.
+
+``conveyor docs lifecycle`` prints the table as a Mermaid state diagram.
+"""
+
+from __future__ import annotations
+
+from conveyor.schemas.types import Task, TaskStatus
+
+E, L, R = TaskStatus.ENQUEUED, TaskStatus.LEASED, TaskStatus.RETRY_WAIT
+S, F, C, X = TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELED, TaskStatus.EXPIRED
+
+TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
+    (None, E): "enqueued",
+    (E, L): "lease granted",
+    (E, C): "canceled",
+    (E, X): "schedule_to_start or schedule_to_close passed",
+    (L, S): "attempt succeeded",
+    (L, R): "attempt failed or lease expired, attempts left",
+    (L, F): "fatal error or attempts exhausted",
+    (L, C): "cancel grace over, or the handler stopped on cancel",
+    (L, X): "schedule_to_close passed while running",
+    (R, E): "backoff over",
+    (R, C): "canceled",
+    (R, X): "schedule_to_close passed",
+}
+
+
+def move(task: Task, to: TaskStatus) -> None:
+    assert (task.status, to) in TRANSITIONS, f"illegal move {task.status} -> {to} of {task}"
+    task.status = to
+
+
+def mermaid() -> str:
+    lines = ["stateDiagram-v2"]
+    for (src, dst), why in TRANSITIONS.items():
+        lines.append(f"    {src.value if src else '[*]'} --> {dst.value}: {why}")
+    for terminal in (S, F, C, X):
+        lines.append(f"    {terminal.value} --> [*]")
+    return "\n".join(lines)

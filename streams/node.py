@@ -1,0 +1,246 @@
+"""A node: every partition of one data dir, in one process.
+
+    home/
+      log/        the record log (LocalLog, P partitions)
+      events/     the events stream (LocalLog, P partitions), fed by the outboxes
+      state/pNNNN RocksDB per partition
+      node.json   partition count, fixed at creation
+
+The node routes by task id or idempotency key, turns batches into one record per partition,
+and fans agents' polls out over the partitions' dispatchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from conveyor.errors import ContractError, NotFound
+from conveyor.schemas import codec
+from conveyor.schemas.types import (
+    CancelTasks,
+    Checkpoint,
+    CompleteAttempts,
+    Completion,
+    EnqueueTasks,
+    RetryFailed,
+    SaveCheckpoints,
+    Task,
+    TaskSpec,
+)
+from conveyor.store.api import KV
+from conveyor.store.memory import MemoryKV
+from conveyor.store.rocksdb import RocksKV
+from conveyor.store.tables import Tables
+from conveyor.streams.clock import Clock, SystemClock
+from conveyor.streams.log.api import Log
+from conveyor.streams.log.local import LocalLog
+from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.machine import Reply
+from conveyor.streams.processor.dispatch import Lease, WaitingPool
+from conveyor.streams.processor.loop import PartitionProcessor, Settings
+from conveyor.streams.routing import partition_for_key, partition_of
+
+DEFAULT_PARTITIONS = 8
+
+
+class Node:
+    def __init__(
+        self,
+        log_: Log,
+        events: Log,
+        stores: Sequence[KV],
+        *,
+        clock: Clock | None = None,
+        settings: Settings | None = None,
+        node_id: str = "node",
+    ) -> None:
+        self.log = log_
+        self.events = events
+        self.stores = list(stores)
+        self.clock = clock or SystemClock()
+        self.pool = WaitingPool(self.clock)
+        self.partitions = log_.partitions
+        self.processors = [
+            PartitionProcessor(
+                p,
+                log_,
+                self.stores[p],
+                clock=self.clock,
+                leader_id=node_id,
+                events_log=events,
+                settings=settings,
+                pool=self.pool,
+            )
+            for p in range(self.partitions)
+        ]
+
+    @classmethod
+    async def open(
+        cls,
+        home: str | Path,
+        *,
+        partitions: int | None = None,
+        clock: Clock | None = None,
+        settings: Settings | None = None,
+    ) -> Node:
+        home = Path(home)
+        partitions = _partition_count(home, partitions)
+        log_ = await LocalLog.open(home / "log", partitions)
+        events = await LocalLog.open(home / "events", partitions)
+        stores = [RocksKV(home / "state" / f"p{p:04d}") for p in range(partitions)]
+        return cls(log_, events, stores, clock=clock, settings=settings)
+
+    @classmethod
+    def in_memory(
+        cls, partitions: int = 2, *, clock: Clock | None = None, settings: Settings | None = None
+    ) -> Node:
+        return cls(
+            MemoryLog(partitions),
+            MemoryLog(partitions),
+            [MemoryKV() for _ in range(partitions)],
+            clock=clock,
+            settings=settings,
+        )
+
+    async def start(self) -> None:
+        await asyncio.gather(*(p.start() for p in self.processors))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(p.stop() for p in self.processors))
+        await self.log.close()
+        await self.events.close()
+        for store in self.stores:
+            store.close()
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def partition_of(self, task_id: str) -> int:
+        return partition_of(task_id, self.partitions)
+
+    def route(self, tenant: str, idempotency_key: str | None, task_id: str | None) -> int:
+        if task_id is not None:
+            return self.partition_of(task_id)
+        if idempotency_key is not None:
+            return partition_for_key(tenant, idempotency_key, self.partitions)
+        raise ContractError("an enqueue needs a task id or an idempotency key")
+
+    # -- client operations ------------------------------------------------------------------
+
+    async def enqueue(self, specs: Sequence[TaskSpec]) -> list[Reply]:
+        """Durably enqueue ``specs`` (ids already minted on their partitions); one reply each,
+        in order. One record per partition, appended concurrently."""
+        by_partition: dict[int, list[int]] = defaultdict(list)
+        for i, spec in enumerate(specs):
+            by_partition[self.partition_of(spec.task_id)].append(i)
+        encoded = [codec.TASK_SPEC.encode(s) for s in specs]
+
+        async def one(p: int, indexes: list[int]) -> list[tuple[int, Reply]]:
+            record = EnqueueTasks(tasks=[encoded[i] for i in indexes])
+            replies = await self.processors[p].submit(record, specs[indexes[0]].task_id)
+            return [(indexes[r.index], r) for r in replies]
+
+        results = await asyncio.gather(*(one(p, ix) for p, ix in by_partition.items()))
+        ordered: list[Reply | None] = [None] * len(specs)
+        for pairs in results:
+            for i, reply in pairs:
+                ordered[i] = reply
+        assert all(r is not None for r in ordered), "an enqueue item got no reply"
+        return [r for r in ordered if r is not None]
+
+    async def cancel(self, tenant: str, task_id: str, reason: str) -> Reply:
+        p = self.partition_of(task_id)
+        replies = await self.processors[p].submit(
+            CancelTasks(tenant=tenant, task_ids=[task_id], reason=reason), task_id
+        )
+        return replies[0]
+
+    async def retry_failed(self, tenant: str, task_ids: Sequence[str]) -> list[Reply]:
+        by_partition: dict[int, list[str]] = defaultdict(list)
+        for task_id in task_ids:
+            by_partition[self.partition_of(task_id)].append(task_id)
+        out: list[Reply] = []
+        for p, ids in by_partition.items():
+            out.extend(
+                await self.processors[p].submit(RetryFailed(tenant=tenant, task_ids=ids), ids[0])
+            )
+        return out
+
+    def get(self, tenant: str, task_id: str) -> Task:
+        task = self.processors[self.partition_of(task_id)].read_task(task_id)
+        if task is None or task.tenant != tenant:
+            raise NotFound(f"no task {task_id}", field="task_id")
+        return task
+
+    def tables(self, partition: int) -> Tables:
+        return Tables(self.stores[partition])
+
+    async def wait_finished(self, tenant: str, task_id: str, timeout_ms: float) -> Task:
+        self.get(tenant, task_id)
+        task = await self.processors[self.partition_of(task_id)].wait_finished(task_id, timeout_ms)
+        assert task is not None
+        return task
+
+    # -- agent operations -------------------------------------------------------------------
+
+    async def poll(
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        tenants: list[str],
+        queues: list[str],
+        capacity: int,
+        lease_ms: int = 30_000,
+        wait_ms: float = 20_000,
+    ) -> list[Lease]:
+        return await self.pool.poll(
+            agent_id=agent_id,
+            app=app,
+            tenants=tenants,
+            queues=queues,
+            capacity=capacity,
+            lease_ms=lease_ms,
+            wait_ms=wait_ms,
+        )
+
+    def heartbeat(self, task_id: str, lease_id: int) -> str:
+        return self.processors[self.partition_of(task_id)].leases.heartbeat(task_id, lease_id)
+
+    async def complete(self, items: Sequence[Completion]) -> list[Reply]:
+        """Report attempt outcomes; one record per partition. Stale leases are rejected."""
+        by_partition: dict[int, list[Completion]] = defaultdict(list)
+        for item in items:
+            by_partition[self.partition_of(item.task_id)].append(item)
+
+        async def one(p: int, batch: list[Completion]) -> list[Reply]:
+            return await self.processors[p].submit(CompleteAttempts(items=batch), batch[0].task_id)
+
+        results = await asyncio.gather(*(one(p, b) for p, b in by_partition.items()))
+        return [r for replies in results for r in replies]
+
+    async def checkpoint(self, items: Sequence[Checkpoint]) -> list[Reply]:
+        out: list[Reply] = []
+        for item in items:
+            p = self.partition_of(item.task_id)
+            out.extend(await self.processors[p].submit(SaveCheckpoints(items=[item]), item.task_id))
+        return out
+
+
+def _partition_count(home: Path, asked: int | None) -> int:
+    home.mkdir(parents=True, exist_ok=True)
+    meta = home / "node.json"
+    if meta.exists():
+        fixed = int(json.loads(meta.read_text())["partitions"])
+        if asked is not None and asked != fixed:
+            raise ContractError(
+                f"{home} was created with {fixed} partitions; it cannot be opened with {asked}",
+                field="partitions",
+            )
+        return fixed
+    count = asked or DEFAULT_PARTITIONS
+    meta.write_text(json.dumps({"partitions": count}))
+    return count

@@ -1,0 +1,97 @@
+"""Live leases and heartbeats, in the leader's memory (a leader duty).
+
+Heartbeats never touch the log. The leader keeps a deadline per live lease; a heartbeat pushes
+it out; a lease past its deadline is proposed as ExpireLeases. A new leader starts every lease
+it finds in the ``leased`` index with a fresh interval from its takeover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conveyor.schemas.types import ExpireLeases, LeaseRef
+from conveyor.store.tables import Tables
+from conveyor.streams.log.api import LogSealed
+from conveyor.streams.machine import Grant
+from conveyor.streams.processor.waiting import Poke
+
+if TYPE_CHECKING:
+    from conveyor.streams.processor.loop import PartitionProcessor
+
+CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
+
+
+@dataclass(slots=True)
+class Live:
+    lease_id: int
+    lease_ms: int
+    deadline_ms: float
+    cancel: bool = False
+    expiring: bool = False
+
+
+class LeaseTracker:
+    def __init__(self, processor: PartitionProcessor) -> None:
+        self._p = processor
+        self.live: dict[str, Live] = {}
+        self._poke = Poke(processor.clock)
+        self.expired = 0
+
+    def track_all(self, grants: list[Grant]) -> None:
+        now = self._p.clock.monotonic_ms()
+        for g in grants:
+            self.live[g.task_id] = Live(g.lease_id, g.lease_ms, now + g.lease_ms)
+
+    def take_over(self, tables: Tables) -> None:
+        now = self._p.clock.monotonic_ms()
+        lease_ms = self._p.settings.lease_ms
+        for task_id, lease_id in tables.leased():
+            task = tables.task(task_id)
+            cancel = task is not None and task.cancel_cause is not None
+            self.live[task_id] = Live(lease_id, lease_ms, now + lease_ms, cancel=cancel)
+
+    def forget(self, task_id: str, lease_id: int) -> None:
+        live = self.live.get(task_id)
+        if live is not None and live.lease_id == lease_id:
+            del self.live[task_id]
+
+    def mark_cancel(self, task_id: str, lease_id: int) -> None:
+        live = self.live.get(task_id)
+        if live is not None and live.lease_id == lease_id:
+            live.cancel = True
+
+    def heartbeat(self, task_id: str, lease_id: int) -> str:
+        """CONTINUE, CANCEL (stop and report), or LOST (the lease is not yours: drop it)."""
+        live = self.live.get(task_id)
+        if not self._p.leader or live is None or live.lease_id != lease_id or live.expiring:
+            return LOST
+        live.deadline_ms = self._p.clock.monotonic_ms() + live.lease_ms
+        return CANCEL if live.cancel else CONTINUE
+
+    def clear(self) -> None:
+        self.live.clear()
+
+    async def run(self) -> None:
+        while self._p.leader:
+            now = self._p.clock.monotonic_ms()
+            lapsed = [
+                (task_id, live)
+                for task_id, live in self.live.items()
+                if live.deadline_ms <= now and not live.expiring
+            ]
+            if lapsed:
+                for _, live in lapsed:
+                    live.expiring = True
+                refs = [LeaseRef(task_id=t, lease_id=live.lease_id) for t, live in lapsed]
+                with contextlib.suppress(LogSealed):
+                    await self._p.propose(ExpireLeases(items=refs))
+                    self.expired += len(refs)
+            await self._poke.wait(self._tick_ms())
+
+    def _tick_ms(self) -> float:
+        if not self.live:
+            return 1_000.0
+        soonest = min(live.deadline_ms for live in self.live.values())
+        return max(10.0, min(1_000.0, soonest - self._p.clock.monotonic_ms()))

@@ -1,0 +1,319 @@
+"""PartitionProcessor: one per partition. Read -> apply -> ONE write batch -> then actions.
+
+Rule 1: state changes, the outbox row of the batch's events and the applied offset go into one
+KV write batch. Nothing else writes partition state.
+Rule 2: actions run only after that batch is written, and only on the leader. They are
+idempotent and can be rebuilt from state (a new leader rebuilds its lease table from the
+``leased`` index and gives every running lease a fresh interval).
+Rule 3: on start the processor replays the log from the offset after the applied one; every
+record is applied to state exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from conveyor.errors import ContractError
+from conveyor.schemas import codec
+from conveyor.schemas.types import (
+    AnnounceEpoch,
+    EventBatch,
+    EventKind,
+    GrantLeases,
+    Record,
+    RetryFailed,
+    Task,
+    TaskEvent,
+)
+from conveyor.store import keys
+from conveyor.store.api import KV
+from conveyor.store.tables import Tables
+from conveyor.streams.clock import Clock
+from conveyor.streams.log.api import Log, LogRecord, LogSealed
+from conveyor.streams.machine import (
+    Action,
+    CancelLease,
+    LeaseEnded,
+    Meta,
+    Offer,
+    Reply,
+    TaskFinished,
+    apply,
+)
+from conveyor.streams.processor import leadership
+from conveyor.streams.processor.dispatch import Dispatcher, WaitingPool
+from conveyor.streams.processor.leases import LeaseTracker
+from conveyor.streams.processor.outbox import OutboxShipper
+from conveyor.streams.processor.timers import TimerScanner
+
+log = logging.getLogger("conveyor.processor")
+
+QUARANTINE = b"q"  # q u64:offset -> reason: records that could not be decoded
+EARLY_KEEP = 50_000  # offsets of replies kept for a submitter that registers late
+READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued})
+
+
+@dataclass(slots=True)
+class Settings:
+    lease_ms: int = 30_000
+    read_batch: int = 256
+    timer_batch: int = 1_000
+
+
+class PartitionProcessor:
+    def __init__(
+        self,
+        partition: int,
+        log_: Log,
+        kv: KV,
+        *,
+        clock: Clock,
+        leader_id: str = "node",
+        events_log: Log | None = None,
+        settings: Settings | None = None,
+        pool: WaitingPool | None = None,
+    ) -> None:
+        self.partition = partition
+        self.log = log_
+        self.kv = kv
+        self.clock = clock
+        self.leader_id = leader_id
+        self.settings = settings or Settings()
+        self.tables = Tables(kv)
+        applied = Tables(kv).meta_int(keys.META_APPLIED)
+        self.applied = -1 if applied is None else applied
+        self.epoch = 0
+        self.leader = False
+        self.records_applied = 0
+        self._replies: dict[int, asyncio.Future[list[Reply]]] = {}
+        self._early: dict[int, list[Reply]] = {}
+        self._finished: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.pool = pool or WaitingPool(clock)
+        self.dispatch = Dispatcher(self, self.pool)
+        self.leases = LeaseTracker(self)
+        self.timers = TimerScanner(self)
+        self.outbox = OutboxShipper(self, events_log)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._failed: BaseException | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, *, lead: bool = True) -> None:
+        await self._replay()
+        self._tasks.append(asyncio.create_task(self._apply_loop(), name=f"apply-{self.partition}"))
+        if lead:
+            await self._become_leader()
+
+    async def _replay(self) -> None:
+        end = self.log.end_offset(self.partition)
+        if self.applied + 1 >= end:
+            return
+        async for batch in self.log.read(self.partition, self.applied + 1, follow=False):
+            self._apply_batch(batch)
+
+    async def _become_leader(self) -> None:
+        self.epoch = await leadership.mint(self.log, self.partition)
+        self.leader = True
+        offset = await self.propose(AnnounceEpoch(leader_id=self.leader_id))
+        await self.wait_applied(offset)
+        self.leases.take_over(Tables(self.kv))
+        for duty in (self.dispatch.run(), self.leases.run(), self.timers.run(), self.outbox.run()):
+            self._tasks.append(asyncio.create_task(duty))
+        log.info("partition %d: leader at epoch %d", self.partition, self.epoch)
+
+    def step_down(self, why: str) -> None:
+        """``clear``: fenced or stopping; drop every leader duty and in-memory lease."""
+        if not self.leader:
+            return
+        log.warning("partition %d: stepping down: %s", self.partition, why)
+        self.leader = False
+        self.dispatch.clear()
+        self.leases.clear()
+
+    async def stop(self) -> None:
+        self.step_down("stopping")
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # -- proposing and submitting -------------------------------------------------------------
+
+    def _encode(self, record: Record, epoch: int, key: str) -> bytes:
+        return codec.encode_record(record, epoch=epoch, ts_ms=self.clock.now_ms(), key=key)
+
+    async def propose(self, record: Record) -> int:
+        """Append a leader record under this leader's epoch; a fence means step down."""
+        if not self.leader:
+            raise LogSealed(f"partition {self.partition}: not the leader")
+        data = self._encode(record, self.epoch, f"leader/{self.partition}")
+        try:
+            (offset,) = await self.log.append(self.partition, [data], epoch=self.epoch)
+        except LogSealed as exc:
+            self.step_down(str(exc))
+            raise
+        return offset
+
+    async def submit(self, record: Record, key: str) -> list[Reply]:
+        """Append a client or agent record and wait until it is applied; its replies."""
+        self._check_alive()
+        (offset,) = await self.log.append(self.partition, [self._encode(record, 0, key)])
+        return await self.replies(offset)
+
+    async def replies(self, offset: int) -> list[Reply]:
+        early = self._early.pop(offset, None)
+        if early is not None:
+            return early
+        if offset <= self.applied:
+            return []
+        future = self._replies.get(offset)
+        if future is None:
+            future = self._replies[offset] = asyncio.get_running_loop().create_future()
+        return await future
+
+    async def wait_applied(self, offset: int) -> None:
+        if offset <= self.applied:
+            return
+        self._check_alive()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._applied_waiters.append((offset, future))
+        await future
+
+    async def wait_finished(self, task_id: str, timeout_ms: float) -> Task | None:
+        task = self.read_task(task_id)
+        if task is None or task.finished_ms is not None:
+            return task
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._finished[task_id].append(future)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, timeout_ms / 1000)
+        return self.read_task(task_id)
+
+    def read_task(self, task_id: str) -> Task | None:
+        return Tables(self.kv).task(task_id)
+
+    def _check_alive(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(f"partition {self.partition} halted") from self._failed
+
+    # -- the apply loop -----------------------------------------------------------------------
+
+    async def _apply_loop(self) -> None:
+        try:
+            async for batch in self.log.read(
+                self.partition, self.applied + 1, follow=True, max_batch=self.settings.read_batch
+            ):
+                self._apply_batch(batch)
+                await asyncio.sleep(0)  # let appenders and agents in between batches
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._failed = exc
+            log.exception("partition %d halted", self.partition)
+            self._fail_waiters(exc)
+            raise
+
+    def _apply_batch(self, batch: list[LogRecord]) -> None:
+        actions: list[Action] = []
+        events: list[TaskEvent] = []
+        for item in batch:
+            try:
+                envelope = codec.decode_envelope(item.data)
+                record = codec.decode_body(envelope)
+            except codec.RecordDecodeError as exc:
+                log.error(
+                    "partition %d offset %d quarantined: %s", self.partition, item.offset, exc
+                )
+                self.tables.put_raw(QUARANTINE + keys.u64(item.offset), str(exc).encode())
+                continue
+            if isinstance(record, (GrantLeases, RetryFailed)) and self.tables.dirty:
+                # Scans are cheapest over committed state: flush the batch so far first.
+                self._commit(item.offset - 1, events)
+                events = []
+            meta = Meta(
+                partition=self.partition,
+                offset=item.offset,
+                epoch=envelope.epoch,
+                ts_ms=envelope.ts_ms,
+            )
+            outcome = apply(self.tables, record, meta)
+            actions.extend(outcome.actions)
+            events.extend(outcome.events)
+        self._commit(batch[-1].offset, events)
+        self.records_applied += len(batch)
+        self._after_commit(actions, events)
+
+    def _commit(self, offset: int, events: list[TaskEvent]) -> None:
+        changes = self.tables.take_changes()
+        changes[keys.META_APPLIED] = keys.u64(offset)
+        if events:
+            batch = EventBatch(partition=self.partition, offset=offset, events=events)
+            changes[keys.outbox(offset)] = codec.EVENT_BATCH.encode(batch)
+        self.kv.write(changes)
+        self.applied = offset
+
+    def _after_commit(self, actions: list[Action], events: list[TaskEvent]) -> None:
+        replies: dict[int, list[Reply]] = defaultdict(list)
+        for action in actions:
+            match action:
+                case Reply():
+                    replies[action.offset].append(action)
+                case Offer():
+                    if self.leader:
+                        self.dispatch.deliver(action)
+                case LeaseEnded():
+                    self.leases.forget(action.task_id, action.lease_id)
+                case CancelLease():
+                    self.leases.mark_cancel(action.task_id, action.lease_id)
+                case TaskFinished():
+                    for done in self._finished.pop(action.task_id, []):
+                        if not done.done():
+                            done.set_result(None)
+        for offset, items in replies.items():
+            waiter = self._replies.pop(offset, None)
+            if waiter is not None:
+                if not waiter.done():
+                    waiter.set_result(items)
+            else:
+                self._early[offset] = items
+        if len(self._early) > EARLY_KEEP:
+            for offset in sorted(self._early)[: len(self._early) - EARLY_KEEP]:
+                del self._early[offset]
+        for offset in [o for o in self._replies if o <= self.applied]:
+            unanswered = self._replies.pop(offset)
+            if not unanswered.done():
+                unanswered.set_result([])
+        self._wake_applied()
+        if events:
+            self.outbox.poke()
+            if any(e.kind in READY_EVENTS for e in events):
+                self.dispatch.poke()
+            self.timers.poke()
+
+    def _wake_applied(self) -> None:
+        if not self._applied_waiters:
+            return
+        keep = []
+        for offset, future in self._applied_waiters:
+            if offset <= self.applied:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                keep.append((offset, future))
+        self._applied_waiters = keep
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        error = ContractError(f"partition {self.partition} halted: {exc}")
+        for waiter in self._replies.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+        for _, applied in self._applied_waiters:
+            if not applied.done():
+                applied.set_exception(error)

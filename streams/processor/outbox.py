@@ -1,0 +1,50 @@
+"""The outbox shipper (a leader duty): committed event batches go to the events stream.
+
+Events are written to the ``outbox`` table in the same batch as the state they describe, then
+appended here to the events log (partition p of the events stream) and only then deleted. A
+crash between the append and the delete ships a batch twice; consumers dedupe on the event's
+``version`` (the log offset that caused it), so delivery is at-least-once and never lost.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conveyor.store import keys
+from conveyor.streams.log.api import Log
+from conveyor.streams.processor.waiting import Poke
+
+if TYPE_CHECKING:
+    from conveyor.streams.processor.loop import PartitionProcessor
+
+SHIP_MAX = 256  # outbox rows per append
+
+
+class OutboxShipper:
+    def __init__(self, processor: PartitionProcessor, events_log: Log | None) -> None:
+        self._p = processor
+        self._events = events_log
+        self._poke = Poke(processor.clock)
+        self.shipped = 0
+
+    def poke(self) -> None:
+        self._poke.poke()
+
+    async def run(self) -> None:
+        while self._p.leader:
+            if not await self.ship_once():
+                await self._poke.wait(1_000)
+
+    async def ship_once(self) -> bool:
+        rows = []
+        for key, value in self._p.kv.scan(keys.OUTBOX):
+            rows.append((key, value))
+            if len(rows) >= SHIP_MAX:
+                break
+        if not rows:
+            return False
+        if self._events is not None:
+            await self._events.append(self._p.partition, [value for _, value in rows])
+        self._p.kv.write({key: None for key, _ in rows})
+        self.shipped += len(rows)
+        return True

@@ -1,0 +1,51 @@
+"""The timer scanner (a leader duty): due timers become FireTimers records.
+
+Timers live in the ``timers`` table ordered by fire time. The scanner reads committed state,
+proposes the due ones it has not proposed yet, and sleeps until the next fire time or a poke.
+A timer proposed twice is harmless: the machine fires only timers that still exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from conveyor.schemas.types import FireTimers
+from conveyor.store.tables import Tables
+from conveyor.streams.log.api import LogSealed
+from conveyor.streams.processor.waiting import Poke
+
+if TYPE_CHECKING:
+    from conveyor.streams.processor.loop import PartitionProcessor
+
+IDLE_TICK_MS = 1_000.0
+
+
+class TimerScanner:
+    def __init__(self, processor: PartitionProcessor) -> None:
+        self._p = processor
+        self._poke = Poke(processor.clock)
+        self.fired = 0
+        self.lag_ms = 0.0  # how late the last due timer was proposed
+
+    def poke(self) -> None:
+        self._poke.poke()
+
+    async def run(self) -> None:
+        while self._p.leader:
+            now = self._p.clock.now_ms()
+            due = Tables(self._p.kv).due_timers(now, self._p.settings.timer_batch)
+            if due:
+                self.lag_ms = max(0, now - due[0].fire_at_ms)
+                with contextlib.suppress(LogSealed):
+                    offset = await self._p.propose(FireTimers(timers=due))
+                    await self._p.wait_applied(offset)
+                    self.fired += len(due)
+                continue
+            await self._poke.wait(self._sleep_ms(now))
+
+    def _sleep_ms(self, now: int) -> float:
+        upcoming = Tables(self._p.kv).next_timer_ms()
+        if upcoming is None:
+            return IDLE_TICK_MS
+        return max(1.0, min(IDLE_TICK_MS, upcoming - now))

@@ -1,0 +1,38 @@
+"""Which partition owns a task, without a lookup.
+
+A task id is 32 lowercase hex characters; the first four are its partition. A keyed enqueue is
+routed by a hash of (tenant, idempotency key), and its task id is minted on that partition, so a
+retried enqueue meets its twin on the same partition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from conveyor.errors import ContractError
+
+TASK_ID_LENGTH = 32
+
+
+def mint_task_id(partition: int) -> str:
+    return f"{partition:04x}{os.urandom(14).hex()}"
+
+
+def partition_of(task_id: str, partitions: int) -> int:
+    if len(task_id) != TASK_ID_LENGTH:
+        raise ContractError(f"task id {task_id!r} is not a Conveyor task id", field="task_id")
+    try:
+        partition = int(task_id[:4], 16)
+    except ValueError:
+        raise ContractError(
+            f"task id {task_id!r} is not a Conveyor task id", field="task_id"
+        ) from None
+    if partition >= partitions:
+        raise ContractError(f"task id {task_id!r} names no partition here", field="task_id")
+    return partition
+
+
+def partition_for_key(tenant: str, key: str, partitions: int) -> int:
+    digest = hashlib.blake2b(f"{tenant}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
