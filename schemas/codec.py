@@ -16,8 +16,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from conveyor.schemas import types as t
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+from conveyor.schemas import types as t
 
 SCHEMA_DIR = Path(__file__).parent
 T = TypeVar("T")
@@ -48,7 +49,6 @@ _NESTED: dict[type, dict[str, type]] = {
 _ENUMS: dict[type, dict[str, type[StrEnum]]] = {
     t.Completion: {"outcome": t.Outcome},
     t.TimerRef: {"kind": t.TimerKind},
-    t.Task: {"status": t.TaskStatus},
     t.TaskEvent: {"kind": t.EventKind},
 }
 
@@ -71,6 +71,49 @@ class Codec(Generic[T]):
     def decode(self, data: bytes) -> T:
         datum = cast(dict[str, Any], schemaless_reader(io.BytesIO(data), self.schema, None))
         return cast(T, self._from_dict(datum))
+
+
+def _read(data: bytes, schema: Any) -> dict[str, Any]:
+    return cast(dict[str, Any], schemaless_reader(io.BytesIO(data), schema, None))
+
+
+class TaskCodec:
+    """The in-memory ``Task`` stored as three rows, so a transition re-encodes only the small
+    ``TaskState``: ``TaskHead`` is written once and ``TaskDetail`` only when it changes."""
+
+    def __init__(self) -> None:
+        self.head = [f["name"] for f in TASK_HEAD["fields"]]
+        self.state = [f["name"] for f in TASK_STATE["fields"]]
+        self.detail = [f["name"] for f in TASK_DETAIL["fields"]]
+
+    @staticmethod
+    def _write(schema: Any, names: list[str], task: t.Task) -> bytes:
+        buf = io.BytesIO()
+        schemaless_writer(buf, schema, {name: getattr(task, name) for name in names})
+        return buf.getvalue()
+
+    def encode_head(self, task: t.Task) -> bytes:
+        return self._write(TASK_HEAD, self.head, task)
+
+    def encode_state(self, task: t.Task) -> bytes:
+        return self._write(TASK_STATE, self.state, task)
+
+    def detail_of(self, task: t.Task) -> tuple[Any, ...]:
+        return tuple(getattr(task, name) for name in self.detail)
+
+    def encode_detail(self, task: t.Task) -> bytes:
+        return self._write(TASK_DETAIL, self.detail, task)
+
+    def decode(self, head: bytes, state: bytes, detail: bytes | None) -> t.Task:
+        fields: dict[str, Any] = {}
+        fields.update(_read(head, TASK_HEAD))
+        fields.update(_read(state, TASK_STATE))
+        if detail is not None:
+            fields.update(_read(detail, TASK_DETAIL))
+        fields["status"] = t.TaskStatus(fields["status"])
+        task = t.Task(**fields)
+        task.detail_written = self.detail_of(task)
+        return task
 
 
 def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
@@ -118,7 +161,10 @@ RECORDS: dict[str, Codec[Any]] = {
         t.AnnounceEpoch,
     )
 }
-TASK = Codec(t.Task, _load("state/Task.avsc"))
+TASK_HEAD = _load("state/TaskHead.avsc")
+TASK_STATE = _load("state/TaskState.avsc")
+TASK_DETAIL = _load("state/TaskDetail.avsc")
+TASK = TaskCodec()
 ATTEMPT = Codec(t.Attempt, _load("state/Attempt.avsc"))
 IDEMPOTENCY = Codec(t.IdempotencyEntry, _load("state/IdempotencyEntry.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))

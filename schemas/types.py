@@ -217,6 +217,8 @@ class Task:
     error_message: str | None = None
     error_stack: str | None = None
     finished_ms: int | None = None
+    # Not stored: the TaskDetail last written for this row, so unchanged details are skipped.
+    detail_written: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 
 
 class CancelCause(StrEnum):

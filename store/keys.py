@@ -4,9 +4,14 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
 "ab" + "c" never collides with "a" + "bc".
 
     table        key                                              value
-    tasks        t task_id                                        Task (Avro)
+    tasks        t task_id                                        TaskState (Avro)
+    heads        h task_id                                        TaskHead (Avro)
+    details      x task_id                                        TaskDetail (Avro), if any
     specs        s task_id                                        TaskSpec (Avro, as enqueued)
-    attempts     a task_id u32:attempt                            Attempt (Avro)
+    payloads     p task_id                                        the spec's payload bytes
+    attempts     a lp:task_id u32:attempt                         Attempt (Avro); attempts that
+                                                                  did not end the task (the
+                                                                  last one is in the task row)
     idempotency  i lp:tenant lp:app key                           IdempotencyEntry (Avro)
     ready        r lp:app lp:tenant lp:queue u8:255-prio u64:seq  task_id
     timers       T u64:fire_at_ms lp:task_id u8:kind u64:token    b""
@@ -23,7 +28,10 @@ import struct
 from conveyor.schemas.types import TimerKind, TimerRef
 
 TASKS = b"t"
+HEADS = b"h"
+DETAILS = b"x"
 SPECS = b"s"
+PAYLOADS = b"p"
 ATTEMPTS = b"a"
 IDEMPOTENCY = b"i"
 READY = b"r"
@@ -67,8 +75,20 @@ def task(task_id: str) -> bytes:
     return TASKS + task_id.encode()
 
 
+def head(task_id: str) -> bytes:
+    return HEADS + task_id.encode()
+
+
+def detail(task_id: str) -> bytes:
+    return DETAILS + task_id.encode()
+
+
 def spec(task_id: str) -> bytes:
     return SPECS + task_id.encode()
+
+
+def payload(task_id: str) -> bytes:
+    return PAYLOADS + task_id.encode()
 
 
 def attempt(task_id: str, n: int) -> bytes:

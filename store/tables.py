@@ -17,12 +17,40 @@ from conveyor.store import keys
 from conveyor.store.api import KV
 
 
+class TaskCache:
+    """Decoded committed ``Task`` rows, most recently written last; bounded.
+
+    Every transition reads a task, and decoding Avro costs more than the rest of the transition.
+    The processor is the only writer of its partition, so after each commit the cache holds
+    exactly the committed rows it has seen. Rows in it must not be edited outside a batch.
+    """
+
+    def __init__(self, size_max: int = 100_000) -> None:
+        self.size_max = size_max
+        self.rows: dict[str, Task] = {}
+
+    def get(self, task_id: str) -> Task | None:
+        return self.rows.get(task_id)
+
+    def put(self, task: Task) -> None:
+        rows = self.rows
+        rows.pop(task.task_id, None)
+        rows[task.task_id] = task
+        if len(rows) > self.size_max:
+            del rows[next(iter(rows))]
+
+    def clear(self) -> None:
+        self.rows.clear()
+
+
 class Tables:
-    def __init__(self, kv: KV) -> None:
+    def __init__(self, kv: KV, cache: TaskCache | None = None) -> None:
         self.kv = kv
+        self.cache = cache if cache is not None else TaskCache(0)
         self._pending: dict[bytes, bytes | None] = {}
         self._tasks: dict[str, Task] = {}  # decoded this batch
         self._dirty: set[str] = set()  # put this batch: encoded at take_changes
+        self._new: set[str] = set()  # created this batch: their head row is written too
 
     # -- raw access with the overlay ----------------------------------------------------------
 
@@ -49,18 +77,30 @@ class Tables:
 
     def take_changes(self) -> dict[bytes, bytes | None]:
         """Everything written since the last call, encoded; the overlay starts empty again."""
+        pending, task_codec, cache = self._pending, codec.TASK, self.cache
         for task_id in self._dirty:
-            self._pending[keys.task(task_id)] = codec.TASK.encode(self._tasks[task_id])
-        changes = self._pending
+            task = self._tasks[task_id]
+            pending[keys.task(task_id)] = task_codec.encode_state(task)
+            if task_id in self._new:
+                pending[keys.head(task_id)] = task_codec.encode_head(task)
+            detail = task_codec.detail_of(task)
+            if detail != task.detail_written:
+                if task.detail_written is not None or any(v is not None for v in detail):
+                    pending[keys.detail(task_id)] = task_codec.encode_detail(task)
+                task.detail_written = detail
+            cache.put(task)
         self._pending = {}
         self._tasks = {}
         self._dirty = set()
-        return changes
+        self._new = set()
+        return pending
 
     def discard_changes(self) -> None:
+        self.cache.clear()  # handlers may have edited cached rows in place
         self._pending = {}
         self._tasks = {}
         self._dirty = set()
+        self._new = set()
 
     @property
     def dirty(self) -> bool:
@@ -69,20 +109,34 @@ class Tables:
     # -- tasks and specs ----------------------------------------------------------------------
 
     def task(self, task_id: str) -> Task | None:
-        found = self._tasks.get(task_id)
+        found = self._tasks.get(task_id) or self.cache.get(task_id)
         if found is not None:
+            self._tasks[task_id] = found
             return found
-        raw = self._get(keys.task(task_id))
-        if raw is None:
+        state = self._get(keys.task(task_id))
+        if state is None:
             return None
-        task = codec.TASK.decode(raw)
+        head = self._get(keys.head(task_id))
+        assert head is not None, f"task {task_id} has a state row but no head row"
+        task = codec.TASK.decode(head, state, self._get(keys.detail(task_id)))
         # Handlers edit the row in place and then put it; keep the same object for the batch.
         self._tasks[task_id] = task
+        if keys.task(task_id) not in self._pending:
+            self.cache.put(task)
         return task
 
-    def put_task(self, task: Task) -> None:
+    def put_task(self, task: Task, *, new: bool = False) -> None:
         self._tasks[task.task_id] = task
         self._dirty.add(task.task_id)
+        if new:
+            self._new.add(task.task_id)
+
+    def tasks(self) -> Iterator[Task]:
+        """Every task of the partition, in task id order (for listings and checks)."""
+        for key, _ in self.scan(keys.TASKS):
+            task = self.task(key[1:].decode())
+            assert task is not None
+            yield task
 
     def spec(self, task_id: str) -> TaskSpec | None:
         raw = self._get(keys.spec(task_id))
@@ -91,8 +145,13 @@ class Tables:
     def spec_bytes(self, task_id: str) -> bytes | None:
         return self._get(keys.spec(task_id))
 
-    def put_spec(self, task_id: str, raw: bytes) -> None:
+    def put_spec(self, task_id: str, raw: bytes, payload: bytes) -> None:
+        """The spec as enqueued, and its payload apart, so a lease reads it without decoding."""
         self._put(keys.spec(task_id), raw)
+        self._put(keys.payload(task_id), payload)
+
+    def payload(self, task_id: str) -> bytes | None:
+        return self._get(keys.payload(task_id))
 
     # -- attempts -----------------------------------------------------------------------------
 

@@ -18,9 +18,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from conveyor.schemas import codec
 from conveyor.schemas.types import GrantLeases, LeaseRequest
-from conveyor.store.tables import Tables
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
@@ -169,11 +167,10 @@ class Dispatcher:
         entry.settle()
 
     def _lease(self, grant: Grant, lease_ms: int) -> Lease:
-        tables = Tables(self._p.kv)
+        tables = self._p.reader()
         task = tables.task(grant.task_id)
-        raw = tables.spec_bytes(grant.task_id)
-        assert task is not None and raw is not None
-        spec = codec.TASK_SPEC.decode(raw)
+        payload = tables.payload(grant.task_id)
+        assert task is not None and payload is not None
         return Lease(
             partition=self._p.partition,
             task_id=grant.task_id,
@@ -184,7 +181,7 @@ class Dispatcher:
             app=task.app,
             queue=task.queue,
             task_type=task.task_type,
-            payload=spec.payload,
+            payload=payload,
             checkpoint=task.checkpoint,
             start_to_close_ms=task.start_to_close_ms,
         )

@@ -31,7 +31,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store import keys
 from conveyor.store.api import KV
-from conveyor.store.tables import Tables
+from conveyor.store.tables import Tables, TaskCache
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import Log, LogRecord, LogSealed
 from conveyor.streams.machine import (
@@ -83,8 +83,9 @@ class PartitionProcessor:
         self.clock = clock
         self.leader_id = leader_id
         self.settings = settings or Settings()
-        self.tables = Tables(kv)
-        applied = Tables(kv).meta_int(keys.META_APPLIED)
+        self.cache = TaskCache()
+        self.tables = Tables(kv, self.cache)
+        applied = self.reader().meta_int(keys.META_APPLIED)
         self.applied = -1 if applied is None else applied
         self.epoch = 0
         self.leader = False
@@ -121,7 +122,7 @@ class PartitionProcessor:
         self.leader = True
         offset = await self.propose(AnnounceEpoch(leader_id=self.leader_id))
         await self.wait_applied(offset)
-        self.leases.take_over(Tables(self.kv))
+        self.leases.take_over(self.reader())
         for duty in (self.dispatch.run(), self.leases.run(), self.timers.run(), self.outbox.run()):
             self._tasks.append(asyncio.create_task(duty))
         log.info("partition %d: leader at epoch %d", self.partition, self.epoch)
@@ -197,7 +198,11 @@ class PartitionProcessor:
         return self.read_task(task_id)
 
     def read_task(self, task_id: str) -> Task | None:
-        return Tables(self.kv).task(task_id)
+        return self.reader().task(task_id)
+
+    def reader(self) -> Tables:
+        """Committed state, for reads between batches (never for writes)."""
+        return Tables(self.kv, self.cache)
 
     def _check_alive(self) -> None:
         if self._failed is not None:

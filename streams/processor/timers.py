@@ -11,7 +11,6 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from conveyor.schemas.types import FireTimers
-from conveyor.store.tables import Tables
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.processor.waiting import Poke
 
@@ -34,7 +33,7 @@ class TimerScanner:
     async def run(self) -> None:
         while self._p.leader:
             now = self._p.clock.now_ms()
-            due = Tables(self._p.kv).due_timers(now, self._p.settings.timer_batch)
+            due = self._p.reader().due_timers(now, self._p.settings.timer_batch)
             if due:
                 self.lag_ms = max(0, now - due[0].fire_at_ms)
                 with contextlib.suppress(LogSealed):
@@ -45,7 +44,7 @@ class TimerScanner:
             await self._poke.wait(self._sleep_ms(now))
 
     def _sleep_ms(self, now: int) -> float:
-        upcoming = Tables(self._p.kv).next_timer_ms()
+        upcoming = self._p.reader().next_timer_ms()
         if upcoming is None:
             return IDLE_TICK_MS
         return max(1.0, min(IDLE_TICK_MS, upcoming - now))

@@ -61,7 +61,7 @@ def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Ou
 def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome) -> None:
     match item.outcome:
         case AttemptOutcome.SUCCEEDED:
-            record_attempt(tables, task, meta, "SUCCEEDED")
+            # The final attempt is described by the task row itself; no attempts row.
             task.result = item.result
             finish(tables, task, TaskStatus.SUCCEEDED, meta, out, EventKind.TaskSucceeded)
         case AttemptOutcome.CANCELED if task.cancel_cause is not None:

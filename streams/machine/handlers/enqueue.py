@@ -39,7 +39,7 @@ def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome
             )
             continue
         task = _new_task(spec, meta)
-        tables.put_spec(spec.task_id, raw)
+        tables.put_spec(spec.task_id, raw, spec.payload)
         if spec.idempotency_key is not None:
             tables.put_idempotency(
                 spec.tenant,
@@ -55,7 +55,7 @@ def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome
             make_ready(tables, task, meta, index)
         for ref in deadline_timers(task):
             tables.add_timer(ref)
-        tables.put_task(task)
+        tables.put_task(task, new=True)
         emit(out, EventKind.TaskEnqueued, task, meta)
         out.actions.append(
             Reply(

@@ -1,0 +1,121 @@
+"""``conveyor bench engine``: enqueue -> lease -> complete through the log and processors.
+
+One process, no HTTP, no guests: it measures the engine itself. Enqueuers append batches of
+1,000 tasks while in-process agents long-poll with a large capacity and complete what they get
+at once. The figure counts from the first enqueue to the last SUCCEEDED, and the run checks
+that every task ended SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from conveyor.schemas.types import Completion, Outcome, TaskSpec, TaskStatus
+from conveyor.streams.node import Node
+from conveyor.streams.routing import mint_task_id
+
+ENQUEUE_BATCH = 1_000
+
+
+async def bench_engine(
+    *,
+    tasks: int = 200_000,
+    partitions: int = 8,
+    agents: int = 4,
+    capacity: int = 1_000,
+    enqueuers: int = 4,
+    backlog: bool = False,
+    home: str | None = None,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as tmp:
+        node = await Node.open(Path(home or tmp), partitions=partitions)
+        await node.start()
+        try:
+            return await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
+        finally:
+            await node.stop()
+
+
+async def _run(
+    node: Node,
+    tasks: int,
+    partitions: int,
+    agents: int,
+    capacity: int,
+    enqueuers: int,
+    backlog: bool,
+) -> dict[str, Any]:
+    done = 0
+    enqueued_at = 0.0
+    start = time.perf_counter()
+
+    async def enqueuer(k: int) -> None:
+        for lo in range(k * ENQUEUE_BATCH, tasks, enqueuers * ENQUEUE_BATCH):
+            n = min(ENQUEUE_BATCH, tasks - lo)
+            specs = [
+                TaskSpec(
+                    task_id=mint_task_id((lo + i) % partitions),
+                    tenant="bench",
+                    app="bench",
+                    task_type="noop",
+                    payload=b"{}",
+                )
+                for i in range(n)
+            ]
+            await node.enqueue(specs)
+
+    async def agent(k: int) -> None:
+        nonlocal done
+        while done < tasks:
+            leases = await node.poll(
+                agent_id=f"agent-{k}",
+                app="bench",
+                tenants=[],
+                queues=[],
+                capacity=capacity,
+                wait_ms=100,
+            )
+            if leases:
+                await node.complete(
+                    [
+                        Completion(
+                            task_id=lease.task_id,
+                            lease_id=lease.lease_id,
+                            outcome=Outcome.SUCCEEDED,
+                        )
+                        for lease in leases
+                    ]
+                )
+                done += len(leases)
+
+    workers = [] if backlog else [asyncio.create_task(agent(k)) for k in range(agents)]
+    await asyncio.gather(*(enqueuer(k) for k in range(enqueuers)))
+    enqueued_at = time.perf_counter() - start
+    await asyncio.gather(*workers)
+    seconds = time.perf_counter() - start
+    counts = _count_statuses(node)
+    expected = TaskStatus.ENQUEUED if backlog else TaskStatus.SUCCEEDED
+    return {
+        "tasks": tasks,
+        "seconds": round(seconds, 3),
+        "tasks_per_s": round(tasks / seconds),
+        "enqueue_per_s": round(tasks / enqueued_at),
+        "partitions": partitions,
+        "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+        "all_" + expected.value.lower(): counts.get(expected.value, 0) == tasks,
+        "statuses": counts,
+    }
+
+
+def _count_statuses(node: Node) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for p in range(node.partitions):
+        for task in node.tables(p).tasks():
+            counts[task.status.value] = counts.get(task.status.value, 0) + 1
+    return counts
