@@ -14,6 +14,9 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
                                                                   last one is in the task row)
     idempotency  i lp:tenant lp:app key                           IdempotencyEntry (Avro)
     ready        r lp:app lp:tenant lp:queue u8:255-prio u64:seq  task_id
+    ready count  c lp:app tenant                                  u64 (absent when 0)
+    queue count  k lp:app lp:tenant queue                         u64 (absent when 0)
+    queue head   m head/ lp:app lp:tenant lp:queue                the ready key taken last
     timers       T u64:fire_at_ms lp:task_id u8:kind u64:token    b""
     leased       l task_id                                        u64:lease_id
     dead         d lp:tenant task_id                              b""
@@ -35,6 +38,8 @@ PAYLOADS = b"p"
 ATTEMPTS = b"a"
 IDEMPOTENCY = b"i"
 READY = b"r"
+READY_COUNTS = b"c"
+QUEUE_COUNTS = b"k"
 TIMERS = b"T"
 LEASED = b"l"
 DEAD = b"d"
@@ -117,6 +122,26 @@ def ready_queue(app: str, tenant: str, queue: str) -> bytes:
 
 def ready(app: str, tenant: str, queue: str, priority: int, seq: int) -> bytes:
     return ready_queue(app, tenant, queue) + bytes((255 - priority,)) + _U64.pack(seq)
+
+
+def ready_count(app: str, tenant: str) -> bytes:
+    return READY_COUNTS + lp(app) + tenant.encode()
+
+
+def ready_count_of(app: str) -> bytes:
+    return READY_COUNTS + lp(app)
+
+
+def queue_count(app: str, tenant: str, queue: str) -> bytes:
+    return QUEUE_COUNTS + lp(app) + lp(tenant) + queue.encode()
+
+
+def queue_count_of(app: str, tenant: str) -> bytes:
+    return QUEUE_COUNTS + lp(app) + lp(tenant)
+
+
+def queue_head(app: str, tenant: str, queue: str) -> bytes:
+    return META + b"head/" + lp(app) + lp(tenant) + lp(queue)
 
 
 def ready_order(key: bytes) -> bytes:

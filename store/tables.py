@@ -9,7 +9,7 @@ taken, so a task touched by several records of one batch is encoded once.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from conveyor.schemas import codec
 from conveyor.schemas.types import Attempt, IdempotencyEntry, Task, TaskSpec, TimerRef
@@ -170,41 +170,63 @@ class Tables:
     def put_idempotency(self, tenant: str, app: str, key: str, entry: IdempotencyEntry) -> None:
         self._put(keys.idempotency(tenant, app, key), codec.IDEMPOTENCY.encode(entry))
 
-    # -- ready queues -------------------------------------------------------------------------
+    # -- ready queues -----------------------------------------------------------------------
+    #
+    # A ready queue is consumed from its head, so its head is a trail of tombstones that every
+    # seek would walk over. Three small indexes keep dispatch off that trail: a count of ready
+    # tasks per (app, tenant) and per (app, tenant, queue), and a head cursor per queue with the
+    # rule "no live ready key of the queue sorts below its cursor". Taking from the head moves
+    # the cursor up; a new key below it (a higher priority) moves it down.
+
+    def _bump(self, key: bytes, delta: int) -> None:
+        raw = self._get(key)
+        n = (0 if raw is None else keys.read_u64(raw)) + delta
+        assert n >= 0, f"ready count below zero at {key!r}"
+        self._put(key, keys.u64(n) if n else None)
 
     def add_ready(self, task: Task) -> None:
         key = keys.ready(task.app, task.tenant, task.queue, task.priority, task.ready_seq)
         self._put(key, task.task_id.encode())
+        self._bump(keys.ready_count(task.app, task.tenant), 1)
+        self._bump(keys.queue_count(task.app, task.tenant, task.queue), 1)
+        head = keys.queue_head(task.app, task.tenant, task.queue)
+        cursor = self._get(head)
+        if cursor is not None and key < cursor:
+            self._put(head, key)
 
-    def remove_ready(self, task: Task) -> None:
+    def remove_ready(self, task: Task, *, taken: bool = False) -> None:
+        """Drop a task from its ready queue; ``taken`` when dispatch took it from the head."""
         key = keys.ready(task.app, task.tenant, task.queue, task.priority, task.ready_seq)
         self._put(key, None)
-
-    def _distinct(self, prefix: bytes, start_of: Callable[[str], bytes]) -> list[str]:
-        """The distinct length-prefixed names right after ``prefix``: one seek per name."""
-        names: list[str] = []
-        start: bytes | None = None
-        while True:
-            found = next(self.scan(prefix, start), None)
-            if found is None:
-                return names
-            name = keys.read_lp(found[0], len(prefix))[0]
-            names.append(name)
-            start = start_of(name) + b"\xff\xff\xff"
+        self._bump(keys.ready_count(task.app, task.tenant), -1)
+        self._bump(keys.queue_count(task.app, task.tenant, task.queue), -1)
+        if taken:
+            head = keys.queue_head(task.app, task.tenant, task.queue)
+            cursor = self._get(head)
+            if cursor is None or key > cursor:
+                self._put(head, key)
 
     def ready_tenants(self, app: str) -> list[str]:
-        """Tenants with ready work for ``app``, in key order."""
-        return self._distinct(keys.ready_app(app), lambda t: keys.ready_tenant(app, t))
+        """Tenants with ready work for ``app``, in name order."""
+        prefix = keys.ready_count_of(app)
+        return [key[len(prefix) :].decode() for key, _ in self.scan(prefix)]
+
+    def count_ready(self, app: str, tenant: str) -> int:
+        raw = self._get(keys.ready_count(app, tenant))
+        return 0 if raw is None else keys.read_u64(raw)
+
+    def ready_queues(self, app: str, tenant: str) -> list[str]:
+        prefix = keys.queue_count_of(app, tenant)
+        return [key[len(prefix) :].decode() for key, _ in self.scan(prefix)]
 
     def ready_heads(
         self, app: str, tenant: str, queues: list[str], limit: int
     ) -> list[tuple[bytes, str]]:
         """Up to ``limit`` ready (key, task id) of one tenant, by priority then age."""
-        if not queues:
-            queues = self._distinct(
-                keys.ready_tenant(app, tenant), lambda q: keys.ready_queue(app, tenant, q)
-            )
-        streams = [self.scan(keys.ready_queue(app, tenant, q)) for q in queues]
+        streams = []
+        for queue in queues or self.ready_queues(app, tenant):
+            prefix = keys.ready_queue(app, tenant, queue)
+            streams.append(self.scan(prefix, self._get(keys.queue_head(app, tenant, queue))))
         merged = heapq.merge(*streams, key=lambda kv: keys.ready_order(kv[0]))
         out: list[tuple[bytes, str]] = []
         for key, value in merged:
@@ -254,6 +276,9 @@ class Tables:
 
     def remove_dead(self, tenant: str, task_id: str) -> None:
         self._put(keys.dead(tenant, task_id), None)
+
+    def is_dead(self, tenant: str, task_id: str) -> bool:
+        return self._get(keys.dead(tenant, task_id)) is not None
 
     def dead(self, tenant: str) -> Iterator[str]:
         prefix = keys.dead_of(tenant)

@@ -254,7 +254,10 @@ def attempt_failed(
         else backoff_ms(spec, task.task_id, task.attempt)
     )
     run_at = meta.ts_ms + max(0, delay)
-    if task.close_by_ms is not None and run_at >= task.close_by_ms:
+    # Once the SCHEDULE_TO_CLOSE timer fired the deadline has passed on the log's time base,
+    # whatever this record's timestamp says (a leader clock may step back): never retry then.
+    closed = task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE
+    if task.close_by_ms is not None and (closed or run_at >= task.close_by_ms):
         finish(
             tables,
             task,

@@ -66,14 +66,29 @@ class Entry:
             self.future.set_result(self.leases)
 
 
+READY_PEEK = 64  # ready tasks counted per (partition, app, tenant): enough to deal a round
+
+
 class WaitingPool:
-    """The long-polls waiting at one node, shared by its partitions' dispatchers."""
+    """The long-polls waiting at one node, dealt out slot by slot to its partitions.
+
+    Fairness is decided here, across the whole node: each free slot goes to the next tenant,
+    round-robin over the tenants with ready work for the entry's app, and then to one of the
+    partitions holding that tenant's ready work (rotating). Tenant A's backlog in every
+    partition costs tenant B one slot in two, not one partition's turn in eight. Inside a
+    partition the state machine still orders by priority, then age.
+    """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.entries: dict[str, Entry] = {}
         self.dispatchers: list[Dispatcher] = []
         self._ids = itertools.count()
+        self._turn = 0
+        self._last_tenant: dict[str, str] = {}
+
+    def apps(self) -> set[str]:
+        return {e.app for e in self.entries.values()}
 
     async def poll(
         self,
@@ -100,40 +115,64 @@ class WaitingPool:
         )
         self.entries[entry.entry_id] = entry
         for dispatcher in self.dispatchers:
-            dispatcher.poke(new_request=True)
+            dispatcher.refresh(app)  # O(tenants) reads of the ready counts
+        self.deal()
         try:
             return await asyncio.wait_for(asyncio.shield(entry.future), wait_ms / 1000)
         except TimeoutError:
-            entry.remaining = 0  # no new claims; wait out the ones in flight
-            entry.closed = True
-            entry.settle()
+            self._close(entry)
             return await entry.future
+        except asyncio.CancelledError:
+            # The agent went away: release its slots now. Leases already in flight for it
+            # are granted and lapse later; their tasks are retried, never lost.
+            self._close(entry)
+            raise
         finally:
             self.entries.pop(entry.entry_id, None)
 
-    def active(self) -> int:
-        return max(1, sum(1 for d in self.dispatchers if d.maybe_ready))
+    def _close(self, entry: Entry) -> None:
+        """No new slots for this entry; it answers once its claims in flight are settled."""
+        entry.closed = True
+        for dispatcher in self.dispatchers:
+            dispatcher.unclaim(entry.entry_id)
+        entry.remaining = 0
+        entry.settle()
 
-    def claim(self) -> list[tuple[Entry, LeaseRequest]]:
-        claims = []
-        active = self.active()
+    def deal(self) -> None:
+        woken: set[int] = set()
         for entry in self.entries.values():
-            if entry.remaining <= 0 or entry.future.done():
+            while entry.remaining > 0 and not (entry.closed or entry.future.done()):
+                target = self._next(entry)
+                if target is None:
+                    break
+                dispatcher, tenant = target
+                dispatcher.assign(entry, tenant)
+                entry.remaining -= 1
+                woken.add(id(dispatcher))
+        for dispatcher in self.dispatchers:
+            if id(dispatcher) in woken:
+                dispatcher.wake()
+
+    def _next(self, entry: Entry) -> tuple[Dispatcher, str] | None:
+        """The tenant after the last one served for this app, and a partition holding it."""
+        holders: dict[str, list[Dispatcher]] = {}
+        for d in self.dispatchers:
+            if not d.leading:
                 continue
-            n = min(entry.remaining, -(-entry.capacity // active))
-            entry.remaining -= n
-            entry.in_flight += 1
-            request = LeaseRequest(
-                request_id=entry.entry_id,
-                agent_id=entry.agent_id,
-                app=entry.app,
-                tenants=entry.tenants,
-                queues=entry.queues,
-                capacity=n,
-                lease_ms=entry.lease_ms,
-            )
-            claims.append((entry, request))
-        return claims
+            for tenant, count in d.ready.get(entry.app, {}).items():
+                if count > 0 and (not entry.tenants or tenant in entry.tenants):
+                    holders.setdefault(tenant, []).append(d)
+        if not holders:
+            return None
+        tenants = sorted(holders)
+        last = self._last_tenant.get(entry.app)
+        tenant = next((t for t in tenants if last is None or t > last), tenants[0])
+        self._last_tenant[entry.app] = tenant
+        choices = holders[tenant]
+        self._turn += 1
+        dispatcher = choices[self._turn % len(choices)]
+        dispatcher.ready[entry.app][tenant] -= 1
+        return dispatcher, tenant
 
 
 class Dispatcher:
@@ -141,15 +180,52 @@ class Dispatcher:
         self._p = processor
         self._pool = pool
         self._poke = Poke(processor.clock)
-        self.maybe_ready = True
-        self._claims: dict[str, tuple[Entry, LeaseRequest]] = {}
+        # app -> tenant -> ready tasks here (counted up to READY_PEEK, minus slots dealt).
+        self.ready: dict[str, dict[str, int]] = {}
+        self._dealt: dict[tuple[str, str], tuple[Entry, int]] = {}  # dealt, not yet proposed
+        self._claims: dict[str, tuple[Entry, LeaseRequest]] = {}  # proposed, not yet applied
         self.granted = 0
         pool.dispatchers.append(self)
 
-    def poke(self, *, new_request: bool = False) -> None:
-        if not new_request:
-            self.maybe_ready = True
-        self._poke.poke()
+    @property
+    def leading(self) -> bool:
+        return self._p.leader
+
+    def refresh(self, app: str) -> None:
+        """Recount this partition's ready work for ``app`` from committed state."""
+        tables = self._p.reader()
+        counts = {
+            tenant: min(READY_PEEK, tables.count_ready(app, tenant))
+            for tenant in tables.ready_tenants(app)
+        }
+        for (_, tenant), (entry, n) in self._dealt.items():
+            if entry.app == app and tenant in counts:
+                counts[tenant] -= n
+        self.ready[app] = counts
+
+    def poke(self) -> None:
+        """Ready work changed here (enqueued, back from backoff, leased): recount and deal.
+
+        Counts of apps nobody polls for are dropped; the next poll recounts them."""
+        apps = self._pool.apps()
+        for app in [a for a in self.ready if a not in apps]:
+            del self.ready[app]
+        for app in apps:
+            self.refresh(app)
+        self._pool.deal()
+
+    def assign(self, entry: Entry, tenant: str) -> None:
+        key = (entry.entry_id, tenant)
+        _, n = self._dealt.get(key, (entry, 0))
+        self._dealt[key] = (entry, n + 1)
+
+    def unclaim(self, entry_id: str) -> None:
+        for key in [k for k in self._dealt if k[0] == entry_id]:
+            del self._dealt[key]
+
+    def wake(self) -> None:
+        if self._dealt:
+            self._poke.poke()
 
     def deliver(self, offer: Offer) -> None:
         claim = self._claims.pop(offer.request_id, None)
@@ -157,10 +233,10 @@ class Dispatcher:
             return  # not ours (a replayed record of an earlier leader): leases lapse
         entry, request = claim
         entry.in_flight -= 1
-        if len(offer.grants) == request.capacity:
-            self.maybe_ready = True  # it had at least that much: there may be more
+        unused = request.capacity - len(offer.grants)
+        if unused and not (entry.closed or entry.future.done()):
+            entry.remaining += unused
         if not entry.future.done():
-            entry.remaining += request.capacity - len(offer.grants)
             entry.leases.extend(self._lease(g, request.lease_ms) for g in offer.grants)
         self.granted += len(offer.grants)
         self._p.leases.track_all(offer.grants)
@@ -187,6 +263,10 @@ class Dispatcher:
         )
 
     def clear(self) -> None:
+        for entry, n in self._dealt.values():
+            entry.remaining += n
+        self._dealt.clear()
+        self.ready.clear()
         for entry, _ in self._claims.values():
             entry.in_flight -= 1
             entry.settle()
@@ -195,16 +275,31 @@ class Dispatcher:
     async def run(self) -> None:
         while self._p.leader:
             await self._poke.wait(None)
-            if not self.maybe_ready or not self._pool.entries:
+            requests = self._requests()
+            if not requests:
                 continue
-            claims = self._pool.claim()
-            if not claims:
-                continue
-            self.maybe_ready = False
-            for entry, request in claims:
-                self._claims[request.request_id] = (entry, request)
             with contextlib.suppress(LogSealed):
-                offset = await self._p.propose(GrantLeases(requests=[r for _, r in claims]))
+                offset = await self._p.propose(GrantLeases(requests=requests))
                 await self._p.wait_applied(offset)
-            if self.maybe_ready and self._pool.entries:
-                self._poke.poke()
+            # Slots this partition could not fill went back to their entries: deal them again.
+            self._pool.deal()
+
+    def _requests(self) -> list[LeaseRequest]:
+        requests = []
+        for (entry_id, tenant), (entry, n) in self._dealt.items():
+            if entry.closed or entry.future.done():
+                continue
+            request = LeaseRequest(
+                request_id=f"{entry_id}/{tenant}/{self._p.partition}/{self._p.applied}",
+                agent_id=entry.agent_id,
+                app=entry.app,
+                tenants=[tenant],
+                queues=entry.queues,
+                capacity=n,
+                lease_ms=entry.lease_ms,
+            )
+            entry.in_flight += 1
+            self._claims[request.request_id] = (entry, request)
+            requests.append(request)
+        self._dealt.clear()
+        return requests

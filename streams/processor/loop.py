@@ -17,7 +17,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from conveyor.errors import ContractError
+from conveyor.errors import TransientError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     AnnounceEpoch,
@@ -54,7 +54,7 @@ log = logging.getLogger("conveyor.processor")
 
 QUARANTINE = b"q"  # q u64:offset -> reason: records that could not be decoded
 EARLY_KEEP = 50_000  # offsets of replies kept for a submitter that registers late
-READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued})
+READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued, EventKind.TaskLeased})
 
 
 @dataclass(slots=True)
@@ -298,7 +298,7 @@ class PartitionProcessor:
         self._wake_applied()
         if events:
             self.outbox.poke()
-            if any(e.kind in READY_EVENTS for e in events):
+            if self.leader and any(e.kind in READY_EVENTS for e in events):
                 self.dispatch.poke()
             self.timers.poke()
 
@@ -315,7 +315,7 @@ class PartitionProcessor:
         self._applied_waiters = keep
 
     def _fail_waiters(self, exc: BaseException) -> None:
-        error = ContractError(f"partition {self.partition} halted: {exc}")
+        error = TransientError(f"partition {self.partition} halted: {exc}", retry_after_ms=1_000)
         for waiter in self._replies.values():
             if not waiter.done():
                 waiter.set_exception(error)

@@ -6,7 +6,8 @@ when the handler stops or the grace ends, whichever comes first.
 
 RetryFailed: a FAILED task stays FAILED (terminal states are final). Its retry is a new task
 with the same spec and a fresh attempt budget, on the same partition, with an id derived from
-the original id and the record's offset.
+the original id and the record's offset. The retry takes the task out of the dead letters, so
+retrying the same dead letter again does nothing.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ def apply_retry_failed(tables: Tables, record: RetryFailed, meta: Meta, out: Out
         spec = tables.spec(task_id)
         if task is None or spec is None or task.tenant != record.tenant:
             continue
-        if task.status != TaskStatus.FAILED:
-            continue
+        if task.status != TaskStatus.FAILED or not tables.is_dead(task.tenant, task_id):
+            continue  # not failed, or already retried: one retry per dead letter
         tables.remove_dead(task.tenant, task_id)
         twin = dataclasses.replace(
             spec, task_id=retry_id(task_id, meta.offset), idempotency_key=None, run_at_ms=None

@@ -64,9 +64,20 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
             # The final attempt is described by the task row itself; no attempts row.
             task.result = item.result
             finish(tables, task, TaskStatus.SUCCEEDED, meta, out, EventKind.TaskSucceeded)
+        case AttemptOutcome.CANCELED if task.cancel_cause == CancelCause.START_TO_CLOSE:
+            # The handler obeyed the timeout's stop: the attempt failed; retry per policy.
+            task.cancel_cause = None
+            attempt_failed(
+                tables,
+                task,
+                meta,
+                out,
+                error_class="StartToCloseTimeout",
+                error_message="the attempt ran past start_to_close",
+            )
         case AttemptOutcome.CANCELED if task.cancel_cause is not None:
             record_attempt(tables, task, meta, "CANCELED", "Canceled", item.error_message)
-            status, kind = _after_stop(task.cancel_cause)
+            status, kind, error_class = _after_stop(task.cancel_cause)
             finish(
                 tables,
                 task,
@@ -74,7 +85,7 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
                 meta,
                 out,
                 kind,
-                error_class="Canceled",
+                error_class=error_class,
                 error_message=task.cancel_reason,
             )
         case AttemptOutcome.FAILED | AttemptOutcome.FATAL | AttemptOutcome.CANCELED:
@@ -91,10 +102,11 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
             )
 
 
-def _after_stop(cause: str) -> tuple[TaskStatus, EventKind]:
+def _after_stop(cause: str) -> tuple[TaskStatus, EventKind, str]:
+    """Where a handler that stopped on request goes: the same place the grace would send it."""
     if cause == CancelCause.SCHEDULE_TO_CLOSE:
-        return TaskStatus.EXPIRED, EventKind.TaskExpired
-    return TaskStatus.CANCELED, EventKind.TaskCanceled
+        return TaskStatus.EXPIRED, EventKind.TaskExpired, "ScheduleToCloseTimeout"
+    return TaskStatus.CANCELED, EventKind.TaskCanceled, "Canceled"
 
 
 def apply_checkpoints(tables: Tables, record: SaveCheckpoints, meta: Meta, out: Outcome) -> None:

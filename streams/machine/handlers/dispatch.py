@@ -66,7 +66,7 @@ def _more(
 def _lease(tables: Tables, task_id: str, request: LeaseRequest, meta: Meta, out: Outcome) -> Grant:
     task = tables.task(task_id)
     assert task is not None and task.status == TaskStatus.ENQUEUED, f"ready {task_id} not ready"
-    tables.remove_ready(task)
+    tables.remove_ready(task, taken=True)
     task.ready_seq = 0
     move(task, TaskStatus.LEASED)
     task.lease_id += 1

@@ -1,0 +1,106 @@
+"""A circuit breaker per task type, tripped by guest crashes (design: "a poison task that
+crashes its container repeatedly ... trips the breaker and pauses dispatch for that type").
+
+    CLOSED --(crashes_max crashes within window_s)--> OPEN --(cooldown_s)--> HALF_OPEN
+    HALF_OPEN --(an attempt of the type ends without a crash)--> CLOSED
+    HALF_OPEN --(a crash)--> OPEN again
+
+A poll cannot name task types, so while any breaker is OPEN the agent stops claiming work;
+attempts already running go on. Handler exceptions are not crashes: retries handle those.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+log = logging.getLogger("conveyor.agent.breaker")
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerPolicy:
+    crashes_max: int = 3
+    window_s: float = 60.0
+    cooldown_s: float = 30.0
+
+
+@dataclass(slots=True)
+class Breaker:
+    task_type: str
+    state: BreakerState = BreakerState.CLOSED
+    crashes: deque[float] = field(default_factory=deque)  # crash times, ms
+    opened_ms: float | None = None
+    reason: str | None = None  # why it last opened
+    trips: int = 0
+
+
+class Breakers:
+    def __init__(self, policy: BreakerPolicy) -> None:
+        self.policy = policy
+        self.by_type: dict[str, Breaker] = {}
+
+    def record(self, task_type: str, *, crashed: bool, why: str, now_ms: float) -> None:
+        """An attempt of ``task_type`` ended; ``crashed`` if its guest died on its own."""
+        breaker = self.by_type.setdefault(task_type, Breaker(task_type))
+        if not crashed:
+            if breaker.state == BreakerState.HALF_OPEN:
+                self._close(breaker)
+            return
+        window_ms = self.policy.window_s * 1000
+        breaker.crashes.append(now_ms)
+        while breaker.crashes and breaker.crashes[0] < now_ms - window_ms:
+            breaker.crashes.popleft()
+        if breaker.state == BreakerState.HALF_OPEN or (
+            breaker.state == BreakerState.CLOSED and len(breaker.crashes) >= self.policy.crashes_max
+        ):
+            self._open(breaker, why, now_ms)
+
+    def blocking(self, now_ms: float) -> list[Breaker]:
+        """The breakers that keep the agent from polling now (OPEN ones still cooling down);
+        cooled-down ones move to HALF_OPEN here."""
+        cooldown_ms = self.policy.cooldown_s * 1000
+        out = []
+        for breaker in self.by_type.values():
+            if breaker.state != BreakerState.OPEN:
+                continue
+            if breaker.opened_ms is not None and now_ms >= breaker.opened_ms + cooldown_ms:
+                breaker.state = BreakerState.HALF_OPEN
+                log.warning("breaker %s half-open: trying the task type again", breaker.task_type)
+            else:
+                out.append(breaker)
+        return out
+
+    def reopens_at_ms(self) -> float | None:
+        times = [
+            b.opened_ms + self.policy.cooldown_s * 1000
+            for b in self.by_type.values()
+            if b.state == BreakerState.OPEN and b.opened_ms is not None
+        ]
+        return min(times) if times else None
+
+    def _open(self, breaker: Breaker, why: str, now_ms: float) -> None:
+        breaker.state = BreakerState.OPEN
+        breaker.opened_ms = now_ms
+        breaker.trips += 1
+        breaker.reason = (
+            f"{len(breaker.crashes)} guest crash(es) within {self.policy.window_s:g}s; last: {why}"
+        )
+        log.error(
+            "breaker %s OPEN: %s; no new work is claimed for %gs",
+            breaker.task_type,
+            breaker.reason,
+            self.policy.cooldown_s,
+        )
+
+    def _close(self, breaker: Breaker) -> None:
+        breaker.state = BreakerState.CLOSED
+        breaker.crashes.clear()
+        log.warning("breaker %s closed: an attempt ended without a crash", breaker.task_type)

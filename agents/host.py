@@ -1,0 +1,394 @@
+"""The host agent: holds the credentials and the lease ids, claims work, runs it in sandboxes.
+
+Loops, all on one event loop:
+- poll:       long-poll with the free capacity; paused while a circuit breaker is open.
+- heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
+              checkpoints). CANCEL -> the handler's ctx.cancelled, then a kill after the cancel
+              grace. LOST -> kill and drop: nothing is reported for a lost lease.
+- deadlines:  the local start_to_close (ask the handler to stop, kill after the grace) and
+              the kills due at the end of a grace.
+- complete:   ``completer.Completer``: batched completions, checkpoints first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+from conveyor.agents.breaker import Breaker, BreakerPolicy, Breakers
+from conveyor.agents.completer import Completer
+from conveyor.agents.pool import GuestPool
+from conveyor.agents.runner import app_ref_of, load_app
+from conveyor.agents.running import NOTHING, Running, final_result
+from conveyor.agents.sandbox import Executor, Job, crashed
+from conveyor.agents.worker_api import (
+    CANCEL,
+    LOST,
+    CheckpointItem,
+    HttpWorkerAPI,
+    LeaseOffer,
+    WorkerAPI,
+)
+from conveyor.app import App
+from conveyor.errors import ContractError, ConveyorError
+
+log = logging.getLogger("conveyor.agent")
+
+RETRY_PAUSE_S = 1.0  # after a failed poll or heartbeat round
+
+
+class AgentClock(Protocol):
+    """The agent's local time (``conveyor.streams.clock`` clocks fit)."""
+
+    def monotonic_ms(self) -> float: ...
+
+    async def sleep_ms(self, ms: float) -> None: ...
+
+
+class RealClock:
+    def monotonic_ms(self) -> float:
+        return time.monotonic() * 1000.0
+
+    async def sleep_ms(self, ms: float) -> None:
+        await asyncio.sleep(max(0.0, ms) / 1000.0)
+
+
+class Wake:
+    """``set()`` from anywhere on the loop; ``wait(clock, ms)`` returns on a set or timeout."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, clock: AgentClock, timeout_ms: float) -> None:
+        if not self._event.is_set():
+            waiter = asyncio.ensure_future(self._event.wait())
+            sleeper = asyncio.ensure_future(clock.sleep_ms(timeout_ms))
+            try:
+                await asyncio.wait([waiter, sleeper], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for future in (waiter, sleeper):
+                    future.cancel()
+        self._event.clear()
+
+
+class HostAgent:
+    def __init__(
+        self,
+        api: WorkerAPI,
+        app: App | str,
+        *,
+        app_ref: str | None = None,
+        concurrency: int = 8,
+        heartbeat_s: float = 10.0,
+        lease_s: float = 30.0,
+        poll_wait_s: float = 20.0,
+        queues: tuple[str, ...] = (),
+        fresh_process: bool = False,
+        memory_mb: int | None = None,
+        cpu_s: float | None = None,
+        log_dir: str | Path | None = None,
+        agent_id: str | None = None,
+        executor: Executor | None = None,
+        clock: AgentClock | None = None,
+        breaker: BreakerPolicy | None = None,
+        complete_window_ms: float = 5.0,
+    ) -> None:
+        if isinstance(app, str):
+            app_ref, app = app, load_app(app)
+        self.api = api
+        self.app = app
+        self.concurrency = concurrency
+        self.heartbeat_ms = heartbeat_s * 1000
+        self.lease_ms = int(lease_s * 1000)
+        self.poll_wait_ms = int(poll_wait_s * 1000)
+        self.queues = queues
+        self.agent_id = agent_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.clock: AgentClock = clock or RealClock()
+        self.executor = executor or self._guest_pool(
+            app_ref, fresh_process, memory_mb, cpu_s, log_dir
+        )
+        self._breakers = Breakers(breaker or BreakerPolicy())
+        self.running: dict[str, Running] = {}
+        self.completer = Completer(api, window_ms=complete_window_ms)
+        self._attempts: set[asyncio.Task[None]] = set()
+        self.started = asyncio.Event()  # set once registered and claiming work
+        self._stop = asyncio.Event()
+        self._slot = Wake()
+        self._hb_wake = Wake()
+        self._dl_wake = Wake()
+
+    def _guest_pool(
+        self,
+        app_ref: str | None,
+        fresh_process: bool,
+        memory_mb: int | None,
+        cpu_s: float | None,
+        log_dir: str | Path | None,
+    ) -> GuestPool:
+        ref = app_ref or app_ref_of(self.app)
+        if ref is None:
+            raise ContractError(
+                f"guests import the app by reference: pass app_ref='module:attr' for {self.app}"
+            )
+        home = Path(os.environ.get("CONVEYOR_HOME", ".conveyor"))
+        return GuestPool(
+            ref,
+            log_dir=log_dir or home / "logs" / self.app.name,
+            size_max=self.concurrency,
+            fresh_process=fresh_process,
+            memory_mb=memory_mb,
+            cpu_s=cpu_s,
+        )
+
+    # -- public surface ---------------------------------------------------------------------
+
+    @property
+    def breakers(self) -> dict[str, Breaker]:
+        return dict(self._breakers.by_type)
+
+    @property
+    def busy(self) -> bool:
+        """Running an attempt, or holding a completion not yet acknowledged."""
+        return bool(self.running) or self.completer.unacked > 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def heartbeat_now(self) -> None:
+        self._hb_wake.set()
+
+    async def run(self, *, drain_s: float = 0.0) -> None:
+        """Run until ``stop()``; then stop claiming, let attempts finish for up to ``drain_s``,
+        kill the rest (reported as failed attempts, so they retry at once), flush, close."""
+        await self.executor.start()
+        loops: list[asyncio.Task[None]] = []
+        try:
+            await self.api.register(
+                agent_id=self.agent_id,
+                app=self.app.name,
+                version=self.app.version,
+                task_types=sorted(self.app.tasks),
+            )
+            for loop in (
+                self._heartbeats(),
+                self._deadlines(),
+                self.completer.run(),
+                self._polls(),
+            ):
+                loops.append(asyncio.create_task(loop))
+            self.started.set()
+            log.info("agent %s serving %s (%d slots)", self.agent_id, self.app, self.concurrency)
+            await self._stop.wait()
+            loops[-1].cancel()
+            await self._drain(drain_s)
+        finally:
+            await self._shutdown(loops)
+
+    async def _drain(self, drain_s: float) -> None:
+        if self._attempts and drain_s > 0:
+            await asyncio.wait(set(self._attempts), timeout=drain_s)
+        for run in list(self.running.values()):
+            run.kill("the agent is stopping")
+        if self._attempts:
+            await asyncio.wait(set(self._attempts), timeout=10)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.completer.flushed(), timeout=10)
+
+    async def _shutdown(self, loops: list[asyncio.Task[None]]) -> None:
+        for task in (*loops, *self._attempts):
+            task.cancel()
+        await asyncio.gather(*loops, *self._attempts, return_exceptions=True)
+        await self.executor.close()
+
+    # -- claiming work ----------------------------------------------------------------------
+
+    async def _polls(self) -> None:
+        while True:
+            free = self.concurrency - len(self.running)
+            if free <= 0:
+                await self._slot.wait(self.clock, 1_000)
+                continue
+            if await self._paused_by_breaker():
+                continue
+            try:
+                offers = await self.api.poll(
+                    agent_id=self.agent_id,
+                    app=self.app.name,
+                    queues=list(self.queues),
+                    capacity=free,
+                    wait_ms=self.poll_wait_ms,
+                    lease_ms=self.lease_ms,
+                )
+            except ConveyorError as exc:
+                log.warning("poll failed: %s; retrying", exc)
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            for offer in offers:
+                self._start(offer)
+
+    async def _paused_by_breaker(self) -> bool:
+        now = self.clock.monotonic_ms()
+        if not self._breakers.blocking(now):
+            return False
+        reopen = self._breakers.reopens_at_ms() or now + 1_000
+        await self._slot.wait(self.clock, max(1.0, min(1_000.0, reopen - now)))
+        return True
+
+    def _start(self, offer: LeaseOffer) -> None:
+        task_type = self.app.tasks.get(offer.task_type)
+        grace_ms = offer.cancel_grace_ms
+        if grace_ms is None:
+            grace_ms = task_type.options.cancel_grace_ms if task_type else 30_000
+        run = Running(offer, started_ms=self.clock.monotonic_ms(), grace_ms=grace_ms)
+        self.running[offer.task_id] = run
+        task = asyncio.create_task(self._attempt(run), name=f"attempt-{offer.task_id}")
+        self._attempts.add(task)
+        task.add_done_callback(self._attempts.discard)
+        if offer.start_to_close_ms is not None:
+            self._dl_wake.set()
+
+    async def _attempt(self, run: Running) -> None:
+        offer = run.offer
+        job = Job(
+            task_id=offer.task_id,
+            task_type=offer.task_type,
+            attempt=offer.attempt,
+            payload=offer.payload,
+            checkpoint=offer.checkpoint,
+        )
+        try:
+            try:
+                run.attach(await self.executor.launch(job, run))
+            except Exception as exc:  # e.g. the guest could not import the app
+                result = crashed(f"could not start a sandbox: {exc}")
+            else:
+                assert run.sandbox is not None
+                result = await run.sandbox.wait()
+        finally:
+            self.running.pop(offer.task_id, None)
+            self._slot.set()
+        if run.lost:
+            log.info("task %s: lease %d lost; dropped", offer.task_id, offer.lease_id)
+            return
+        final = final_result(run, result)
+        self._breakers.record(
+            offer.task_type,
+            crashed=final.crashed,
+            why=final.error_message or "",
+            now_ms=self.clock.monotonic_ms(),
+        )
+        checkpoint = None
+        if run.checkpoint is not NOTHING:
+            checkpoint = CheckpointItem(
+                task_id=offer.task_id, lease_id=offer.lease_id, value=run.checkpoint
+            )
+        await self.completer.put(run.completion(final), checkpoint)
+
+    # -- heartbeats and deadlines -----------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await self._hb_wake.wait(self.clock, self.heartbeat_ms)
+            try:
+                await self._flush_checkpoints()
+                live = [(t, r.offer.lease_id) for t, r in self.running.items() if not r.lost]
+                actions = await self.api.heartbeat(live) if live else {}
+            except ConveyorError as exc:
+                log.warning("heartbeat round failed: %s", exc)
+                continue
+            for task_id, action in actions.items():
+                run = self.running.get(task_id)
+                if run is None:
+                    continue
+                if action == LOST:
+                    run.lost = True
+                    run.kill("the lease was lost")
+                elif action == CANCEL:
+                    self._request_stop(run, "CANCEL")
+
+    async def _flush_checkpoints(self) -> None:
+        async with self.completer.checkpoint_lock:
+            items = []
+            for run in self.running.values():
+                if run.checkpoint is not NOTHING and not run.lost:
+                    items.append(
+                        CheckpointItem(
+                            task_id=run.offer.task_id,
+                            lease_id=run.offer.lease_id,
+                            value=run.checkpoint,
+                        )
+                    )
+                    run.checkpoint = NOTHING
+            if items:
+                await self.api.checkpoint(items)
+
+    def _request_stop(self, run: Running, reason: str) -> None:
+        if run.stop(reason, self.clock.monotonic_ms()):
+            self._dl_wake.set()
+
+    async def _deadlines(self) -> None:
+        while True:
+            now = self.clock.monotonic_ms()
+            for run in list(self.running.values()):
+                if run.kill_at_ms is not None and now >= run.kill_at_ms:
+                    run.kill(f"the cancel grace of {run.grace_ms} ms is over")
+                elif run.deadline_ms is not None and now >= run.deadline_ms:
+                    self._request_stop(run, "START_TO_CLOSE")
+            due = [t for r in self.running.values() for t in r.next_deadlines()]
+            sleep_ms = min(1_000.0, max(1.0, min(due) - now)) if due else 1_000.0
+            await self._dl_wake.wait(self.clock, sleep_ms)
+
+    # -- completions ------------------------------------------------------------------------
+
+
+async def run_agent(
+    url: str,
+    api_key: str,
+    app_ref: str,
+    *,
+    concurrency: int = 8,
+    heartbeat_s: float = 10.0,
+    queues: tuple[str, ...] = (),
+    fresh_process: bool = False,
+    memory_mb: int | None = None,
+    cpu_s: float | None = None,
+    log_dir: str | Path | None = None,
+    drain_s: float = 30.0,
+) -> None:
+    """Serve ``app_ref`` ("module:attr") against the gateway at ``url`` until SIGINT/SIGTERM
+    (what ``conveyor agent`` and ``conveyor dev`` call)."""
+    api = HttpWorkerAPI(url, api_key)
+    agent = HostAgent(
+        api,
+        app_ref,
+        concurrency=concurrency,
+        heartbeat_s=heartbeat_s,
+        queues=queues,
+        fresh_process=fresh_process,
+        memory_mb=memory_mb,
+        cpu_s=cpu_s,
+        log_dir=log_dir,
+    )
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, agent.stop)
+    try:
+        await agent.run(drain_s=drain_s)
+    finally:
+        for sig in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await api.close()

@@ -1,0 +1,90 @@
+"""An in-process ``Executor`` for ``conveyor.testing``: handlers run in the agent's process.
+
+Async handlers run as tasks on the agent's loop; sync handlers on a small thread pool, so a
+handler that waits for ``ctx.cancelled`` does not stall the engine. Breakpoints work. ``kill``
+cannot stop a thread: the attempt is reported killed and whatever the thread returns later is
+ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from conveyor.agents.runner import run_async, run_sync, unknown_type
+from conveyor.agents.sandbox import AttemptResult, Hooks, Job
+from conveyor.app import App
+from conveyor.context import Context
+
+
+class _LoopChannel:
+    """Reports from any thread, delivered on the agent's loop in the order they were made."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, hooks: Hooks) -> None:
+        self._loop = loop
+        self._hooks = hooks
+
+    def heartbeat(self, progress: Any) -> None:
+        self._loop.call_soon_threadsafe(self._hooks.on_heartbeat, progress)
+
+    def checkpoint(self, value: Any) -> None:
+        self._loop.call_soon_threadsafe(self._hooks.on_checkpoint, value)
+
+
+class InlineSandbox:
+    pid: int | None = None
+
+    def __init__(self, app: App, job: Job, hooks: Hooks, threads: ThreadPoolExecutor) -> None:
+        loop = asyncio.get_running_loop()
+        self.ctx = Context(
+            task_id=job.task_id,
+            task_type=job.task_type,
+            attempt=job.attempt,
+            checkpoint=job.checkpoint,
+            channel=_LoopChannel(loop, hooks),
+        )
+        self._killed: str | None = None
+        task = app.tasks.get(job.task_type)
+        self._future: asyncio.Future[AttemptResult]
+        if task is None:
+            self._future = loop.create_future()
+            self._future.set_result(unknown_type(app, job.task_type))
+        elif task.is_async:
+            self._future = loop.create_task(run_async(task, self.ctx, job.payload))
+        else:
+            self._future = loop.run_in_executor(threads, run_sync, task, self.ctx, job.payload)
+
+    async def wait(self) -> AttemptResult:
+        try:
+            result = await self._future
+        except asyncio.CancelledError:
+            if self._killed is None:
+                raise  # the agent itself is being cancelled
+        if self._killed is not None:
+            return AttemptResult(outcome="FAILED", error_class="Killed", error_message=self._killed)
+        return result
+
+    def cancel(self) -> None:
+        self.ctx.request_cancel()
+
+    def kill(self, reason: str) -> None:
+        self._killed = reason
+        self.ctx.request_cancel()  # a thread cannot be killed: at least let it notice
+        self._future.cancel()
+
+
+class InlineExecutor:
+    def __init__(self, app: App, *, threads: int = 8) -> None:
+        self.app = app
+        self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-task")
+
+    async def start(self) -> None:
+        return None
+
+    async def launch(self, job: Job, hooks: Hooks) -> InlineSandbox:
+        return InlineSandbox(self.app, job, hooks, self._threads)
+
+    async def close(self) -> None:
+        # Threads still running a killed handler are left to finish on their own.
+        self._threads.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,329 @@
+"""Guest processes: a warm pool per app version, one attempt per guest at a time.
+
+A guest is ``python -m conveyor.agents.guest`` in its own session (so a kill takes its
+children too), with a socketpair end as its only line to the agent, an environment without
+CONVEYOR_* variables (no credentials), and RLIMIT_AS/RLIMIT_CPU set by the stub before user
+code loads. Guests are reused across tasks unless ``fresh_process``; a guest that died, broke
+the protocol, was killed, or asked not to be reused is never handed another task.
+
+Rule: a guest's reports count only for the job it was handed; frames naming another task id
+are dropped, so a guest cannot complete or checkpoint a task it was not given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from conveyor.agents.frames import AsyncFrames, FrameError
+from conveyor.agents.sandbox import AttemptResult, Hooks, Job, crashed
+
+log = logging.getLogger("conveyor.agent.pool")
+
+OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED"})
+EXIT_WAIT_S = 5.0
+
+
+class GuestStartError(Exception):
+    """A guest could not start or import the app."""
+
+
+class GuestProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, frames: AsyncFrames, serial: int) -> None:
+        self.proc = proc
+        self.frames = frames
+        self.pid = proc.pid
+        self.serial = serial
+        self.tasks_run = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def kill(self) -> None:
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    async def exit(self) -> None:
+        """Ask politely, then kill."""
+        with contextlib.suppress(OSError, FrameError):
+            await self.frames.send({"op": "exit"})
+        try:
+            await asyncio.wait_for(self.proc.wait(), EXIT_WAIT_S)
+        except TimeoutError:
+            self.kill()
+            await self.proc.wait()
+        self.frames.close()
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "the guest closed its socket"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"the guest was killed by signal {name} ({-code})"
+    return f"the guest exited with code {code}"
+
+
+class GuestSandbox:
+    """One attempt in one guest process."""
+
+    def __init__(self, pool: GuestPool, guest: GuestProcess, job: Job, hooks: Hooks) -> None:
+        self.pool = pool
+        self.guest = guest
+        self.job = job
+        self.hooks = hooks
+        self.pid: int | None = guest.pid
+        self._killed: str | None = None
+        self._sends: set[asyncio.Task[None]] = set()
+        self._task = asyncio.create_task(self._run(), name=f"guest-{guest.pid}-{job.task_id}")
+
+    async def wait(self) -> AttemptResult:
+        return await self._task
+
+    def cancel(self) -> None:
+        send = asyncio.create_task(self._send({"op": "cancel", "task_id": self.job.task_id}))
+        self._sends.add(send)
+        send.add_done_callback(self._sends.discard)
+
+    def kill(self, reason: str) -> None:
+        self._killed = reason
+        self.guest.kill()
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError, FrameError):
+            await self.guest.frames.send(frame)
+
+    def _run_frame(self) -> dict[str, Any]:
+        job = self.job
+        return {
+            "op": "run",
+            "task_id": job.task_id,
+            "task_type": job.task_type,
+            "attempt": job.attempt,
+            "payload": job.payload,
+            "checkpoint": job.checkpoint,
+            "cpu_s": job.cpu_s,
+            "cpu_hard": self.pool.fresh_process,
+        }
+
+    async def _run(self) -> AttemptResult:
+        job = self.job
+        fd = None
+        if job.log_path is not None:
+            fd = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            try:
+                await self.guest.frames.send(self._run_frame(), fd)
+            finally:
+                if fd is not None:
+                    os.close(fd)
+            self.guest.tasks_run += 1
+            return await self._follow()
+        except FrameError as exc:
+            self.guest.kill()
+            return crashed(f"the guest broke the frame protocol: {exc}", job.log_path)
+        except OSError:
+            return await self._died()
+
+    async def _follow(self) -> AttemptResult:
+        while True:
+            frame = await self.guest.frames.recv()
+            if frame is None:
+                return await self._died()
+            if frame.get("task_id") != self.job.task_id:
+                log.warning("guest %d reported on a task it was not handed", self.guest.pid)
+                continue
+            op = frame.get("op")
+            if op == "heartbeat":
+                self.hooks.on_heartbeat(frame.get("progress"))
+            elif op == "checkpoint":
+                self.hooks.on_checkpoint(frame.get("value"))
+            elif op == "done":
+                result = self._result(frame)
+                self.pool.release(self.guest, reuse=bool(frame.get("reuse", True)))
+                return result
+
+    def _result(self, frame: dict[str, Any]) -> AttemptResult:
+        outcome = frame.get("outcome")
+        if outcome not in OUTCOMES:
+            return crashed(f"the guest reported outcome {outcome!r}", self.job.log_path)
+        retry_after = frame.get("retry_after_ms")
+        return AttemptResult(
+            outcome=str(outcome),
+            result=frame.get("result"),
+            error_class=_str_or_none(frame.get("error_class")),
+            error_message=_str_or_none(frame.get("error_message")),
+            error_stack=_str_or_none(frame.get("error_stack")),
+            retry_after_ms=int(retry_after) if isinstance(retry_after, int | float) else None,
+            log_ref=self.job.log_path,
+        )
+
+    async def _died(self) -> AttemptResult:
+        try:
+            code: int | None = await asyncio.wait_for(self.guest.proc.wait(), EXIT_WAIT_S)
+        except TimeoutError:  # closed its socket but lives on: not to be trusted
+            self.guest.kill()
+            code = None
+        self.pool.forget(self.guest)
+        self.guest.frames.close()
+        if self._killed is not None:
+            return AttemptResult(
+                outcome="FAILED",
+                error_class="Killed",
+                error_message=f"{self._killed}; {describe_exit(code)}",
+                log_ref=self.job.log_path,
+            )
+        return crashed(describe_exit(code), self.job.log_path)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+class GuestPool:
+    """The ``Executor`` of a host agent: guest processes for one app version."""
+
+    def __init__(
+        self,
+        app_ref: str,
+        *,
+        log_dir: str | Path,
+        size_max: int = 8,
+        warm: int = 1,
+        fresh_process: bool = False,
+        memory_mb: int | None = None,
+        cpu_s: float | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        self.app_ref = app_ref
+        self.log_dir = Path(log_dir)
+        self.size_max = size_max
+        self.warm = 0 if fresh_process else min(warm, size_max)
+        self.fresh_process = fresh_process
+        self.memory_mb = memory_mb
+        self.cpu_s = cpu_s
+        self.start_timeout_s = start_timeout_s
+        self.idle: list[GuestProcess] = []
+        self.guests: dict[int, GuestProcess] = {}  # every live guest, by pid
+        self.spawned = 0
+        self._serial = itertools.count(1)
+        self._closing = False
+        self._exiting: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        (self.log_dir / "guests").mkdir(parents=True, exist_ok=True)
+        for guest in await asyncio.gather(*(self._spawn() for _ in range(self.warm))):
+            self.idle.append(guest)
+
+    async def launch(self, job: Job, hooks: Hooks) -> GuestSandbox:
+        guest = await self._take()
+        log_path = str(self.log_dir / f"{job.task_id}.{job.attempt}.log")
+        job = Job(
+            task_id=job.task_id,
+            task_type=job.task_type,
+            attempt=job.attempt,
+            payload=job.payload,
+            checkpoint=job.checkpoint,
+            log_path=log_path,
+            cpu_s=self.cpu_s,
+        )
+        return GuestSandbox(self, guest, job, hooks)
+
+    async def _take(self) -> GuestProcess:
+        while self.idle:
+            guest = self.idle.pop()
+            if guest.alive:
+                return guest
+            self.forget(guest)
+        return await self._spawn()
+
+    def release(self, guest: GuestProcess, *, reuse: bool) -> None:
+        keep = reuse and not self.fresh_process and not self._closing and guest.alive
+        if keep and len(self.idle) < self.size_max:
+            self.idle.append(guest)
+            return
+        self.forget(guest)
+        task = asyncio.get_running_loop().create_task(guest.exit())
+        self._exiting.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(self._exiting.discard)
+
+    def forget(self, guest: GuestProcess) -> None:
+        self.guests.pop(guest.pid, None)
+        if guest in self.idle:
+            self.idle.remove(guest)
+
+    async def close(self) -> None:
+        self._closing = True
+        live = list(self.guests.values())
+        for guest in live:
+            if guest not in self.idle:
+                guest.kill()  # still running an attempt at shutdown
+        await asyncio.gather(*(g.exit() for g in live), *self._exiting, return_exceptions=True)
+        self.idle.clear()
+        self.guests.clear()
+
+    def _env(self) -> dict[str, str]:
+        # No credentials in a guest; the same import path as the agent, so the app resolves.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+        return env
+
+    async def _spawn(self) -> GuestProcess:
+        serial = next(self._serial)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        args = ["--app", self.app_ref, "--fd", str(child.fileno())]
+        if self.memory_mb:
+            args += ["--memory-mb", str(self.memory_mb)]
+        out_path = self.log_dir / "guests" / f"guest-{os.getpid()}-{serial}.log"
+        with open(out_path, "ab") as out:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "conveyor.agents.guest",
+                    *args,
+                    pass_fds=[child.fileno()],
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    env=self._env(),
+                    start_new_session=True,
+                )
+            finally:
+                child.close()
+        guest = GuestProcess(proc, AsyncFrames(parent), serial)
+        self.guests[guest.pid] = guest
+        self.spawned += 1
+        await self._hello(guest, out_path)
+        return guest
+
+    async def _hello(self, guest: GuestProcess, out_path: Path) -> None:
+        try:
+            hello = await asyncio.wait_for(guest.frames.recv(), self.start_timeout_s)
+        except (TimeoutError, FrameError):
+            hello = None
+        if hello is not None and hello.get("ok"):
+            return
+        guest.kill()
+        await guest.proc.wait()
+        self.forget(guest)
+        guest.frames.close()
+        detail = str(hello.get("error")) if hello else f"no hello; see {out_path}"
+        raise GuestStartError(
+            f"guest for {self.app_ref} failed to start: {describe_exit(guest.proc.returncode)}\n"
+            f"{detail}"
+        )

@@ -1,0 +1,129 @@
+"""Run one handler call and turn what happened into an ``AttemptResult``.
+
+Shared by the guest stub and the in-process executor, so a handler behaves the same in
+``conveyor.testing`` and in production. The mapping:
+
+    returned a JSON value           SUCCEEDED (a value JSON cannot carry is FATAL: a retry
+                                    of the same code returns the same kind of value)
+    raised FatalError               FATAL
+    raised a non_retryable error    FATAL (matched by class, so subclasses count)
+    raised RetryableError           FAILED, with retry_after_ms when it gave retry_after
+    raised ctx's Cancelled          CANCELED
+    raised anything else            FAILED; the platform retries per policy
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import sys
+import traceback
+from typing import Any
+
+from conveyor.agents.sandbox import AttemptResult
+from conveyor.app import App, TaskType
+from conveyor.context import Cancelled, Context
+from conveyor.errors import ContractError, FatalError, RetryableError
+
+STACK_CHARS_MAX = 16 * 1024
+MESSAGE_CHARS_MAX = 4 * 1024
+UNKNOWN_TASK_TYPE = "UnknownTaskType"
+
+
+def load_app(ref: str) -> App:
+    """The App named by ``"package.module:attr"``."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ContractError(f"app reference {ref!r} is not 'module:attr'", field="app")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, App):
+        raise ContractError(f"{ref} is a {type(obj).__name__}, not a conveyor.App", field="app")
+    return obj
+
+
+def app_ref_of(app: App) -> str | None:
+    """A ``module:attr`` a fresh process can import to find ``app``, if there is one."""
+    module = sys.modules.get(app.module)
+    if module is None or app.module == "__main__":
+        return None
+    for name, value in vars(module).items():
+        if value is app:
+            return f"{app.module}:{name}"
+    return None
+
+
+def unknown_type(app: App, task_type: str) -> AttemptResult:
+    # FAILED, not FATAL: another agent with a newer version of the app may know the type.
+    return AttemptResult(
+        outcome="FAILED",
+        error_class=UNKNOWN_TASK_TYPE,
+        error_message=f"app {app.name} version {app.version} has no task type {task_type!r}",
+    )
+
+
+def run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
+    """Call the handler in this thread (an async handler gets its own event loop)."""
+    try:
+        value = task.invoke(ctx, payload)
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+    except Cancelled as exc:
+        return canceled(str(exc))
+    except (Exception, SystemExit) as exc:
+        return failed(task, exc)
+    return succeeded(value)
+
+
+async def run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
+    """Call an async handler in the running loop."""
+    try:
+        value = task.invoke(ctx, payload)
+        if inspect.isawaitable(value):
+            value = await value
+    except Cancelled as exc:
+        return canceled(str(exc))
+    except (Exception, SystemExit) as exc:
+        return failed(task, exc)
+    return succeeded(value)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def succeeded(value: Any) -> AttemptResult:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        return AttemptResult(
+            outcome="FATAL",
+            error_class="ResultNotSerializable",
+            error_message=f"the handler returned a {type(value).__name__}, not JSON: {exc}",
+        )
+    return AttemptResult(outcome="SUCCEEDED", result=value)
+
+
+def canceled(message: str) -> AttemptResult:
+    return AttemptResult(outcome="CANCELED", error_class="Canceled", error_message=message)
+
+
+def failed(task: TaskType[Any, Any], exc: BaseException) -> AttemptResult:
+    fatal = isinstance(exc, FatalError) or task.options.retry.matches(exc)
+    retry_after_ms = None
+    if isinstance(exc, RetryableError) and exc.retry_after is not None:
+        retry_after_ms = max(0, round(exc.retry_after * 1000))
+    stack = "".join(traceback.format_exception(exc))
+    message = str(exc)
+    if isinstance(exc, MemoryError) and not message:
+        message = "out of memory (the guest's memory limit, if one is set)"
+    return AttemptResult(
+        outcome="FATAL" if fatal else "FAILED",
+        error_class=type(exc).__name__,
+        error_message=message[:MESSAGE_CHARS_MAX],
+        error_stack=stack[-STACK_CHARS_MAX:],
+        retry_after_ms=retry_after_ms,
+    )

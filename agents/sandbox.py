@@ -1,0 +1,78 @@
+"""Where an attempt runs: the ``Executor`` and ``Sandbox`` protocols the host agent drives.
+
+Two executors exist: ``pool.GuestPool`` (guest processes: the production one) and
+``inline.InlineExecutor`` (in-process, for ``conveyor.testing``). A sandbox only ever learns a
+``Job`` (no lease id, no credentials) and reports through ``Hooks``; the agent owns the lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+GUEST_CRASHED = "GuestCrashed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    task_id: str
+    task_type: str
+    attempt: int
+    payload: Any
+    checkpoint: Any
+    log_path: str | None = None  # where the attempt's stdout/stderr go (guests only)
+    cpu_s: float | None = None  # CPU seconds this attempt may use (guests only)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptResult:
+    outcome: str  # SUCCEEDED | FAILED | FATAL | CANCELED
+    result: Any = None
+    error_class: str | None = None
+    error_message: str | None = None
+    error_stack: str | None = None
+    retry_after_ms: int | None = None
+    log_ref: str | None = None
+    crashed: bool = False  # the sandbox died on its own (counts for the circuit breaker)
+
+
+def crashed(message: str, log_ref: str | None = None) -> AttemptResult:
+    return AttemptResult(
+        outcome="FAILED",
+        error_class=GUEST_CRASHED,
+        error_message=message,
+        log_ref=log_ref,
+        crashed=True,
+    )
+
+
+class Hooks(Protocol):
+    """What a running attempt reports to the agent; called on the agent's event loop."""
+
+    def on_heartbeat(self, progress: Any) -> None: ...
+
+    def on_checkpoint(self, value: Any) -> None: ...
+
+
+class Sandbox(Protocol):
+    pid: int | None
+
+    async def wait(self) -> AttemptResult:
+        """The attempt's result. After ``kill`` it still returns (a crashed result)."""
+        ...
+
+    def cancel(self) -> None:
+        """Ask the handler to stop: ``ctx.cancelled`` becomes True."""
+        ...
+
+    def kill(self, reason: str) -> None:
+        """Stop the attempt now, whatever it is doing."""
+        ...
+
+
+class Executor(Protocol):
+    async def start(self) -> None: ...
+
+    async def launch(self, job: Job, hooks: Hooks) -> Sandbox: ...
+
+    async def close(self) -> None: ...

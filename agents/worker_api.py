@@ -1,0 +1,235 @@
+"""The worker API a host agent speaks: register, poll, heartbeat, complete, checkpoint.
+
+``WorkerAPI`` is the protocol; ``HttpWorkerAPI`` speaks the gateway's ``/worker/*`` endpoints
+(streams/gateway/PROTOCOL.md); ``conveyor.testing`` implements it over an in-process Node.
+Payloads, results and checkpoints cross this boundary as JSON values.
+
+Rule: every call here is safe to resend. Poll is at-most-once by construction (leases granted to
+a request whose reply is lost lapse and are retried by the platform), heartbeats and checkpoints
+are idempotent, and a completion is fenced by its lease id, so a resent completion is rejected
+as stale rather than applied twice. ``HttpWorkerAPI`` therefore retries transport errors and 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from conveyor.client import backoff_s, parse, retry_after_ms
+from conveyor.errors import TransientError
+
+log = logging.getLogger("conveyor.agent")
+
+CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseOffer:
+    task_id: str
+    lease_id: int
+    attempt: int
+    task_type: str
+    payload: Any
+    checkpoint: Any
+    lease_ms: int
+    start_to_close_ms: int | None = None
+    cancel_grace_ms: int | None = None  # not in the v1 poll reply yet: the task type's default
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionItem:
+    task_id: str
+    lease_id: int
+    outcome: str  # SUCCEEDED | FAILED | FATAL | CANCELED
+    result: Any = None
+    error_class: str | None = None
+    error_message: str | None = None
+    error_stack: str | None = None
+    retry_after_ms: int | None = None
+    log_ref: str | None = None
+
+    def to_json(self, *, log_ref: bool = True) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "task_id": self.task_id,
+            "lease_id": self.lease_id,
+            "outcome": self.outcome,
+            "result": self.result,
+            "retry_after_ms": self.retry_after_ms,
+        }
+        if self.error_class is not None:
+            body["error"] = {
+                "class": self.error_class,
+                "message": self.error_message,
+                "stack": self.error_stack,
+            }
+        if log_ref and self.log_ref is not None:
+            body["log_ref"] = self.log_ref
+        return body
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointItem:
+    task_id: str
+    lease_id: int
+    value: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemResult:
+    task_id: str
+    ok: bool
+    reason: str | None = None
+
+
+class WorkerAPI(Protocol):
+    """What a host agent needs from the platform. Implementations MUST scope every call to
+    the agent's credentials; they SHOULD retry transport failures themselves."""
+
+    async def register(
+        self, *, agent_id: str, app: str, version: str, task_types: Sequence[str]
+    ) -> None: ...
+
+    async def poll(
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        queues: Sequence[str],
+        capacity: int,
+        wait_ms: int,
+        lease_ms: int,
+    ) -> list[LeaseOffer]: ...
+
+    async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
+        """{task id: CONTINUE | CANCEL | LOST} for each (task id, lease id)."""
+        ...
+
+    async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]: ...
+
+    async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]: ...
+
+    async def close(self) -> None: ...
+
+
+def offer_from_json(data: dict[str, Any]) -> LeaseOffer:
+    return LeaseOffer(
+        task_id=str(data["task_id"]),
+        lease_id=int(data["lease_id"]),
+        attempt=int(data["attempt"]),
+        task_type=str(data["task_type"]),
+        payload=data.get("payload"),
+        checkpoint=data.get("checkpoint"),
+        lease_ms=int(data.get("lease_ms") or 30_000),
+        start_to_close_ms=data.get("start_to_close_ms"),
+        cancel_grace_ms=data.get("cancel_grace_ms"),
+    )
+
+
+def results_from_json(reply: dict[str, Any]) -> list[ItemResult]:
+    return [
+        ItemResult(task_id=str(r["task_id"]), ok=bool(r.get("ok")), reason=r.get("reason"))
+        for r in reply.get("results", [])
+    ]
+
+
+class HttpWorkerAPI:
+    """``WorkerAPI`` over HTTP. Transport errors and 503 are retried with jittered backoff for
+    up to ``retry_for_s``; after that the call raises ``TransientError``.
+
+    ``send_log_ref``: add the attempt's log path to completions (``log_ref``); off until the
+    gateway accepts that field (it rejects unknown fields).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        retry_for_s: float = 60.0,
+        send_log_ref: bool = False,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        self.send_log_ref = send_log_ref
+        self.retry_for_s = retry_for_s
+        self._timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.retry_for_s
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.post(path, json=body, timeout=timeout or self._timeout)
+                if response.status_code != 503:
+                    return parse(response)
+                delay, why = backoff_s(attempt, retry_after_ms(response)), "503"
+            except httpx.TransportError as exc:
+                delay, why = backoff_s(attempt), repr(exc)
+            if loop.time() + delay > give_up:
+                raise TransientError(f"POST {path}: gave up after {attempt + 1} tries: {why}")
+            log.debug("POST %s failed (%s); retrying in %.2fs", path, why, delay)
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def register(
+        self, *, agent_id: str, app: str, version: str, task_types: Sequence[str]
+    ) -> None:
+        body = {"agent_id": agent_id, "app": app, "version": version, "task_types": [*task_types]}
+        await self._post("/worker/register", body)
+
+    async def poll(
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        queues: Sequence[str],
+        capacity: int,
+        wait_ms: int,
+        lease_ms: int,
+    ) -> list[LeaseOffer]:
+        body = {
+            "agent_id": agent_id,
+            "app": app,
+            "queues": [*queues],
+            "capacity": capacity,
+            "wait_ms": wait_ms,
+            "lease_ms": lease_ms,
+        }
+        reply = await self._post("/worker/poll", body, timeout=wait_ms / 1000 + self._timeout)
+        return [offer_from_json(item) for item in reply.get("leases", [])]
+
+    async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
+        body = {"leases": [{"task_id": t, "lease_id": lease} for t, lease in leases]}
+        reply = await self._post("/worker/heartbeat", body)
+        return {str(a["task_id"]): str(a["action"]) for a in reply.get("actions", [])}
+
+    async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
+        reply = await self._post(
+            "/worker/complete",
+            {"completions": [item.to_json(log_ref=self.send_log_ref) for item in items]},
+        )
+        return results_from_json(reply)
+
+    async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]:
+        body = {
+            "checkpoints": [
+                {"task_id": i.task_id, "lease_id": i.lease_id, "value": i.value} for i in items
+            ]
+        }
+        return results_from_json(await self._post("/worker/checkpoint", body))
+
+    async def close(self) -> None:
+        await self._http.aclose()

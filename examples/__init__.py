@@ -1,0 +1,1 @@
+"""Example Conveyor apps (``conveyor dev --app examples.shop:app``)."""

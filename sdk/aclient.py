@@ -1,0 +1,229 @@
+"""``AsyncClient``: the asyncio twin of ``Client`` (same bodies, same retry rule)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from conveyor.app import Retry, TaskType
+from conveyor.client import (
+    DEFAULT_URL,
+    WAIT_SLICE_MS,
+    backoff_s,
+    items_of,
+    outcome,
+    parse,
+    retry_after_ms,
+    retry_body,
+)
+from conveyor.durations import Duration
+from conveyor.errors import TransientError
+from conveyor.wire import (
+    UNSET,
+    Enqueue,
+    MaybeDuration,
+    TaskInfo,
+    TaskPage,
+    chunks,
+    enqueue_body,
+)
+
+
+class AsyncTaskHandle:
+    def __init__(self, client: AsyncClient, task_id: str, created: bool = True) -> None:
+        self._client = client
+        self.id = task_id
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<AsyncTaskHandle {self.id}>"
+
+    async def get(self) -> TaskInfo:
+        return await self._client.get(self.id)
+
+    async def status(self) -> str:
+        return (await self._client.get(self.id)).status
+
+    async def cancel(self) -> str:
+        return await self._client.cancel(self.id)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        return outcome(await self._client.wait(self.id, timeout), timeout)
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        app: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
+        key = api_key or os.environ.get("CONVEYOR_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.app = app
+        self.retries = retries
+        self._timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        idempotent: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = await self._http.request(
+                    method, path, json=body, params=params, timeout=timeout or self._timeout
+                )
+            except httpx.TransportError as exc:
+                if last or not (idempotent or isinstance(exc, httpx.ConnectError)):
+                    raise TransientError(f"{method} {path}: {exc!r}") from exc
+                await asyncio.sleep(backoff_s(attempt))
+                continue
+            if response.status_code == 503 and not last:
+                await asyncio.sleep(backoff_s(attempt, retry_after_ms(response)))
+                continue
+            return parse(response)
+        raise AssertionError("unreachable")
+
+    async def enqueue(
+        self,
+        task: TaskType[Any, Any] | str,
+        payload: Any = None,
+        *,
+        app: str | None = None,
+        delay: Duration | None = None,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        retry: Retry | None = None,
+        timeout: MaybeDuration = UNSET,
+        schedule_to_start: MaybeDuration = UNSET,
+        schedule_to_close: MaybeDuration = UNSET,
+        cancel_grace: Duration | None = None,
+    ) -> AsyncTaskHandle:
+        req = Enqueue(
+            task,
+            payload,
+            app=app,
+            delay=delay,
+            run_at=run_at,
+            queue=queue,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            retry=retry,
+            timeout=timeout,
+            schedule_to_start=schedule_to_start,
+            schedule_to_close=schedule_to_close,
+            cancel_grace=cancel_grace,
+        )
+        reply = await self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
+        return AsyncTaskHandle(self, reply["task_id"], bool(reply.get("created", True)))
+
+    async def enqueue_many(
+        self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
+    ) -> list[AsyncTaskHandle]:
+        bodies = [enqueue_body(it, self.app) for it in items_of(items)]
+        handles: list[AsyncTaskHandle] = []
+        for chunk in chunks(bodies):
+            reply = await self._send("POST", "/v1/tasks:batch", body={"tasks": chunk})
+            for r in reply["results"]:
+                handles.append(AsyncTaskHandle(self, r["task_id"], bool(r.get("created", True))))
+        return handles
+
+    async def get(self, task_id: str) -> TaskInfo:
+        return TaskInfo.from_json(await self._send("GET", f"/v1/tasks/{task_id}"))
+
+    async def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left_ms = WAIT_SLICE_MS
+            if deadline is not None:
+                left_ms = min(left_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            reply = await self._send(
+                "GET",
+                f"/v1/tasks/{task_id}",
+                params={"wait_ms": left_ms},
+                timeout=left_ms / 1000 + self._timeout,
+            )
+            info = TaskInfo.from_json(reply)
+            if info.finished or (deadline is not None and time.monotonic() >= deadline):
+                return info
+
+    async def cancel(self, task_id: str) -> str:
+        return str((await self._send("POST", f"/v1/tasks/{task_id}/cancel"))["status"])
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        params = {
+            k: v
+            for k, v in {
+                "status": status,
+                "queue": queue,
+                "task_type": task_type,
+                "since_ms": since_ms,
+                "limit": limit,
+                "cursor": cursor,
+            }.items()
+            if v is not None
+        }
+        reply = await self._send("GET", "/v1/tasks", params=params)
+        tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
+        return TaskPage(tasks=tasks, next_cursor=reply.get("next_cursor"))
+
+    async def retry_failed(
+        self,
+        task_ids: Iterable[str] | None = None,
+        *,
+        task_type: str | None = None,
+        queue: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 1000,
+    ) -> dict[str, str]:
+        reply = await self._send(
+            "POST",
+            "/v1/tasks:retry",
+            body=retry_body(task_ids, task_type, queue, since_ms, limit),
+            idempotent=False,
+        )
+        return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}

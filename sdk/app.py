@@ -1,0 +1,238 @@
+"""``App`` and the ``@app.task`` decorator: task types, their default options, their handlers.
+
+A decorated function stays callable directly (unit tests of user code need no Conveyor) and
+gains ``.name``, ``.options`` and ``.enqueue(payload, **opts)``. Options are validated when the
+decorator runs, so a bad duration fails at import time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from conveyor.durations import Duration, to_ms, to_ms_or_none
+from conveyor.errors import ContractError
+
+if TYPE_CHECKING:
+    from conveyor.client import TaskHandle
+    from conveyor.context import Context
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+PRIORITY_MAX = 9
+NAME_BYTES_MAX = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Retry policy: exponential backoff with full jitter, capped; some errors never retry.
+
+    ``non_retryable`` takes exception classes (a raised subclass counts too) or class names.
+    """
+
+    attempts: int = 5
+    base: Duration = 1
+    factor: float = 2.0
+    cap: Duration = "1h"
+    non_retryable: tuple[type[BaseException] | str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise ContractError("retry.attempts must be an int", field="retry.attempts")
+        if self.attempts < 1:
+            raise ContractError("retry.attempts must be >= 1", field="retry.attempts")
+        if self.factor < 1:
+            raise ContractError("retry.factor must be >= 1", field="retry.factor")
+        to_ms(self.base, field="retry.base")
+        to_ms(self.cap, field="retry.cap")
+
+    def class_names(self) -> list[str]:
+        return [c if isinstance(c, str) else c.__name__ for c in self.non_retryable]
+
+    def matches(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is one of the non-retryable errors (by class or by name)."""
+        names = {type(exc).__name__}
+        names.update(c.__name__ for c in type(exc).__mro__)
+        for entry in self.non_retryable:
+            if isinstance(entry, str):
+                if entry in names:
+                    return True
+            elif isinstance(exc, entry):
+                return True
+        return False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "attempts_max": self.attempts,
+            "backoff_base_ms": to_ms(self.base, field="retry.base"),
+            "backoff_factor": float(self.factor),
+            "backoff_cap_ms": to_ms(self.cap, field="retry.cap"),
+            "non_retryable": self.class_names(),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskOptions:
+    """A task type's defaults; every enqueue may override them."""
+
+    queue: str = "default"
+    priority: int = 0
+    retry: Retry = field(default_factory=Retry)
+    start_to_close_ms: int | None = None
+    schedule_to_start_ms: int | None = None
+    schedule_to_close_ms: int | None = None
+    cancel_grace_ms: int = 30_000
+
+    def timeouts(self) -> dict[str, int | None]:
+        return {
+            "schedule_to_start_ms": self.schedule_to_start_ms,
+            "start_to_close_ms": self.start_to_close_ms,
+            "schedule_to_close_ms": self.schedule_to_close_ms,
+        }
+
+
+class TaskType(Generic[P, R]):
+    """A registered handler. Call it like the function; ``enqueue`` it to run it durably."""
+
+    def __init__(self, app: App, fn: Callable[P, R], name: str, options: TaskOptions) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.options = options
+        self.takes_context = _takes_context(fn, name)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<TaskType {self.app.name}.{self.name}>"
+
+    def invoke(self, ctx: Context, payload: Any) -> Any:
+        """Run the handler with the arguments its arity asks for (may return an awaitable)."""
+        fn: Callable[..., Any] = self.fn
+        return fn(ctx, payload) if self.takes_context else fn(payload)
+
+    def enqueue(self, payload: Any = None, **opts: Any) -> TaskHandle:
+        """Enqueue through the default client (``conveyor.set_default_client``)."""
+        from conveyor.client import default_client
+
+        handle: TaskHandle = default_client().enqueue(self, payload, **opts)
+        return handle
+
+
+class Register(Protocol):
+    """What ``@app.task(...)`` returns: a decorator that keeps the handler's signature."""
+
+    def __call__(self, fn: Callable[P, R], /) -> TaskType[P, R]: ...
+
+
+class App:
+    """A named set of task types; agents register and run one App (one version at a time)."""
+
+    def __init__(self, name: str, *, version: str = "dev") -> None:
+        _check_name(name, "app")
+        self.name = name
+        self.version = version
+        self.tasks: dict[str, TaskType[Any, Any]] = {}
+        # Where the App was created: lets agents find a "module:attr" for guest processes.
+        self.module: str = sys._getframe(1).f_globals.get("__name__", "__main__")
+
+    def __repr__(self) -> str:
+        return f"<App {self.name} {self.version} tasks={sorted(self.tasks)}>"
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TaskType[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        retry: Retry | None = None,
+        timeout: Duration | None = None,
+        schedule_to_start: Duration | None = None,
+        schedule_to_close: Duration | None = None,
+        cancel_grace: Duration = "30s",
+    ) -> Register: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        retry: Retry | None = None,
+        timeout: Duration | None = None,
+        schedule_to_start: Duration | None = None,
+        schedule_to_close: Duration | None = None,
+        cancel_grace: Duration = "30s",
+    ) -> Any:
+        """Register a handler ``def f(ctx, payload)`` or ``def f(payload)``, sync or async.
+
+        ``timeout`` is start_to_close: the limit of one attempt.
+        """
+        options = TaskOptions(
+            queue=_check_name(queue, "queue"),
+            priority=check_priority(priority),
+            retry=retry if retry is not None else Retry(),
+            start_to_close_ms=to_ms_or_none(timeout, field="timeout"),
+            schedule_to_start_ms=to_ms_or_none(schedule_to_start, field="schedule_to_start"),
+            schedule_to_close_ms=to_ms_or_none(schedule_to_close, field="schedule_to_close"),
+            cancel_grace_ms=to_ms(cancel_grace, field="cancel_grace"),
+        )
+
+        def register(f: Callable[..., Any]) -> TaskType[Any, Any]:
+            task_name = _check_name(name or f.__name__, "task name")
+            if task_name in self.tasks:
+                raise ContractError(f"app {self.name!r} already has a task {task_name!r}")
+            task: TaskType[Any, Any] = TaskType(self, f, task_name, options)
+            self.tasks[task_name] = task
+            return task
+
+        return register(fn) if fn is not None else register
+
+
+def check_priority(priority: int) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ContractError("priority must be an int 0..9", field="priority")
+    if not 0 <= priority <= PRIORITY_MAX:
+        raise ContractError(f"priority must be 0..{PRIORITY_MAX}, got {priority}", field="priority")
+    return priority
+
+
+def _check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not name or len(name.encode()) > NAME_BYTES_MAX:
+        raise ContractError(f"{what} must be a non-empty string of at most {NAME_BYTES_MAX} bytes")
+    return name
+
+
+def _takes_context(fn: Callable[..., Any], name: str) -> bool:
+    """``(ctx, payload)`` or ``(payload)``: decided by its positional parameters."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True  # builtins and C callables: assume the full form
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= 2 and len(positional) >= 2:
+        return True
+    if len(required) <= 1 and len(positional) == 1:
+        return False
+    raise ContractError(
+        f"task {name!r}: a handler takes (ctx, payload) or (payload); it has "
+        f"{len(positional)} positional parameters, {len(required)} of them required"
+    )

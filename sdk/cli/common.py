@@ -1,0 +1,146 @@
+"""What every command shares: the console, the home dir, the API key and a tiny HTTP client.
+
+The CLI talks to a node over the same HTTP API as the SDK (stdlib ``urllib``: no event loop
+for a one-shot request). Platform modules are imported inside the commands that need them, so
+``conveyor --help`` and the client commands start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Column
+
+# soft_wrap: never break a task id or an API key across lines, even on a pipe.
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DEFAULT_URL = "http://127.0.0.1:7400"
+DEFAULT_HOME = ".conveyor"
+KEYS_FILE = "keys.json"
+DEV_TENANT = "default"
+REQUEST_TIMEOUT_S = 30.0
+
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        envvar="CONVEYOR_HOME",
+        help="Data directory of the node [default: ./.conveyor]",
+        show_default=False,
+    ),
+]
+UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="Gateway URL")]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="CONVEYOR_API_KEY",
+        help="API key [default: the dev key in the home dir]",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON reply")]
+
+
+class CliError(Exception):
+    """A failure to report in one line and exit 1 (no traceback: it is not a bug)."""
+
+
+def fail(message: str) -> typer.Exit:
+    errors.print(f"[bold red]error[/]: {message}")
+    return typer.Exit(1)
+
+
+def home_dir(home: Path | None) -> Path:
+    return home if home is not None else Path(DEFAULT_HOME)
+
+
+def dev_key(home: Path) -> str | None:
+    """The key of tenant ``default`` in ``home/keys.json``, without creating one."""
+    try:
+        doc = json.loads((home / KEYS_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    for key, entry in (doc.get("keys") or {}).items():
+        if isinstance(entry, dict) and entry.get("tenant") == DEV_TENANT:
+            return str(key)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    url: str
+    api_key: str
+
+    @classmethod
+    def of(cls, url: str, api_key: str | None, home: Path | None) -> Remote:
+        key = api_key or dev_key(home_dir(home))
+        if not key:
+            raise CliError(
+                "no API key: pass --api-key, set CONVEYOR_API_KEY, or point --home at the "
+                "directory of a node started with `conveyor node`/`conveyor dev`"
+            )
+        return cls(url.rstrip("/"), key)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, str] | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> Any:
+        """The decoded JSON reply; ``CliError`` with the server's code and message on 4xx/5xx."""
+        url = self.url + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(url, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.api_key}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+                return json.loads(reply.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise CliError(_describe_error(exc.code, exc.read())) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise CliError(
+                f"cannot reach {self.url}: {reason}; is `conveyor node` running?"
+            ) from None
+
+
+def _describe_error(status: int, raw: bytes) -> str:
+    try:
+        error = json.loads(raw)["error"]
+        text = f"{error['code']} (HTTP {status}): {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
+    return text
+
+
+def fmt_ms(ms: int | None) -> str:
+    """Epoch milliseconds as local time, for tables."""
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
+
+
+def id_column(name: str) -> Column:
+    """A table column for task ids: never wrapped or cut, so they can be copied."""
+    return Column(name, no_wrap=True, min_width=32)
+
+
+def print_json(value: Any) -> None:
+    # Plain print, not rich: scripts pipe this into jq.
+    print(json.dumps(value, indent=2, ensure_ascii=False))

@@ -1,0 +1,44 @@
+"""The ``conveyor`` command: one typer app, commands grouped by what they touch.
+
+node, dev, agent                  long-running processes (serve.py)
+enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
+log inspect|verify, bench, docs   operator tools (tools.py)
+"""
+
+from __future__ import annotations
+
+import typer
+
+from conveyor.cli import serve, tasks, tools
+
+app = typer.Typer(
+    name="conveyor",
+    help="Durable background jobs for Python.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
+
+app.command()(serve.node)
+app.command()(serve.dev)
+app.command()(serve.agent)
+app.command()(tasks.enqueue)
+app.command()(tasks.get)
+app.command("list")(tasks.list_tasks)
+app.command()(tasks.cancel)
+app.command()(tasks.retry)
+log_app.command("inspect")(tools.log_inspect)
+log_app.command("verify")(tools.log_verify)
+bench_app.command("log")(tools.bench_log)
+bench_app.command("engine")(tools.bench_engine)
+docs_app.command("lifecycle")(tools.docs_lifecycle)
+app.add_typer(log_app, name="log")
+app.add_typer(bench_app, name="bench")
+app.add_typer(docs_app, name="docs")
+
+
+def main() -> None:
+    app()

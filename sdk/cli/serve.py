@@ -1,0 +1,210 @@
+"""``conveyor node``, ``conveyor dev`` and ``conveyor agent``: the long-running commands.
+
+Shutdown on SIGINT/SIGTERM: stop accepting requests, cut in-flight ones after a short grace,
+stop the agent (dev), then stop the node. Every acknowledged enqueue is already durable in the
+log, so a shutdown (or a kill -9) loses nothing a client was told about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from conveyor.cli.common import (
+    DEFAULT_URL,
+    HomeOpt,
+    KeyOpt,
+    UrlOpt,
+    console,
+    dev_key,
+    fail,
+    home_dir,
+)
+
+AGENT_MODULE = "conveyor.agents.host"
+
+HostOpt = Annotated[str, typer.Option("--host", help="Interface to bind")]
+PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="0 picks a free port")]
+PartitionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--partitions", min=1, max=4096, help="Fixed when the home is created [default: 8]"
+    ),
+]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")]
+AppRefOpt = Annotated[str, typer.Option("--app", help="The App to run, as module:attribute")]
+ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, help="Tasks at once")]
+
+AgentRunner = Callable[..., Awaitable[None]]
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _load_agent() -> AgentRunner:
+    """``conveyor.agents.host.run_agent``, or a clear failure if this install has no agent."""
+    try:
+        module = __import__(AGENT_MODULE, fromlist=["run_agent"])
+    except ModuleNotFoundError as exc:
+        if exc.name not in (AGENT_MODULE, "conveyor.agents"):
+            raise
+        raise fail(
+            f"the host agent ({AGENT_MODULE}) is not available in this installation; "
+            "run `conveyor node` and start workers separately"
+        ) from None
+    runner: AgentRunner = module.run_agent
+    return runner
+
+
+def _check_app(app_ref: str) -> None:
+    """Import ``module:attribute`` now, so a typo fails in one line before anything starts.
+
+    The current directory goes first on ``sys.path`` (as with uvicorn and celery): the
+    ``conveyor`` script's own directory is the venv's ``bin``, where no user module lives.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module_name, _, attr = app_ref.partition(":")
+    if not module_name or not attr:
+        raise fail(f"--app {app_ref!r}: expected module:attribute, e.g. shop.tasks:app")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except Exception as exc:
+        raise fail(f"--app {app_ref}: cannot load it: {type(exc).__name__}: {exc}") from None
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def _banner(url: str, key: str, home: Path) -> None:
+    console.print("[bold green]Conveyor node ready[/]")
+    console.print(f"  url      {url}")
+    console.print(f"  api key  {key}")
+    console.print(f"  home     {home.resolve()}")
+    console.print(f"  try      CONVEYOR_API_KEY={key} conveyor list --url {url}")
+    sys.stdout.flush()  # a supervisor (or a test) may be waiting for these lines on a pipe
+
+
+async def _run_node(
+    home: Path,
+    host: str,
+    port: int,
+    partitions: int | None,
+    app_ref: str | None = None,
+    concurrency: int = 8,
+) -> None:
+    from conveyor.store.blobs import LocalBlobs
+    from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
+    from conveyor.streams.node import Node
+
+    run_agent = _load_agent() if app_ref is not None else None
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    node = await Node.open(home, partitions=partitions)
+    await node.start()
+    try:
+        key = ensure_dev_key(home)
+        app = build_app(
+            node, KeyStore.load(home), Registry.load(home), blobs=LocalBlobs(home / "blobs")
+        )
+        try:
+            runner, url = await start(app, host, port)
+        except OSError as exc:
+            raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        _banner(url, key, home)
+        try:
+            if run_agent is None:
+                await stop.wait()
+            else:
+                await _until_stopped(stop, run_agent(url, key, app_ref, concurrency=concurrency))
+        finally:
+            await runner.cleanup()
+    finally:
+        await node.stop()
+
+
+async def _until_stopped(stop: asyncio.Event, work: Awaitable[Any]) -> None:
+    """Run ``work`` until it ends or ``stop`` is set; a crash of ``work`` propagates."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, stopper):
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopper
+        with contextlib.suppress(asyncio.CancelledError):
+            await task  # re-raises a crash of the agent
+
+
+def node(
+    home: HomeOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 7400,
+    partitions: PartitionsOpt = None,
+    log_level: LogLevelOpt = "warning",
+) -> None:
+    """Run a node: the log, the partition processors and the HTTP gateway."""
+    _setup_logging(log_level)
+    asyncio.run(_run_node(home_dir(home), host, port, partitions))
+
+
+def dev(
+    app_ref: AppRefOpt,
+    home: HomeOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 7400,
+    partitions: PartitionsOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    log_level: LogLevelOpt = "warning",
+) -> None:
+    """Node + gateway + an agent for your app, in one process: for development."""
+    _setup_logging(log_level)
+    _load_agent()  # fail before touching the home dir
+    _check_app(app_ref)
+    asyncio.run(_run_node(home_dir(home), host, port, partitions, app_ref, concurrency))
+
+
+def agent(
+    app_ref: AppRefOpt,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    log_level: LogLevelOpt = "warning",
+) -> None:
+    """Run a host agent that polls a node and runs the app's handlers."""
+    _setup_logging(log_level)
+    run_agent = _load_agent()
+    _check_app(app_ref)
+    key = api_key or dev_key(home_dir(home))
+    if not key:
+        raise fail("no API key: pass --api-key or set CONVEYOR_API_KEY")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        await _until_stopped(stop, run_agent(url, key, app_ref, concurrency=concurrency))
+
+    asyncio.run(main())

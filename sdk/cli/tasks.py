@@ -1,0 +1,218 @@
+"""Client commands: enqueue, get, list, cancel, retry (HTTP to a running node)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from conveyor.cli.common import (
+    DEFAULT_URL,
+    CliError,
+    HomeOpt,
+    JsonOpt,
+    KeyOpt,
+    Remote,
+    UrlOpt,
+    console,
+    fail,
+    fmt_ms,
+    id_column,
+    print_json,
+)
+from conveyor.durations import to_ms
+from conveyor.errors import ContractError
+
+PAGE_MAX = 1_000
+
+
+def enqueue(
+    task_type: Annotated[str, typer.Argument(help="Registered task type")],
+    app: Annotated[str, typer.Option("--app", help="App the task type belongs to")],
+    payload: Annotated[str, typer.Option("--payload", help="JSON payload")] = "null",
+    delay: Annotated[str | None, typer.Option("--delay", help="e.g. 10s, 5m, 1h30m")] = None,
+    queue: Annotated[str | None, typer.Option("--queue")] = None,
+    priority: Annotated[int | None, typer.Option("--priority", help="0..9")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Enqueue one task."""
+    try:
+        body: dict[str, Any] = {"task_type": task_type, "app": app}
+        body["payload"] = _json_option(payload, "--payload")
+        if delay is not None:
+            body["delay_ms"] = to_ms(delay, field="--delay")
+        if queue is not None:
+            body["queue"] = queue
+        if priority is not None:
+            body["priority"] = priority
+        # Like the SDK: always send a key, so re-running a failed request cannot duplicate.
+        body["idempotency_key"] = idempotency_key or f"cli-{uuid.uuid4().hex}"
+        reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks", body)
+    except (CliError, ContractError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print_json(reply)
+    elif reply["created"]:
+        console.print(f"enqueued [bold]{reply['task_id']}[/] ({reply['status']})")
+    else:
+        console.print(f"already enqueued: [bold]{reply['task_id']}[/] ({reply['status']})")
+
+
+def _json_option(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{name} is not JSON: {exc}") from None
+
+
+def get(
+    task_id: Annotated[str, typer.Argument(help="Task id")],
+    wait: Annotated[
+        str | None, typer.Option("--wait", help="Wait up to this long for a terminal state")
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a task and its attempts."""
+    try:
+        wait_ms = to_ms(wait, field="--wait") if wait else 0
+        query = {"wait_ms": str(wait_ms)} if wait_ms else None
+        task = Remote.of(url, api_key, home).call(
+            "GET", f"/v1/tasks/{task_id}", query=query, timeout_s=30 + wait_ms / 1000
+        )
+    except (CliError, ContractError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print_json(task)
+        return
+    fields = Table.grid(padding=(0, 2))
+    for name in ("task_id", "app", "task_type", "queue", "priority", "status", "attempt"):
+        fields.add_row(f"[dim]{name}[/]", str(task[name]))
+    for name in ("created_ms", "run_at_ms", "finished_ms"):
+        fields.add_row(f"[dim]{name[:-3]}[/]", fmt_ms(task[name]))
+    for name in ("payload", "result", "checkpoint"):
+        fields.add_row(f"[dim]{name}[/]", _short_json(task[name]))
+    if task["error"]:
+        fields.add_row("[dim]error[/]", f"{task['error']['class']}: {task['error']['message']}")
+    console.print(fields)
+    if task["attempts"]:
+        attempts = Table("attempt", "worker", "started", "finished", "outcome", "error")
+        for a in task["attempts"]:
+            error = a["error"]["class"] if a["error"] else ""
+            attempts.add_row(
+                str(a["attempt"]),
+                a["worker"] or "",
+                fmt_ms(a["started_ms"]),
+                fmt_ms(a["finished_ms"]),
+                a["outcome"] or "running",
+                error or "",
+            )
+        console.print(attempts)
+
+
+def _short_json(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def list_tasks(
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="Repeat or comma-separate")
+    ] = None,
+    queue: Annotated[str | None, typer.Option("--queue")] = None,
+    task_type: Annotated[str | None, typer.Option("--task-type")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows to show")] = 50,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List tasks (of the key's tenant)."""
+    query = {"status": ",".join(status or []), "queue": queue or "", "task_type": task_type or ""}
+    query = {k: v for k, v in query.items() if v}
+    tasks: list[dict[str, Any]] = []
+    try:
+        remote = Remote.of(url, api_key, home)
+        cursor: str | None = None
+        # Pages may be short (the gateway bounds each scan): follow the cursor.
+        while len(tasks) < limit:
+            page_query = {**query, "limit": str(min(PAGE_MAX, limit - len(tasks)))}
+            if cursor:
+                page_query["cursor"] = cursor
+            page = remote.call("GET", "/v1/tasks", query=page_query)
+            tasks.extend(page["tasks"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    except CliError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print_json(tasks)
+        return
+    table = Table(id_column("task_id"), "app", "task_type", "queue", "status", "attempt", "created")
+    for t in tasks:
+        table.add_row(
+            t["task_id"],
+            t["app"],
+            t["task_type"],
+            t["queue"],
+            t["status"],
+            str(t["attempt"]),
+            fmt_ms(t["created_ms"]),
+        )
+    console.print(table)
+    console.print(f"[dim]{len(tasks)} task(s)[/]")
+
+
+def cancel(
+    task_id: Annotated[str, typer.Argument(help="Task id")],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Cancel a task (a running one stops at its next heartbeat)."""
+    try:
+        reply = Remote.of(url, api_key, home).call("POST", f"/v1/tasks/{task_id}/cancel")
+    except CliError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"{reply['task_id']}: {reply['status']}")
+
+
+def retry(
+    task_ids: Annotated[list[str] | None, typer.Argument(help="FAILED task ids")] = None,
+    task_type: Annotated[str | None, typer.Option("--task-type")] = None,
+    queue: Annotated[str | None, typer.Option("--queue")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 1000,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-enqueue FAILED tasks as new tasks: the ids given, or every match of the filter."""
+    body: dict[str, Any]
+    if task_ids:
+        body = {"task_ids": task_ids}
+    else:
+        flt = {"task_type": task_type, "queue": queue}
+        body = {"filter": {k: v for k, v in flt.items() if v}, "limit": limit}
+    try:
+        reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks:retry", body)
+    except CliError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print_json(reply)
+        return
+    table = Table(id_column("failed task"), id_column("new task"))
+    for row in reply["retried"]:
+        table.add_row(row["task_id"], row["new_task_id"])
+    console.print(table)
+    console.print(f"[dim]{len(reply['retried'])} task(s) re-enqueued[/]")

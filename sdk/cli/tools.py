@@ -1,0 +1,192 @@
+"""Operator tools: ``log inspect``, ``log verify``, ``bench log|engine``, ``docs lifecycle``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, assert_never
+
+import typer
+from rich.table import Table
+
+from conveyor.cli.common import JsonOpt, console, fail, fmt_ms, id_column
+
+SUMMARY_CHARS_MAX = 100
+
+DirArg = Annotated[Path, typer.Argument(help="A node home, or a log directory inside one")]
+
+
+def _log_root(path: Path) -> Path:
+    """Accept the node's home as well as its ``log/`` directory."""
+    if (path / "node.json").exists() and (path / "log").is_dir():
+        return path / "log"
+    if not path.is_dir():
+        raise fail(f"{path} is not a directory")
+    return path
+
+
+def _summary(body: bytes, kind: str) -> str:
+    """One line about a record body: what it asks for, not every field."""
+    from conveyor.schemas import codec, types
+
+    record = codec.decode_body(types.Envelope(kind=kind, epoch=0, ts_ms=0, key="", body=body))
+    match record:
+        case types.EnqueueTasks():
+            specs = [codec.TASK_SPEC.decode(raw) for raw in record.tasks]
+            kinds = sorted({f"{s.app}/{s.task_type}" for s in specs})
+            text = f"{len(specs)} task(s): {', '.join(kinds)}"
+        case types.CancelTasks() | types.RetryFailed():
+            text = f"tenant {record.tenant}: {', '.join(record.task_ids)}"
+        case types.GrantLeases():
+            text = ", ".join(f"{r.agent_id}x{r.capacity}" for r in record.requests)
+        case types.CompleteAttempts():
+            text = ", ".join(f"{i.task_id}#{i.lease_id}={i.outcome.value}" for i in record.items)
+        case types.SaveCheckpoints():
+            text = ", ".join(f"{i.task_id}#{i.lease_id}" for i in record.items)
+        case types.ExpireLeases():
+            text = ", ".join(f"{i.task_id}#{i.lease_id}" for i in record.items)
+        case types.FireTimers():
+            text = ", ".join(f"{t.kind.value}:{t.task_id}" for t in record.timers)
+        case types.AnnounceEpoch():
+            text = f"leader {record.leader_id}"
+        case _:
+            assert_never(record)
+    return text if len(text) <= SUMMARY_CHARS_MAX else text[: SUMMARY_CHARS_MAX - 3] + "..."
+
+
+def _row(partition: int, offset: int, payload: bytes) -> dict[str, Any]:
+    from conveyor.schemas import codec
+
+    row: dict[str, Any] = {"partition": partition, "offset": offset, "bytes": len(payload)}
+    try:
+        env = codec.decode_envelope(payload)
+        row.update(kind=env.kind, epoch=env.epoch, ts_ms=env.ts_ms, key=env.key)
+        row["summary"] = _summary(env.body, env.kind)
+    except codec.RecordDecodeError as exc:
+        row.update(kind="?", summary=f"undecodable: {exc}")
+    return row
+
+
+def log_inspect(
+    directory: DirArg,
+    partition: Annotated[int | None, typer.Option("--partition", min=0)] = None,
+    from_offset: Annotated[int, typer.Option("--from", min=0, help="First offset")] = 0,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Records to show")] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the records of a log, decoded."""
+    from conveyor.streams.log.api import LogCorruption
+    from conveyor.streams.log.tools import inspect
+
+    rows: list[dict[str, Any]] = []
+    try:
+        for p, offset, payload in inspect(_log_root(directory), partition, from_offset, limit):
+            rows.append(_row(p, offset, payload))
+    except LogCorruption as exc:
+        _print_rows(rows, as_json)
+        raise fail(str(exc)) from None
+    _print_rows(rows, as_json)
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False))
+        return
+    table = Table("p", "offset", "kind", "epoch", "ts", id_column("key"), "summary")
+    for r in rows:
+        table.add_row(
+            str(r["partition"]),
+            str(r["offset"]),
+            r["kind"],
+            str(r.get("epoch", "")),
+            fmt_ms(r.get("ts_ms")),
+            r.get("key", ""),
+            r["summary"],
+        )
+    console.print(table)
+
+
+def log_verify(directory: DirArg, as_json: JsonOpt = False) -> None:
+    """Check every frame of a log; exit 1 at the first corrupt one."""
+    from conveyor.streams.log.tools import verify
+
+    report = verify(_log_root(directory))
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "records": report.records,
+                    "bad": None if report.bad is None else vars(report.bad),
+                }
+            )
+        )
+    else:
+        table = Table("partition", "start", "end", "records", "segments", "fence", "torn tail")
+        for p in report.partitions:
+            torn = p.torn_tail.reason if p.torn_tail else ""
+            table.add_row(
+                *map(
+                    str, (p.partition, p.start_offset, p.end_offset, p.records, p.segments, p.fence)
+                ),
+                torn,
+            )
+        console.print(table)
+    if report.bad is not None:
+        bad = report.bad
+        raise fail(f"partition {bad.partition} offset {bad.offset}: {bad.reason} ({bad.path})")
+    if not as_json:
+        console.print(f"[green]ok[/]: {report.records} records")
+
+
+def bench_log(
+    records: Annotated[int, typer.Option("--records", min=1)] = 200_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    writers: Annotated[int, typer.Option("--writers", min=1)] = 64,
+    directory: Annotated[Path | None, typer.Option("--dir", help="Disk to test")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Group-commit throughput of the local log."""
+    from conveyor.streams.log.bench import bench_log as run
+
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-log-", dir=directory) as tmp:
+        result = asyncio.run(run(tmp, partitions=partitions, writers=writers, records=records))
+    _print_result(result, as_json)
+
+
+def bench_engine(
+    tasks: Annotated[int, typer.Option("--tasks", min=1)] = 200_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    backlog: Annotated[int, typer.Option("--backlog", min=0, help="Enqueue-only run")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Enqueue -> lease -> complete through the engine, without HTTP."""
+    try:
+        from conveyor.streams.bench import bench_engine as run
+    except ImportError as exc:
+        raise fail(f"the engine benchmark is not available: {exc}") from None
+    # Passed by name only when given: the benchmark's options are still settling.
+    options: dict[str, Any] = {"tasks": tasks, "partitions": partitions}
+    if backlog:
+        options["backlog"] = backlog
+    _print_result(asyncio.run(run(**options)), as_json)
+
+
+def _print_result(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table("metric", "value")
+    for name, value in result.items():
+        table.add_row(name, str(value))
+    console.print(table)
+
+
+def docs_lifecycle() -> None:
+    """Print the task lifecycle as a Mermaid state diagram."""
+    from conveyor.streams.machine.transitions import mermaid
+
+    print(mermaid())

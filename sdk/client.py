@@ -1,0 +1,339 @@
+"""``Client``: the synchronous HTTP client, ``TaskHandle``, and the default client.
+
+Transport retries (connection errors, 503) resend the SAME body, so an enqueue keeps the
+idempotency key minted for it in ``wire.enqueue_body``: a lost ack never duplicates a task.
+A request that is not idempotent (``retry_failed``) is resent only when it never left
+(connect errors) or the server said 503 (a rejected request changes nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Protocol
+
+import httpx
+
+from conveyor.app import Retry, TaskType
+from conveyor.durations import Duration
+from conveyor.errors import ContractError, TaskFailed, TransientError
+from conveyor.wire import (
+    UNSET,
+    Enqueue,
+    MaybeDuration,
+    TaskInfo,
+    TaskPage,
+    chunks,
+    enqueue_body,
+    error_from_reply,
+)
+
+DEFAULT_URL = "http://127.0.0.1:7400"
+WAIT_SLICE_MS = 30_000  # one long-poll of handle.result(); the HTTP timeout sits above it
+
+
+def backoff_s(attempt: int, retry_after_ms: int | None = None) -> float:
+    """Full-jitter backoff for transport retries; the server's Retry-After wins."""
+    if retry_after_ms is not None:
+        return retry_after_ms / 1000.0
+    return random.uniform(0.0, min(2.0, 0.1 * 2**attempt))
+
+
+def retry_after_ms(response: httpx.Response) -> int | None:
+    raw = response.headers.get("retry-after")
+    try:
+        return None if raw is None else int(float(raw) * 1000)
+    except ValueError:
+        return None
+
+
+def parse(response: httpx.Response) -> Any:
+    """The JSON of a 2xx reply; any other status raises the mapped ConveyorError."""
+    try:
+        body = response.json() if response.content else {}
+    except ValueError:
+        body = None
+    if response.is_success:
+        return body
+    raise error_from_reply(response.status_code, body, retry_after_ms(response))
+
+
+def items_of(items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]) -> list[Enqueue]:
+    return [it if isinstance(it, Enqueue) else Enqueue(it[0], it[1]) for it in items]
+
+
+def outcome(info: TaskInfo, timeout: float | None) -> Any:
+    """What ``handle.result()`` returns or raises for ``info``."""
+    if info.status == "SUCCEEDED":
+        return info.result
+    if info.finished:
+        err = info.error
+        error_class, message = (err.error_class, err.message) if err else (None, None)
+        raise TaskFailed(info.task_id, info.status, error_class, message)
+    raise TimeoutError(f"task {info.task_id} is still {info.status} after {timeout}s")
+
+
+class Backend(Protocol):
+    """What a handle needs from its client (HTTP, or the in-process testing engine)."""
+
+    def get(self, task_id: str) -> TaskInfo: ...
+
+    def wait(self, task_id: str, timeout: float | None) -> TaskInfo: ...
+
+    def cancel(self, task_id: str) -> str: ...
+
+
+class TaskHandle:
+    def __init__(self, backend: Backend, task_id: str, created: bool = True) -> None:
+        self._backend = backend
+        self.id = task_id
+        self.created = created  # False: the idempotency key matched an earlier enqueue
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle {self.id}>"
+
+    def get(self) -> TaskInfo:
+        return self._backend.get(self.id)
+
+    def status(self) -> str:
+        return self._backend.get(self.id).status
+
+    def cancel(self) -> str:
+        return self._backend.cancel(self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The handler's return value once the task SUCCEEDED; ``TaskFailed`` if it ended any
+        other way; ``TimeoutError`` if it has not ended within ``timeout`` seconds."""
+        return outcome(self._backend.wait(self.id, timeout), timeout)
+
+
+class Client:
+    """Talks to a Conveyor gateway. ``url``/``api_key`` default to $CONVEYOR_URL and
+    $CONVEYOR_API_KEY; ``app`` is the default app of tasks named by string."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        app: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
+        key = api_key or os.environ.get("CONVEYOR_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.app = app
+        self.retries = retries
+        self._timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        idempotent: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.request(
+                    method, path, json=body, params=params, timeout=timeout or self._timeout
+                )
+            except httpx.TransportError as exc:
+                if last or not (idempotent or isinstance(exc, httpx.ConnectError)):
+                    raise TransientError(f"{method} {path}: {exc!r}") from exc
+                time.sleep(backoff_s(attempt))
+                continue
+            if response.status_code == 503 and not last:
+                time.sleep(backoff_s(attempt, retry_after_ms(response)))
+                continue
+            return parse(response)
+        raise AssertionError("unreachable")
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: TaskType[Any, Any] | str,
+        payload: Any = None,
+        *,
+        app: str | None = None,
+        delay: Duration | None = None,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        retry: Retry | None = None,
+        timeout: MaybeDuration = UNSET,
+        schedule_to_start: MaybeDuration = UNSET,
+        schedule_to_close: MaybeDuration = UNSET,
+        cancel_grace: Duration | None = None,
+    ) -> TaskHandle:
+        req = Enqueue(
+            task,
+            payload,
+            app=app,
+            delay=delay,
+            run_at=run_at,
+            queue=queue,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            retry=retry,
+            timeout=timeout,
+            schedule_to_start=schedule_to_start,
+            schedule_to_close=schedule_to_close,
+            cancel_grace=cancel_grace,
+        )
+        reply = self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
+        return TaskHandle(self, reply["task_id"], bool(reply.get("created", True)))
+
+    def enqueue_many(
+        self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
+    ) -> list[TaskHandle]:
+        """Enqueue many tasks in ``/v1/tasks:batch`` calls of up to 1000; handles in order."""
+        bodies = [enqueue_body(it, self.app) for it in items_of(items)]
+        handles: list[TaskHandle] = []
+        for chunk in chunks(bodies):
+            reply = self._send("POST", "/v1/tasks:batch", body={"tasks": chunk})
+            for r in reply["results"]:
+                handles.append(TaskHandle(self, r["task_id"], bool(r.get("created", True))))
+        return handles
+
+    # -- reads and control ------------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskInfo:
+        return TaskInfo.from_json(self._send("GET", f"/v1/tasks/{task_id}"))
+
+    def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
+        """The task once it is terminal, or as it is when ``timeout`` seconds have passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left_ms = WAIT_SLICE_MS
+            if deadline is not None:
+                left_ms = min(left_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            reply = self._send(
+                "GET",
+                f"/v1/tasks/{task_id}",
+                params={"wait_ms": left_ms},
+                timeout=left_ms / 1000 + self._timeout,
+            )
+            info = TaskInfo.from_json(reply)
+            if info.finished or (deadline is not None and time.monotonic() >= deadline):
+                return info
+
+    def cancel(self, task_id: str) -> str:
+        return str(self._send("POST", f"/v1/tasks/{task_id}/cancel")["status"])
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        params = {
+            k: v
+            for k, v in {
+                "status": status,
+                "queue": queue,
+                "task_type": task_type,
+                "since_ms": since_ms,
+                "limit": limit,
+                "cursor": cursor,
+            }.items()
+            if v is not None
+        }
+        reply = self._send("GET", "/v1/tasks", params=params)
+        tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
+        return TaskPage(tasks=tasks, next_cursor=reply.get("next_cursor"))
+
+    def retry_failed(
+        self,
+        task_ids: Iterable[str] | None = None,
+        *,
+        task_type: str | None = None,
+        queue: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 1000,
+    ) -> dict[str, str]:
+        """Re-enqueue FAILED tasks as new tasks: {old task id: new task id}."""
+        reply = self._send(
+            "POST",
+            "/v1/tasks:retry",
+            body=retry_body(task_ids, task_type, queue, since_ms, limit),
+            idempotent=False,
+        )
+        return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}
+
+
+def retry_body(
+    task_ids: Iterable[str] | None,
+    task_type: str | None,
+    queue: str | None,
+    since_ms: int | None,
+    limit: int,
+) -> dict[str, Any]:
+    if task_ids is not None:
+        return {"task_ids": list(task_ids)}
+    flt = {"task_type": task_type, "queue": queue, "since_ms": since_ms}
+    return {"filter": {k: v for k, v in flt.items() if v is not None}, "limit": limit}
+
+
+# --- the default client, used by ``task.enqueue(...)`` ------------------------------------------
+
+
+class EnqueueClient(Protocol):
+    """``Client`` or the testing engine's client."""
+
+    @property
+    def enqueue(self) -> Callable[..., Any]: ...
+
+
+_default: EnqueueClient | None = None
+
+
+def set_default_client(client: EnqueueClient | None) -> EnqueueClient | None:
+    """Make ``client`` the one ``task.enqueue()`` uses; returns the previous one."""
+    global _default
+    previous, _default = _default, client
+    return previous
+
+
+def default_client() -> EnqueueClient:
+    global _default
+    if _default is None:
+        if "CONVEYOR_URL" not in os.environ:
+            raise ContractError(
+                "task.enqueue() needs a default client: call conveyor.set_default_client("
+                "conveyor.Client(url, api_key)) or set CONVEYOR_URL and CONVEYOR_API_KEY"
+            )
+        client = Client()
+        _default = client
+        return client
+    return _default

@@ -1,0 +1,98 @@
+"""``Context``: what a handler knows about its attempt and how it talks back.
+
+The context never holds a lease id or a credential. Its ``Channel`` forwards heartbeats and
+checkpoints to whoever runs the handler: the guest stub (over the guest socket to the host
+agent) or the in-process executor of ``conveyor.testing``. Both methods are non-blocking, so
+sync and async handlers can call them alike.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any, Protocol
+
+from conveyor.errors import ContractError
+
+CHECKPOINT_BYTES_MAX = 64 * 1024
+
+
+class Channel(Protocol):
+    def heartbeat(self, progress: Any) -> None: ...
+
+    def checkpoint(self, value: Any) -> None: ...
+
+
+class Cancelled(BaseException):
+    """Raised by ``ctx.raise_if_cancelled()``. A BaseException so ``except Exception`` in user
+    code cannot swallow it."""
+
+
+class Context:
+    """The handler's view of one attempt."""
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        task_type: str,
+        attempt: int,
+        checkpoint: Any,
+        channel: Channel,
+    ) -> None:
+        self.task_id = task_id
+        self.task_type = task_type
+        self.attempt = attempt
+        self._checkpoint = checkpoint
+        self._channel = channel
+        self._cancel = threading.Event()  # set from the guest's reader thread
+        self.logger = logging.LoggerAdapter(
+            logging.getLogger(f"conveyor.task.{task_type}"),
+            {"task_id": task_id, "attempt": attempt},
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the platform asked this attempt to stop (a cancel or a timeout). Finish
+        cleanly and return soon: after the task's cancel grace the process is killed."""
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise Cancelled(f"task {self.task_id} attempt {self.attempt} was cancelled")
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block up to ``timeout`` seconds for a cancel; True if it came. For sync handlers that
+        sleep between units of work: ``if ctx.wait_cancelled(5): return``."""
+        return self._cancel.wait(timeout)
+
+    @property
+    def last_checkpoint(self) -> Any:
+        """The newest checkpoint of this task: from this attempt, or else the one a previous
+        attempt saved (None if there was none)."""
+        return self._checkpoint
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Say the attempt is alive (the agent heartbeats leases on its own; this carries
+        progress and is cheap)."""
+        self._channel.heartbeat(progress)
+
+    def checkpoint(self, value: Any) -> None:
+        """Save ``value`` (JSON) with the task; the next attempt finds it in
+        ``last_checkpoint``. Saved before the attempt's outcome is reported."""
+        try:
+            size = len(json.dumps(value, separators=(",", ":")).encode())
+        except (TypeError, ValueError) as exc:
+            raise ContractError(f"a checkpoint must be JSON-serializable: {exc}") from exc
+        if size > CHECKPOINT_BYTES_MAX:
+            raise ContractError(
+                f"a checkpoint is at most {CHECKPOINT_BYTES_MAX} bytes of JSON, got {size}; "
+                "store big state elsewhere and checkpoint a reference to it"
+            )
+        self._checkpoint = value
+        self._channel.checkpoint(value)
+
+    def request_cancel(self) -> None:
+        """Called by the runtime (never by handlers) when the agent learns CANCEL."""
+        self._cancel.set()

@@ -1,0 +1,389 @@
+"""``conveyor.testing``: the real engine, in-process, on a fake clock.
+
+    with conveyor.testing.Engine(app) as engine:
+        handle = engine.client.enqueue(send_email, {"to": "a@b.c"}, delay="10m")
+        engine.run_until_idle()          # nothing is due: the delay has not passed
+        engine.advance("10m")            # the timer fires, the task runs
+        assert handle.result() == "sent"
+
+The engine is a real Node (RocksDB and the local log in a temp dir, or in memory) and a real
+host agent whose executor runs handlers in this process (breakpoints work), on a background
+thread with its own event loop. Time is a ``FakeClock``: delays, backoff and timeouts fire when
+``advance`` moves it, never by waiting. ``engine.client`` has the methods of
+``conveyor.Client`` and talks to the node directly; inside the ``with``, ``task.enqueue()``
+uses it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine, Iterable
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+from conveyor.agents.host import HostAgent
+from conveyor.agents.inline import InlineExecutor
+from conveyor.app import App, Retry, TaskType
+from conveyor.client import EnqueueClient, TaskHandle, items_of, set_default_client
+from conveyor.durations import Duration, to_ms
+from conveyor.schemas.types import TaskStatus
+from conveyor.store import keys
+from conveyor.streams.clock import FakeClock
+from conveyor.streams.node import Node
+from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_info
+from conveyor.wire import UNSET, Enqueue, MaybeDuration, TaskInfo, TaskPage, enqueue_body
+
+T = TypeVar("T")
+
+LEASE_S = 10 * 365 * 86_400.0  # leases never lapse on a fake-time jump: no agent can die here
+CALL_TIMEOUT_S = 60.0
+
+
+class Engine:
+    def __init__(
+        self,
+        app: App,
+        *,
+        durable: bool = True,
+        partitions: int = 2,
+        tenant: str = "default",
+        concurrency: int = 8,
+        idle_timeout_s: float = 30.0,
+    ) -> None:
+        self.app = app
+        self.durable = durable
+        self.partitions = partitions
+        self.tenant = tenant
+        self.concurrency = concurrency
+        self.idle_timeout_s = idle_timeout_s
+        self.clock = FakeClock()
+        self.client = EngineClient(self)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="conveyor-engine")
+        self._home: str | None = None
+        self._node: Node | None = None
+        self._api: NodeWorkerAPI | None = None
+        self._agent: HostAgent | None = None
+        self._agent_run: asyncio.Task[None] | None = None
+        self._previous: EnqueueClient | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> Engine:
+        self._thread.start()
+        try:
+            self.call(self._start())
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self._previous = set_default_client(self.client)
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        set_default_client(self._previous)
+        try:
+            if self._thread.is_alive():
+                self.call(self._stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=CALL_TIMEOUT_S)
+            self._loop.close()
+            if self._home is not None:
+                shutil.rmtree(self._home, ignore_errors=True)
+
+    async def _start(self) -> None:
+        if self.durable:
+            self._home = tempfile.mkdtemp(prefix="conveyor-engine-")
+            node = await Node.open(self._home, partitions=self.partitions, clock=self.clock)
+        else:
+            node = Node.in_memory(self.partitions, clock=self.clock)
+        await node.start()
+        self._node = node
+        self._api = NodeWorkerAPI(node, tenant=self.tenant)
+        self._agent = HostAgent(
+            self._api,
+            self.app,
+            concurrency=self.concurrency,
+            heartbeat_s=3_600.0,  # heartbeats are poked by the engine, not timed
+            lease_s=LEASE_S,
+            poll_wait_s=3_600.0,
+            executor=InlineExecutor(self.app, threads=self.concurrency),
+            clock=self.clock,
+            agent_id="engine",
+        )
+        self._agent_run = asyncio.create_task(self._agent.run())
+        started = asyncio.ensure_future(self._agent.started.wait())
+        await asyncio.wait({self._agent_run, started}, return_when=asyncio.FIRST_COMPLETED)
+        if self._agent_run.done():
+            started.cancel()
+            self._agent_run.result()  # the agent failed to start: raise why
+
+    async def _stop(self) -> None:
+        if self._agent is not None and self._agent_run is not None:
+            self._agent.stop()
+            await asyncio.wait_for(self._agent_run, CALL_TIMEOUT_S)
+        if self._node is not None:
+            await self._node.stop()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT_S) -> T:
+        """Run ``coro`` on the engine's loop and return its result (from the test's thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def node(self) -> Node:
+        assert self._node is not None, "the engine is not running: use `with Engine(app):`"
+        return self._node
+
+    @property
+    def agent(self) -> HostAgent:
+        assert self._agent is not None, "the engine is not running: use `with Engine(app):`"
+        return self._agent
+
+    @property
+    def known(self) -> dict[str, set[str]]:
+        assert self._api is not None, "the engine is not running: use `with Engine(app):`"
+        return self._api.known
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def advance(self, duration: Duration, *, settle: bool = True) -> None:
+        """Move the fake clock forward (seconds, timedelta or "10m"); timers now due fire.
+        Then, unless ``settle=False``, wait until the engine is idle."""
+        ms = to_ms(duration, field="advance")
+
+        async def move() -> None:
+            self.clock.advance(ms)
+
+        self.call(move())
+        if settle:
+            self.run_until_idle()
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def run_until_idle(self, timeout: float | None = None) -> None:
+        """Return once no task is ready, running or being completed and no timer is due.
+        Timers in the future do not count: ``advance`` or ``drain`` to reach them."""
+        seconds = timeout or self.idle_timeout_s
+        deadline = time.monotonic() + seconds
+        quiet = 0
+        why: str | None = None
+        while quiet < 2:  # twice in a row: nothing was in flight between the two looks
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the engine is not idle after {seconds}s: {why}")
+            why = self.call(self._busy())
+            quiet = quiet + 1 if why is None else 0
+            time.sleep(0.002)
+
+    def drain(self, *, steps_max: int = 10_000) -> None:
+        """Run until idle, jump the clock to the next timer, repeat, until no timer is left:
+        every delay, backoff and timeout plays out."""
+        for _ in range(steps_max):
+            self.run_until_idle()
+            upcoming = self.call(self._next_timer_ms())
+            if upcoming is None:
+                return
+            self.advance(max(0, upcoming - self.clock.now_ms()) / 1000)
+        raise TimeoutError(f"timers still pending after {steps_max} steps")
+
+    async def _busy(self) -> str | None:
+        node, agent = self.node, self.agent
+        agent.heartbeat_now()  # deliver pending cancels to running handlers
+        now = self.clock.now_ms()
+        for p, processor in enumerate(node.processors):
+            if processor.applied + 1 < node.log.end_offset(p):
+                return f"partition {p} has records to apply"
+            tables = node.tables(p)
+            if next(tables.scan(keys.READY_COUNTS), None) is not None:
+                return f"partition {p} has ready tasks (is an agent polling their app?)"
+            if next(tables.leased(), None) is not None:
+                return f"partition {p} has a task running"
+            if tables.due_timers(now, 1):
+                return f"partition {p} has a due timer"
+        if agent.busy:
+            return "the worker is running or completing an attempt"
+        return None
+
+    async def _next_timer_ms(self) -> int | None:
+        times = [self.node.tables(p).next_timer_ms() for p in range(self.node.partitions)]
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
+
+
+class EngineClient:
+    """``conveyor.Client``'s methods, straight onto the engine's node."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def _enqueue_bodies(self, bodies: list[dict[str, Any]]) -> list[TaskHandle]:
+        engine = self._engine
+
+        async def go() -> list[TaskHandle]:
+            node = engine.node
+            specs = [
+                spec_from_body(
+                    body,
+                    tenant=engine.tenant,
+                    partitions=node.partitions,
+                    now_ms=engine.clock.now_ms(),
+                    known=engine.known,
+                )
+                for body in bodies
+            ]
+            replies = await node.enqueue(specs)
+            return [TaskHandle(self, check(r).task_id, r.created) for r in replies]
+
+        return engine.call(go())
+
+    def enqueue(
+        self,
+        task: TaskType[Any, Any] | str,
+        payload: Any = None,
+        *,
+        app: str | None = None,
+        delay: Duration | None = None,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        retry: Retry | None = None,
+        timeout: MaybeDuration = UNSET,
+        schedule_to_start: MaybeDuration = UNSET,
+        schedule_to_close: MaybeDuration = UNSET,
+        cancel_grace: Duration | None = None,
+    ) -> TaskHandle:
+        req = Enqueue(
+            task,
+            payload,
+            app=app,
+            delay=delay,
+            run_at=run_at,
+            queue=queue,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            retry=retry,
+            timeout=timeout,
+            schedule_to_start=schedule_to_start,
+            schedule_to_close=schedule_to_close,
+            cancel_grace=cancel_grace,
+        )
+        return self._enqueue_bodies([enqueue_body(req, self._engine.app.name)])[0]
+
+    def enqueue_many(
+        self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
+    ) -> list[TaskHandle]:
+        app = self._engine.app.name
+        return self._enqueue_bodies([enqueue_body(it, app) for it in items_of(items)])
+
+    def get(self, task_id: str) -> TaskInfo:
+        engine = self._engine
+
+        async def go() -> TaskInfo:
+            return task_info(engine.node, engine.node.get(engine.tenant, task_id))
+
+        return engine.call(go())
+
+    def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
+        """The task once terminal. Real seconds: the fake clock does not move by itself, so a
+        task waiting on a timer needs ``engine.advance``/``engine.drain`` first."""
+        engine = self._engine
+        seconds = 10.0 if timeout is None else timeout
+
+        async def go() -> TaskInfo:
+            task = await engine.node.wait_finished(engine.tenant, task_id, seconds * 1000)
+            return task_info(engine.node, task)
+
+        info = engine.call(go(), timeout=seconds + CALL_TIMEOUT_S)
+        if not info.finished:
+            raise TimeoutError(
+                f"task {task_id} is still {info.status} after {seconds}s of real time; the "
+                "engine's clock is fake: engine.advance(...) or engine.drain() to fire timers"
+            )
+        return info
+
+    def cancel(self, task_id: str) -> str:
+        engine = self._engine
+
+        async def go() -> str:
+            reply = check(await engine.node.cancel(engine.tenant, task_id, "canceled by request"))
+            engine.agent.heartbeat_now()  # a running handler learns it at once
+            return str(reply.status.value if reply.status else "")
+
+        return engine.call(go())
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        engine = self._engine
+
+        async def go() -> list[TaskInfo]:
+            node = engine.node
+            wanted = {"tenant": engine.tenant, "status": status, "queue": queue}
+            wanted["task_type"] = task_type
+            out = [
+                task_info(node, task, full=False)
+                for p in range(node.partitions)
+                for task in node.tables(p).tasks()
+                if all(v is None or getattr(task, k) == v for k, v in wanted.items())
+                and (since_ms is None or task.updated_ms >= since_ms)
+            ]
+            return sorted(out, key=lambda t: (t.created_ms or 0, t.task_id))
+
+        tasks = engine.call(go())
+        start = int(cursor or 0)
+        end = start + limit
+        return TaskPage(tasks=tasks[start:end], next_cursor=str(end) if end < len(tasks) else None)
+
+    def retry_failed(
+        self,
+        task_ids: Iterable[str] | None = None,
+        *,
+        task_type: str | None = None,
+        queue: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 1000,
+    ) -> dict[str, str]:
+        """Re-enqueue FAILED tasks as new tasks: {old task id: new task id}."""
+        if task_ids is None:
+            page = self.list(
+                status=TaskStatus.FAILED.value,
+                task_type=task_type,
+                queue=queue,
+                since_ms=since_ms,
+                limit=limit,
+            )
+            task_ids = [t.task_id for t in page.tasks]
+        engine = self._engine
+
+        async def go() -> dict[str, str]:
+            node = engine.node
+            failed = [
+                t
+                for t in dict.fromkeys(task_ids)
+                if node.get(engine.tenant, t).status == TaskStatus.FAILED
+            ]
+            # The node answers partition by partition, in first-seen order: group alike.
+            groups: dict[int, list[str]] = {}
+            for t in failed:
+                groups.setdefault(node.partition_of(t), []).append(t)
+            order = [t for ids in groups.values() for t in ids]
+            replies = await node.retry_failed(engine.tenant, order)
+            created = [r.task_id for r in replies if r.ok and r.created]
+            return dict(zip(order, created, strict=False))
+
+        return engine.call(go())

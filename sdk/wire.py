@@ -1,0 +1,266 @@
+"""The client side of the HTTP contract (streams/gateway/PROTOCOL.md), without any transport.
+
+Both clients and ``conveyor.testing`` build enqueue bodies here, so an enqueue means the same
+thing over HTTP and in-process. Rule: every enqueue body carries an idempotency key, minted
+here (uuid4) when the caller gave none, BEFORE any transport retry, so a retried request whose
+first ack was lost meets its twin instead of creating a second task.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final
+
+from conveyor.app import Retry, TaskOptions, TaskType, check_priority
+from conveyor.durations import Duration, to_ms, to_ms_or_none
+from conveyor.errors import (
+    Conflict,
+    ContractError,
+    ConveyorError,
+    NotFound,
+    TransientError,
+    Unauthorized,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+TERMINAL: Final = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"})
+BATCH_MAX: Final = 1000
+IDEMPOTENCY_KEY_BYTES_MAX: Final = 256
+
+
+class _Unset(Enum):
+    UNSET = "UNSET"
+
+
+UNSET: Final = _Unset.UNSET
+MaybeDuration = Duration | None | _Unset
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """One task to enqueue: for ``enqueue_many``. Unset options take the task type's
+    defaults (or the server's, for a task named by string)."""
+
+    task: TaskType[Any, Any] | str
+    payload: Any = None
+    _: KW_ONLY
+    app: str | None = None
+    delay: Duration | None = None
+    run_at: datetime | None = None
+    queue: str | None = None
+    priority: int | None = None
+    idempotency_key: str | None = None
+    retry: Retry | None = None
+    timeout: MaybeDuration = UNSET
+    schedule_to_start: MaybeDuration = UNSET
+    schedule_to_close: MaybeDuration = UNSET
+    cancel_grace: Duration | None = None
+
+
+def enqueue_body(req: Enqueue, default_app: str | None) -> dict[str, Any]:
+    """The ``POST /v1/tasks`` body for ``req``."""
+    task = req.task
+    opts: TaskOptions | None = None
+    app: str | None
+    if isinstance(task, TaskType):
+        name, app, opts = task.name, req.app or task.app.name, task.options
+    else:
+        name, app = task, req.app or default_app
+    if not app:
+        raise ContractError(
+            f"enqueue of {name!r} needs an app: pass app= or a decorated task", field="app"
+        )
+    body: dict[str, Any] = {"task_type": name, "app": app, "payload": req.payload}
+    queue = req.queue if req.queue is not None or opts is None else opts.queue
+    _put(body, "queue", queue)
+    priority = req.priority if req.priority is not None or opts is None else opts.priority
+    _put(body, "priority", None if priority is None else check_priority(priority))
+    if req.delay is not None and req.run_at is not None:
+        raise ContractError("delay and run_at are exclusive", field="delay")
+    if req.delay is not None:
+        body["delay_ms"] = to_ms(req.delay, field="delay")
+    if req.run_at is not None:
+        body["run_at"] = rfc3339(req.run_at)
+    body["idempotency_key"] = _key(req.idempotency_key)
+    retry = req.retry if req.retry is not None or opts is None else opts.retry
+    _put(body, "retry", None if retry is None else retry.to_wire())
+    timeouts = _timeouts(req, opts.timeouts() if opts else {})
+    if timeouts:
+        body["timeouts"] = timeouts
+    if req.cancel_grace is not None:
+        body["cancel_grace_ms"] = to_ms(req.cancel_grace, field="cancel_grace")
+    elif opts is not None:
+        body["cancel_grace_ms"] = opts.cancel_grace_ms
+    return body
+
+
+def _put(body: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        body[key] = value
+
+
+def _key(given: str | None) -> str:
+    if given is None:
+        return uuid.uuid4().hex
+    if not isinstance(given, str) or not given:
+        raise ContractError("idempotency_key must be a non-empty string", field="idempotency_key")
+    if len(given.encode()) > IDEMPOTENCY_KEY_BYTES_MAX:
+        raise ContractError(
+            f"idempotency_key is at most {IDEMPOTENCY_KEY_BYTES_MAX} bytes",
+            field="idempotency_key",
+        )
+    return given
+
+
+def _timeouts(req: Enqueue, defaults: Mapping[str, int | None]) -> dict[str, int | None]:
+    out = dict(defaults)
+    for attr, wire in (
+        ("timeout", "start_to_close_ms"),
+        ("schedule_to_start", "schedule_to_start_ms"),
+        ("schedule_to_close", "schedule_to_close_ms"),
+    ):
+        value = getattr(req, attr)
+        if value is not UNSET:
+            out[wire] = to_ms_or_none(value, field=attr)
+    return out
+
+
+def rfc3339(when: datetime) -> str:
+    if when.tzinfo is None:
+        raise ContractError(
+            "run_at must be timezone-aware (e.g. datetime.now(UTC) + ...)", field="run_at"
+        )
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def chunks(bodies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [bodies[i : i + BATCH_MAX] for i in range(0, len(bodies), BATCH_MAX)]
+
+
+# --- replies -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorInfo:
+    error_class: str
+    message: str | None = None
+    stack: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> ErrorInfo | None:
+        if not data:
+            return None
+        return cls(
+            error_class=str(data.get("class") or "Error"),
+            message=data.get("message"),
+            stack=data.get("stack"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptInfo:
+    attempt: int
+    worker: str | None
+    started_ms: int | None
+    finished_ms: int | None
+    outcome: str | None
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskInfo:
+    """A task as ``GET /v1/tasks/{id}`` describes it (lists leave out payload/attempts)."""
+
+    task_id: str
+    app: str
+    task_type: str
+    status: str
+    attempt: int
+    queue: str = "default"
+    priority: int = 0
+    created_ms: int | None = None
+    updated_ms: int | None = None
+    run_at_ms: int | None = None
+    finished_ms: int | None = None
+    payload: Any = None
+    result: Any = None
+    checkpoint: Any = None
+    error: ErrorInfo | None = None
+    cancel_requested: bool = False
+    attempts: list[AttemptInfo] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TaskInfo:
+        attempts = [
+            AttemptInfo(
+                attempt=int(a["attempt"]),
+                worker=a.get("worker"),
+                started_ms=a.get("started_ms"),
+                finished_ms=a.get("finished_ms"),
+                outcome=a.get("outcome"),
+                error=ErrorInfo.from_json(a.get("error")),
+            )
+            for a in data.get("attempts") or []
+        ]
+        return cls(
+            task_id=str(data["task_id"]),
+            app=str(data.get("app", "")),
+            task_type=str(data.get("task_type", "")),
+            status=str(data["status"]),
+            attempt=int(data.get("attempt", 0)),
+            queue=str(data.get("queue", "default")),
+            priority=int(data.get("priority", 0)),
+            created_ms=data.get("created_ms"),
+            updated_ms=data.get("updated_ms"),
+            run_at_ms=data.get("run_at_ms"),
+            finished_ms=data.get("finished_ms"),
+            payload=data.get("payload"),
+            result=data.get("result"),
+            checkpoint=data.get("checkpoint"),
+            error=ErrorInfo.from_json(data.get("error")),
+            cancel_requested=bool(data.get("cancel_requested", False)),
+            attempts=attempts,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskPage:
+    tasks: list[TaskInfo]
+    next_cursor: str | None = None
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+_BY_CODE: dict[str, type[ContractError]] = {
+    "not_found": NotFound,
+    "unauthorized": Unauthorized,
+    "conflict": Conflict,
+}
+
+
+def error_from_reply(status: int, body: Any, retry_after_ms: int | None = None) -> ConveyorError:
+    """The exception for a 4xx/5xx reply, carrying the server's code and message."""
+    err = body.get("error") if isinstance(body, dict) else None
+    code = str(err.get("code", "")) if isinstance(err, dict) else ""
+    message = str(err.get("message", "")) if isinstance(err, dict) else ""
+    field_ = err.get("field") if isinstance(err, dict) else None
+    message = message or f"HTTP {status} with no error body"
+    exc: ConveyorError
+    if status == 503 or code == "unavailable":
+        exc = TransientError(message, retry_after_ms=retry_after_ms or 100)
+    elif 400 <= status < 500:
+        exc = _BY_CODE.get(code, ContractError)(message, field=field_)
+    else:
+        exc = ConveyorError(f"HTTP {status}: {message}")
+    if code:
+        exc.code = code
+    return exc

@@ -1,0 +1,106 @@
+"""The gateway's aiohttp application and server (PROTOCOL.md is the contract).
+
+    request -> error middleware -> auth middleware -> routes (parse, validate)
+            -> service.Gateway (node calls) -> render -> JSON
+
+Shutdown: stop accepting, give in-flight requests ``SHUTDOWN_GRACE_S`` (long polls are cut
+short: an agent just polls again), then return so the caller stops the node. Anything a client
+got an acknowledgement for is already durable in the log, so nothing is lost by cutting the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from conveyor.store.blobs import Blobs
+from conveyor.streams.gateway import openapi, routes
+from conveyor.streams.gateway.auth import KeyStore, authenticate
+from conveyor.streams.gateway.errors import Handler, error_middleware
+from conveyor.streams.gateway.fields import BODY_BYTES_MAX
+from conveyor.streams.gateway.payloads import Payloads
+from conveyor.streams.gateway.registry import Registry
+from conveyor.streams.gateway.service import Gateway
+from conveyor.streams.node import Node
+
+log = logging.getLogger("conveyor.gateway")
+
+SHUTDOWN_GRACE_S = 2.0
+_PUBLIC = frozenset({"/healthz", "/openapi.json"})
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path not in _PUBLIC:
+        gw = request.app[routes.GATEWAY]
+        request[routes.TENANT] = authenticate(gw.keys, request.headers.get("Authorization"))
+    return await handler(request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return routes.reply({"ok": True, "partitions": request.app[routes.GATEWAY].node.partitions})
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return routes.reply(openapi.document())
+
+
+def build_app(
+    node: Node, keys: KeyStore, registry: Registry, *, blobs: Blobs | None = None
+) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware],
+        client_max_size=BODY_BYTES_MAX,  # routes.read_body turns the overflow into a 413
+    )
+    app[routes.GATEWAY] = Gateway(node, keys, registry, Payloads(blobs))
+    app.router.add_get("/healthz", healthz, allow_head=False)
+    app.router.add_get("/openapi.json", openapi_json, allow_head=False)
+    routes.add_routes(app)
+    return app
+
+
+async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """Bind and start serving ``app``; the runner (for ``cleanup``) and the URL it serves."""
+    runner = web.AppRunner(
+        app,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        # A client that hangs up (an agent's poll, a waiting result) frees its handler at once.
+        handler_cancellation=True,
+        access_log=None,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound: Any = runner.addresses[0]
+    return runner, f"http://{host}:{bound[1]}"
+
+
+async def serve(
+    node: Node,
+    host: str,
+    port: int,
+    *,
+    keys: KeyStore,
+    registry: Registry,
+    blobs: Blobs | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``node`` until ``stop`` is set (forever without one). ``ready`` gets the URL once
+    the socket accepts connections. The caller owns the node: it starts and stops it."""
+    runner, url = await start(build_app(node, keys, registry, blobs=blobs), host, port)
+    log.info("gateway listening on %s", url)
+    try:
+        if ready is not None:
+            ready(url)
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,368 @@
+"""The OpenAPI 3.1 document of the gateway, served at ``/openapi.json``.
+
+Hand-written next to the validators it describes, from their limits; ``ENDPOINTS`` is one row
+per route, and ``tests/integration/test_gateway.py`` checks that every route has a path here.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from conveyor.schemas.types import Outcome, TaskStatus
+from conveyor.streams.gateway import fields, payloads, validation, worker_requests
+from conveyor.streams.gateway.errors import ERRORS
+
+Schema = dict[str, Any]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def integer(lo: int | None = None, hi: int | None = None, **extra: Any) -> Schema:
+    out: Schema = {"type": "integer", **extra}
+    if lo is not None:
+        out["minimum"] = lo
+    if hi is not None:
+        out["maximum"] = hi
+    return out
+
+
+def nullable(schema: Schema) -> Schema:
+    return {"oneOf": [schema, {"type": "null"}]}
+
+
+def obj(props: Schema, *required: str) -> Schema:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+def array(item: Schema, lo: int = 0, hi: int = validation.BATCH_MAX) -> Schema:
+    return {"type": "array", "items": item, "minItems": lo, "maxItems": hi}
+
+
+NAME: Schema = {"type": "string", "minLength": 1, "description": "1..200 bytes, no controls"}
+TEXT: Schema = nullable({"type": "string"})
+MS = integer(0, validation.DURATION_MS_MAX)
+TASK_ID: Schema = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
+ANY: Schema = {"description": "any JSON value"}
+ERROR = nullable(obj({"class": TEXT, "message": TEXT, "stack": TEXT}))
+LEASE_REF = {"task_id": TASK_ID, "lease_id": integer(0)}
+
+
+def _task_request() -> Schema:
+    retry = obj(
+        {
+            "attempts_max": integer(1, validation.RETRY_ATTEMPTS_MAX),
+            "backoff_base_ms": MS,
+            "backoff_factor": {"type": "number", "minimum": 1},
+            "backoff_cap_ms": {**MS, "description": "at least backoff_base_ms"},
+            "non_retryable": array(NAME, 0, validation.NON_RETRYABLE_MAX),
+        }
+    )
+    timeouts = obj(
+        {
+            name: nullable(integer(1, validation.DURATION_MS_MAX))
+            for name in ("schedule_to_start_ms", "start_to_close_ms", "schedule_to_close_ms")
+        }
+    )
+    big = payloads.INLINE_BYTES_MAX
+    schema = obj(
+        {
+            "task_type": NAME,
+            "app": NAME,
+            "payload": {**ANY, "description": f"over {big} bytes it goes to the blob store"},
+            "queue": NAME,
+            "priority": integer(0, validation.PRIORITY_MAX, description="higher first"),
+            "delay_ms": MS,
+            "run_at": {"type": "string", "format": "date-time"},
+            "idempotency_key": {"type": "string", "description": "1..256 bytes of UTF-8"},
+            "retry": retry,
+            "timeouts": timeouts,
+            "cancel_grace_ms": MS,
+        },
+        "task_type",
+        "app",
+    )
+    schema["description"] = "delay_ms and run_at are exclusive; null means absent"
+    return schema
+
+
+def _task_shapes() -> dict[str, Schema]:
+    statuses = {"enum": [s.value for s in TaskStatus]}
+    summary = {
+        "task_id": TASK_ID,
+        "app": NAME,
+        "task_type": NAME,
+        "queue": NAME,
+        "priority": integer(0, 9),
+        "status": statuses,
+        "attempt": integer(1),
+        "created_ms": integer(),
+        "updated_ms": integer(),
+        "run_at_ms": integer(),
+        "finished_ms": nullable(integer()),
+        "error": ERROR,
+        "cancel_requested": {"type": "boolean"},
+    }
+    attempt = obj(
+        {
+            "attempt": integer(1),
+            "worker": TEXT,
+            "started_ms": nullable(integer()),
+            "finished_ms": nullable(integer()),
+            "outcome": TEXT,
+            "error": ERROR,
+        }
+    )
+    codes = sorted({code for _, _, code in ERRORS} | {"internal"})
+    error = obj(
+        {
+            "code": {"enum": codes},
+            "message": {"type": "string"},
+            "field": {"type": "string", "description": "JSON path of the bad field"},
+        },
+        "code",
+        "message",
+    )
+    return {
+        "TaskRequest": _task_request(),
+        "EnqueueReply": obj(
+            {"task_id": TASK_ID, "created": {"type": "boolean"}, "status": statuses}
+        ),
+        "TaskSummary": obj(summary),
+        "Task": obj(
+            {
+                **summary,
+                "payload": ANY,
+                "result": ANY,
+                "checkpoint": ANY,
+                "attempts": array(attempt),
+            }
+        ),
+        "Error": obj({"error": error}, "error"),
+    }
+
+
+def _worker_shapes() -> dict[str, Schema]:
+    w = worker_requests
+    return {
+        "Register": obj(
+            {
+                "agent_id": NAME,
+                "app": NAME,
+                "version": NAME,
+                "task_types": array(NAME, 0, w.TASK_TYPES_MAX),
+            },
+            "agent_id",
+            "app",
+            "task_types",
+        ),
+        "Poll": obj(
+            {
+                "agent_id": NAME,
+                "app": NAME,
+                "queues": array(NAME, 0, w.QUEUES_MAX),
+                "capacity": integer(1, w.CAPACITY_MAX),
+                "wait_ms": integer(0, validation.WAIT_MS_MAX),
+                "lease_ms": integer(w.LEASE_MS_MIN, w.LEASE_MS_MAX),
+            },
+            "agent_id",
+            "app",
+        ),
+        "Lease": obj(
+            {
+                **LEASE_REF,
+                "attempt": integer(1),
+                "task_type": NAME,
+                "queue": NAME,
+                "payload": ANY,
+                "checkpoint": ANY,
+                "lease_ms": integer(),
+                "start_to_close_ms": nullable(integer()),
+            }
+        ),
+        "LeaseRef": obj(LEASE_REF, "task_id", "lease_id"),
+        "Completion": obj(
+            {
+                **LEASE_REF,
+                "outcome": {"enum": [o.value for o in Outcome]},
+                "result": ANY,
+                "error": ERROR,
+                "retry_after_ms": nullable(MS),
+            },
+            "task_id",
+            "lease_id",
+            "outcome",
+        ),
+        "CheckpointItem": obj({**LEASE_REF, "value": ANY}, "task_id", "lease_id"),
+        "ItemResult": obj({"task_id": TASK_ID, "ok": {"type": "boolean"}, "reason": TEXT}),
+        "HeartbeatAction": obj(
+            {"task_id": TASK_ID, "action": {"enum": ["CONTINUE", "CANCEL", "LOST"]}}
+        ),
+    }
+
+
+def _param(name: str, schema: Schema, where: str = "query") -> Schema:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema}
+
+
+def _wrap(name: str, item: Schema, lo: int = 1) -> Schema:
+    return obj({name: array(item, lo)}, name)
+
+
+_ID = _param("task_id", TASK_ID, "path")
+_LIST = [
+    _param("status", {"type": "string", "description": "comma-separated statuses"}),
+    _param("queue", NAME),
+    _param("task_type", NAME),
+    _param("since_ms", integer(0, description="created at or after")),
+    _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
+    _param("cursor", {"type": "string", "description": "next_cursor of the previous page"}),
+]
+_RETRY = obj(
+    {
+        "task_ids": array(TASK_ID, 1),
+        "filter": obj(
+            {
+                "task_type": NAME,
+                "queue": NAME,
+                "since_ms": integer(0, description="failed at or after"),
+            }
+        ),
+        "limit": integer(1, validation.BATCH_MAX),
+    }
+)
+_PAGE = obj({"tasks": array(ref("TaskSummary")), "next_cursor": nullable({"type": "string"})})
+_RETRIED = _wrap("retried", obj({"task_id": TASK_ID, "new_task_id": TASK_ID}), 0)
+
+# (method, path, summary, request body, reply, parameters)
+ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
+    (
+        "post",
+        "/v1/tasks",
+        "Enqueue a task: 201 created, 200 the same key's task, 409 key reused with another payload",
+        ref("TaskRequest"),
+        ref("EnqueueReply"),
+        [],
+    ),
+    (
+        "get",
+        "/v1/tasks",
+        "List tasks. A page may be short: continue while next_cursor is set",
+        None,
+        _PAGE,
+        _LIST,
+    ),
+    (
+        "post",
+        "/v1/tasks:batch",
+        "Enqueue 1..1000 tasks; validation is all or nothing",
+        _wrap("tasks", ref("TaskRequest")),
+        _wrap("results", ref("EnqueueReply")),
+        [],
+    ),
+    (
+        "get",
+        "/v1/tasks/{task_id}",
+        "A task; wait_ms long-polls for a terminal state",
+        None,
+        ref("Task"),
+        [_ID, _param("wait_ms", integer(0, validation.WAIT_MS_MAX))],
+    ),
+    (
+        "post",
+        "/v1/tasks/{task_id}/cancel",
+        "Cancel a task",
+        None,
+        obj({"task_id": TASK_ID, "status": {"type": "string"}}),
+        [_ID],
+    ),
+    ("post", "/v1/tasks:retry", "Re-enqueue FAILED tasks as new tasks", _RETRY, _RETRIED, []),
+    ("post", "/worker/register", "Declare an app's task types", ref("Register"), obj({}), []),
+    (
+        "post",
+        "/worker/poll",
+        "Long-poll for leases (empty after wait_ms)",
+        ref("Poll"),
+        _wrap("leases", ref("Lease"), 0),
+        [],
+    ),
+    (
+        "post",
+        "/worker/heartbeat",
+        "Keep leases alive; CONTINUE, CANCEL or LOST per lease",
+        _wrap("leases", ref("LeaseRef")),
+        _wrap("actions", ref("HeartbeatAction")),
+        [],
+    ),
+    (
+        "post",
+        "/worker/complete",
+        "Report outcomes; a stale lease is ok: false, changes nothing",
+        _wrap("completions", ref("Completion")),
+        _wrap("results", ref("ItemResult")),
+        [],
+    ),
+    (
+        "post",
+        "/worker/checkpoint",
+        "Save checkpoints",
+        _wrap("checkpoints", ref("CheckpointItem")),
+        _wrap("results", ref("ItemResult")),
+        [],
+    ),
+    ("get", "/openapi.json", "This document (no auth)", None, {"type": "object"}, []),
+    (
+        "get",
+        "/healthz",
+        "Liveness (no auth)",
+        None,
+        obj({"ok": {"type": "boolean"}, "partitions": integer(1)}),
+        [],
+    ),
+]
+
+
+def _json_of(schema: Schema) -> Schema:
+    return {"application/json": {"schema": schema}}
+
+
+def _operation(summary: str, body: Schema | None, reply: Schema, params: list[Schema]) -> Schema:
+    responses: Schema = {"200": {"description": "ok", "content": _json_of(reply)}}
+    for status in sorted({s for _, s, _ in ERRORS}):
+        codes = ", ".join(sorted({c for _, s, c in ERRORS if s == status}))
+        responses[str(status)] = {"description": codes, "content": _json_of(ref("Error"))}
+    op: Schema = {"summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": _json_of(body)}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+@cache
+def document() -> Schema:
+    paths: Schema = {}
+    for method, path, summary, body, reply, params in ENDPOINTS:
+        paths.setdefault(path, {})[method] = _operation(summary, body, reply, params)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Conveyor gateway",
+            "version": "1",
+            "description": "Durable background jobs. Authorization: Bearer <api key>. "
+            f"Request bodies up to {fields.BODY_BYTES_MAX} bytes.",
+        },
+        "components": {
+            "schemas": {**_task_shapes(), **_worker_shapes()},
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"apiKey": []}],
+        "paths": paths,
+    }

@@ -1,0 +1,91 @@
+"""Rows and leases as the JSON shapes of PROTOCOL.md. Pure: values in, dicts out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.schemas.types import Attempt, CancelCause, Task, TaskStatus
+from conveyor.streams.machine import Reply
+from conveyor.streams.processor.dispatch import Lease
+
+
+def error_json(cls: str | None, message: str | None, stack: str | None) -> dict[str, Any] | None:
+    if cls is None and message is None:
+        return None
+    return {"class": cls, "message": message, "stack": stack}
+
+
+def task_summary(task: Task) -> dict[str, Any]:
+    """What a listing shows: no payload, result, checkpoint or attempts (any can be large)."""
+    return {
+        "task_id": task.task_id,
+        "app": task.app,
+        "task_type": task.task_type,
+        "queue": task.queue,
+        "priority": task.priority,
+        "status": task.status.value,
+        "attempt": task.attempt,
+        "created_ms": task.created_ms,
+        "updated_ms": task.updated_ms,
+        "run_at_ms": task.run_at_ms,
+        "finished_ms": task.finished_ms,
+        "error": error_json(task.error_class, task.error_message, task.error_stack),
+        "cancel_requested": task.cancel_cause == CancelCause.CANCEL,
+    }
+
+
+def attempt_json(a: Attempt) -> dict[str, Any]:
+    return {
+        "attempt": a.attempt,
+        "worker": a.agent_id,
+        "started_ms": a.started_ms,
+        "finished_ms": a.finished_ms,
+        "outcome": a.outcome,
+        "error": error_json(a.error_class, a.error_message, a.error_stack),
+    }
+
+
+def task_detail(
+    task: Task, attempts: list[Attempt], *, payload: Any, result: Any, checkpoint: Any
+) -> dict[str, Any]:
+    body = task_summary(task)
+    body.update(payload=payload, result=result, checkpoint=checkpoint)
+    rows = [attempt_json(a) for a in attempts]
+    in_row = task.status in (TaskStatus.LEASED, TaskStatus.SUCCEEDED)
+    if in_row and all(a.attempt != task.attempt for a in attempts):
+        # The attempt under way, and the one that succeeded, live in the task row only.
+        done = task.status == TaskStatus.SUCCEEDED
+        rows.append(
+            {
+                "attempt": task.attempt,
+                "worker": task.agent_id,
+                "started_ms": task.leased_ms,
+                "finished_ms": task.finished_ms if done else None,
+                "outcome": task.status.value if done else None,
+                "error": None,
+            }
+        )
+    body["attempts"] = rows
+    return body
+
+
+def enqueue_reply(reply: Reply) -> dict[str, Any]:
+    return {
+        "task_id": reply.task_id,
+        "created": reply.created,
+        "status": reply.status.value if reply.status else None,
+    }
+
+
+def lease_json(lease: Lease, *, payload: Any, checkpoint: Any) -> dict[str, Any]:
+    return {
+        "task_id": lease.task_id,
+        "lease_id": lease.lease_id,
+        "attempt": lease.attempt,
+        "task_type": lease.task_type,
+        "queue": lease.queue,
+        "payload": payload,
+        "checkpoint": checkpoint,
+        "lease_ms": lease.lease_ms,
+        "start_to_close_ms": lease.start_to_close_ms,
+    }

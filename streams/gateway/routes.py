@@ -1,0 +1,123 @@
+"""The HTTP handlers: parse -> validate -> call the gateway service -> render. Nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from conveyor.streams.gateway import render, validation, worker_requests
+from conveyor.streams.gateway.errors import PayloadTooLarge, dumps
+from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
+from conveyor.streams.gateway.service import Gateway
+
+GATEWAY = web.AppKey("gateway", Gateway)
+TENANT = "conveyor.tenant"  # request key set by the auth middleware
+
+
+def reply(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=dumps(body), content_type="application/json")
+
+
+async def read_body(request: web.Request, *, optional: bool = False) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"body: over the limit of {BODY_BYTES_MAX} bytes") from None
+    if optional and not raw.strip():
+        return None
+    return parse_json(raw)
+
+
+def context(request: web.Request) -> tuple[Gateway, str]:
+    tenant = request[TENANT]
+    assert isinstance(tenant, str)
+    return request.app[GATEWAY], tenant
+
+
+# -- client API ----------------------------------------------------------------------------
+
+
+async def enqueue(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    req = validation.parse_task(await read_body(request))
+    (r,) = await gw.enqueue(tenant, [req])
+    return reply(render.enqueue_reply(r), 201 if r.created else 200)
+
+
+async def enqueue_batch(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    reqs = validation.parse_batch(await read_body(request))
+    replies = await gw.enqueue(tenant, reqs)
+    created = any(r.created for r in replies)
+    return reply({"results": [render.enqueue_reply(r) for r in replies]}, 201 if created else 200)
+
+
+async def get_task(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    wait_ms = validation.parse_wait_ms(request.query)
+    return reply(await gw.task(tenant, request.match_info["task_id"], wait_ms))
+
+
+async def list_tasks(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    return reply(gw.list_tasks(tenant, validation.parse_list_query(request.query)))
+
+
+async def cancel(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    reason = validation.parse_cancel(await read_body(request, optional=True))
+    return reply(await gw.cancel(tenant, request.match_info["task_id"], reason))
+
+
+async def retry(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    req = validation.parse_retry(await read_body(request))
+    return reply({"retried": await gw.retry(tenant, req)})
+
+
+# -- worker API ----------------------------------------------------------------------------
+
+
+async def register(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    gw.register(tenant, worker_requests.parse_register(await read_body(request)))
+    return reply({})
+
+
+async def poll(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    req = worker_requests.parse_poll(await read_body(request))
+    return reply({"leases": await gw.poll(tenant, req)})
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    refs = worker_requests.parse_heartbeat(await read_body(request))
+    return reply({"actions": gw.heartbeat(tenant, refs)})
+
+
+async def complete(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    items = worker_requests.parse_complete(await read_body(request))
+    return reply({"results": await gw.complete(tenant, items)})
+
+
+async def checkpoint(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    items = worker_requests.parse_checkpoint(await read_body(request))
+    return reply({"results": await gw.checkpoint(tenant, items)})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/tasks", enqueue)
+    app.router.add_post("/v1/tasks:batch", enqueue_batch)
+    app.router.add_post("/v1/tasks:retry", retry)
+    app.router.add_get("/v1/tasks", list_tasks, allow_head=False)
+    app.router.add_get("/v1/tasks/{task_id}", get_task, allow_head=False)
+    app.router.add_post("/v1/tasks/{task_id}/cancel", cancel)
+    app.router.add_post("/worker/register", register)
+    app.router.add_post("/worker/poll", poll)
+    app.router.add_post("/worker/heartbeat", heartbeat)
+    app.router.add_post("/worker/complete", complete)
+    app.router.add_post("/worker/checkpoint", checkpoint)

@@ -1,0 +1,257 @@
+"""What each endpoint does with the node, after validation and before rendering.
+
+Rule 1 (tenancy): every read and write is scoped to the caller's tenant. A task of another
+tenant, a missing task and a malformed id all answer exactly the same (404 for clients,
+``unknown task`` / ``LOST`` for agents), so ids leak nothing.
+Rule 2 (idempotency): a keyed enqueue whose key already names a task answers that task, unless
+the payload or task type differs: that is a 409, checked before anything is written (and again
+after, for the race of two first attempts).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any
+
+from conveyor.errors import Conflict, ContractError, NotFound
+from conveyor.schemas.types import Checkpoint, Completion, LeaseRef, Task, TaskSpec
+from conveyor.streams.gateway import listing, render
+from conveyor.streams.gateway.auth import KeyStore
+from conveyor.streams.gateway.fields import compact
+from conveyor.streams.gateway.payloads import Payloads
+from conveyor.streams.gateway.registry import Registry
+from conveyor.streams.gateway.validation import EnqueueRequest, ListQuery, RetryRequest, to_spec
+from conveyor.streams.gateway.worker_requests import (
+    CheckpointRequest,
+    CompletionRequest,
+    Poll,
+    Register,
+)
+from conveyor.streams.machine import Reply
+from conveyor.streams.machine.handlers.cancel import retry_id
+from conveyor.streams.node import Node
+from conveyor.streams.routing import mint_task_id, partition_for_key
+
+UNKNOWN_TASK = "unknown task"
+
+
+class Gateway:
+    def __init__(self, node: Node, keys: KeyStore, registry: Registry, payloads: Payloads) -> None:
+        self.node = node
+        self.keys = keys
+        self.registry = registry
+        self.payloads = payloads
+        self._round_robin = itertools.count()
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def find(self, tenant: str, task_id: str) -> Task:
+        try:
+            return self.node.get(tenant, task_id)
+        except NotFound:
+            raise
+        except ContractError:  # malformed id or a partition this node does not have
+            raise NotFound(f"no task {task_id}", field="task_id") from None
+
+    def owns(self, tenant: str, task_id: str) -> bool:
+        try:
+            self.find(tenant, task_id)
+        except NotFound:
+            return False
+        return True
+
+    # -- client API ---------------------------------------------------------------------------
+
+    async def enqueue(self, tenant: str, reqs: list[EnqueueRequest]) -> list[Reply]:
+        for req in reqs:
+            self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
+        _check_batch_keys(reqs)
+        now_ms = self.node.clock.now_ms()
+        specs: list[TaskSpec] = []
+        for req in reqs:
+            payload = await self.payloads.pack(req.payload, req.field("payload"))
+            task_id = mint_task_id(self._partition(tenant, req.idempotency_key))
+            specs.append(
+                to_spec(req, task_id=task_id, tenant=tenant, payload=payload, now_ms=now_ms)
+            )
+        for req, spec in zip(reqs, specs, strict=True):
+            self._check_twin(req, spec, now_ms)
+        replies = await self.node.enqueue(specs)
+        for req, spec, reply in zip(reqs, specs, replies, strict=True):
+            if not reply.created:
+                self._check_same(req, spec, reply.task_id)
+        return replies
+
+    def _partition(self, tenant: str, key: str | None) -> int:
+        if key is not None:
+            return partition_for_key(tenant, key, self.node.partitions)
+        return next(self._round_robin) % self.node.partitions
+
+    def _check_twin(self, req: EnqueueRequest, spec: TaskSpec, now_ms: int) -> None:
+        if spec.idempotency_key is None:
+            return
+        tables = self.node.tables(self.node.partition_of(spec.task_id))
+        entry = tables.idempotency(spec.tenant, spec.app, spec.idempotency_key)
+        if entry is not None and entry.expires_ms > now_ms:
+            self._check_same(req, spec, entry.task_id)
+
+    def _check_same(self, req: EnqueueRequest, spec: TaskSpec, twin_id: str) -> None:
+        stored = self.node.tables(self.node.partition_of(twin_id)).spec(twin_id)
+        if stored is None:
+            return
+        if (stored.task_type, stored.payload) != (spec.task_type, spec.payload):
+            raise _conflict(req, f"task {twin_id}")
+
+    async def task(self, tenant: str, task_id: str, wait_ms: int) -> dict[str, Any]:
+        task = self.find(tenant, task_id)
+        if wait_ms > 0 and task.finished_ms is None:
+            task = await self.node.wait_finished(tenant, task_id, wait_ms)
+        tables = self.node.tables(self.node.partition_of(task_id))
+        return render.task_detail(
+            task,
+            tables.attempts(task_id),
+            payload=await self.payloads.value(tables.payload(task_id)),
+            result=await self.payloads.value(task.result),
+            checkpoint=await self.payloads.value(task.checkpoint),
+        )
+
+    def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
+        tasks, cursor = listing.list_tasks(
+            self.node, tenant, query.filter, query.limit, query.cursor
+        )
+        return {"tasks": [render.task_summary(t) for t in tasks], "next_cursor": cursor}
+
+    async def cancel(self, tenant: str, task_id: str, reason: str) -> dict[str, Any]:
+        self.find(tenant, task_id)
+        reply = await self.node.cancel(tenant, task_id, reason)
+        if not reply.ok or reply.status is None:
+            raise NotFound(f"no task {task_id}", field="task_id")
+        return {"task_id": task_id, "status": reply.status.value}
+
+    async def retry(self, tenant: str, req: RetryRequest) -> list[dict[str, str]]:
+        if req.task_ids is not None:
+            ids = [i for i in dict.fromkeys(req.task_ids) if self.owns(tenant, i)]
+        else:
+            assert req.filter is not None
+            ids = listing.failed_tasks(self.node, tenant, req.filter, req.limit)
+        by_prefix: dict[str, list[str]] = defaultdict(list)
+        for task_id in ids:
+            by_prefix[task_id[:4]].append(task_id)
+        out = []
+        for reply in await self.node.retry_failed(tenant, ids):
+            if not reply.created:
+                continue
+            # The machine derives the new id from (old id, offset): find which old id it was.
+            for old in by_prefix[reply.task_id[:4]]:
+                if retry_id(old, reply.offset) == reply.task_id:
+                    out.append({"task_id": old, "new_task_id": reply.task_id})
+                    break
+        return out
+
+    # -- worker API ---------------------------------------------------------------------------
+
+    def register(self, tenant: str, req: Register) -> None:
+        self.registry.register(tenant, req.app, req.task_types, req.version)
+
+    async def poll(self, tenant: str, req: Poll) -> list[dict[str, Any]]:
+        leases = await self.node.poll(
+            agent_id=req.agent_id,
+            app=req.app,
+            tenants=[tenant],
+            queues=req.queues,
+            capacity=req.capacity,
+            lease_ms=req.lease_ms,
+            wait_ms=req.wait_ms,
+        )
+        return [
+            render.lease_json(
+                lease,
+                payload=await self.payloads.value(lease.payload),
+                checkpoint=await self.payloads.value(lease.checkpoint),
+            )
+            for lease in leases
+        ]
+
+    def heartbeat(self, tenant: str, refs: list[LeaseRef]) -> list[dict[str, str]]:
+        return [
+            {
+                "task_id": ref.task_id,
+                "action": self.node.heartbeat(ref.task_id, ref.lease_id)
+                if self.owns(tenant, ref.task_id)
+                else "LOST",
+            }
+            for ref in refs
+        ]
+
+    async def complete(self, tenant: str, items: list[CompletionRequest]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
+        positions: dict[int, list[int]] = defaultdict(list)  # partition -> item positions
+        batch: list[Completion] = []
+        for i, item in enumerate(items):
+            if not self.owns(tenant, item.task_id):
+                continue
+            result = None
+            if item.result is not None:
+                result = await self.payloads.pack(compact(item.result), f"{item.path}.result")
+            positions[self.node.partition_of(item.task_id)].append(i)
+            batch.append(_completion(item, result))
+        # Replies come grouped by partition, each indexed within its partition's record.
+        for reply in await self.node.complete(batch) if batch else []:
+            i = positions[self.node.partition_of(reply.task_id)][reply.index]
+            results[i] = _result(reply)
+        return results
+
+    async def checkpoint(self, tenant: str, items: list[CheckpointRequest]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
+        mine: list[int] = []
+        batch: list[Checkpoint] = []
+        for i, item in enumerate(items):
+            if self.owns(tenant, item.task_id):
+                value = await self.payloads.pack(compact(item.value), f"{item.path}.value")
+                mine.append(i)
+                batch.append(Checkpoint(task_id=item.task_id, lease_id=item.lease_id, value=value))
+        # Node.checkpoint answers one reply per item, in order.
+        for i, reply in zip(mine, await self.node.checkpoint(batch) if batch else [], strict=True):
+            results[i] = _result(reply)
+        return results
+
+
+def _check_batch_keys(reqs: list[EnqueueRequest]) -> None:
+    first: dict[tuple[str, str], EnqueueRequest] = {}
+    for req in reqs:
+        if req.idempotency_key is None:
+            continue
+        seen = first.setdefault((req.app, req.idempotency_key), req)
+        if (seen.task_type, seen.payload) != (req.task_type, req.payload):
+            raise _conflict(req, seen.path)
+
+
+def _conflict(req: EnqueueRequest, holder: str) -> Conflict:
+    field = req.field("idempotency_key")
+    return Conflict(
+        f"{field}: idempotency key {req.idempotency_key!r} already names {holder} with a "
+        "different payload or task type; use a new key for a different task",
+        field=field,
+    )
+
+
+def _rejected(task_id: str) -> dict[str, Any]:
+    return {"task_id": task_id, "ok": False, "reason": UNKNOWN_TASK}
+
+
+def _result(reply: Reply) -> dict[str, Any]:
+    return {"task_id": reply.task_id, "ok": reply.ok, "reason": reply.reason}
+
+
+def _completion(item: CompletionRequest, result: bytes | None) -> Completion:
+    return Completion(
+        task_id=item.task_id,
+        lease_id=item.lease_id,
+        outcome=item.outcome,
+        result=result,
+        error_class=item.error_class,
+        error_message=item.error_message,
+        error_stack=item.error_stack,
+        retry_after_ms=item.retry_after_ms,
+    )

@@ -1,0 +1,289 @@
+"""Client API requests: checked field by field into plain values, then into ``TaskSpec``s.
+
+Validation is pure: it reads the JSON (already parsed by ``fields.parse_json``) and query
+strings and knows nothing of the node. The checks that need state (is the task type
+registered, does an idempotency key already name a different payload) happen in the handlers.
+Defaults come from ``TaskSpec`` itself, so the wire and the record never disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from conveyor.schemas.types import TaskSpec, TaskStatus
+from conveyor.streams.gateway.fields import (
+    INT_MAX,
+    Fields,
+    check_int,
+    check_name,
+    check_task_id,
+    compact,
+    describe,
+    invalid,
+)
+from conveyor.streams.gateway.payloads import check_not_marker
+
+BATCH_MAX = 1_000
+IDEMPOTENCY_KEY_BYTES_MAX = 256
+PRIORITY_MAX = 9
+RETRY_ATTEMPTS_MAX = 1_000
+BACKOFF_FACTOR_MAX = 100.0
+DURATION_MS_MAX = 100 * 365 * 86_400_000  # a century: keeps now + duration far inside int64
+NON_RETRYABLE_MAX = 100
+LIST_LIMIT_MAX = 1_000
+LIST_LIMIT_DEFAULT = 100
+WAIT_MS_MAX = 60_000
+
+_DEFAULT = TaskSpec(task_id="", tenant="", app="", task_type="")
+_TASK_FIELDS = frozenset(
+    {
+        "task_type",
+        "app",
+        "payload",
+        "queue",
+        "priority",
+        "delay_ms",
+        "run_at",
+        "idempotency_key",
+        "retry",
+        "timeouts",
+        "cancel_grace_ms",
+    }
+)
+_RETRY_FIELDS = frozenset(
+    {"attempts_max", "backoff_base_ms", "backoff_factor", "backoff_cap_ms", "non_retryable"}
+)
+_TIMEOUT_FIELDS = ("schedule_to_start_ms", "start_to_close_ms", "schedule_to_close_ms")
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueRequest:
+    """One validated task of ``POST /v1/tasks`` or of a batch. ``path`` is where it sat."""
+
+    path: str
+    task_type: str
+    app: str
+    payload: bytes  # compact JSON
+    queue: str = _DEFAULT.queue
+    priority: int = _DEFAULT.priority
+    delay_ms: int | None = None
+    run_at_ms: int | None = None
+    idempotency_key: str | None = None
+    attempts_max: int = _DEFAULT.attempts_max
+    backoff_base_ms: int = _DEFAULT.backoff_base_ms
+    backoff_factor: float = _DEFAULT.backoff_factor
+    backoff_cap_ms: int = _DEFAULT.backoff_cap_ms
+    non_retryable: tuple[str, ...] = ()
+    schedule_to_start_ms: int | None = None
+    start_to_close_ms: int | None = None
+    schedule_to_close_ms: int | None = None
+    cancel_grace_ms: int = _DEFAULT.cancel_grace_ms
+
+    def field(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+
+def parse_task(body: Any, path: str = "") -> EnqueueRequest:
+    f = Fields(body, path, _TASK_FIELDS)
+    payload = f.raw("payload")
+    check_not_marker(payload, f.at("payload"))
+    delay_ms = f.opt_int("delay_ms", 0, DURATION_MS_MAX)
+    run_at_ms = _run_at(f)
+    if delay_ms is not None and run_at_ms is not None:
+        raise invalid(f.at("run_at"), "delay_ms and run_at are exclusive; send one of them")
+    timeouts = f.obj("timeouts", _TIMEOUT_FIELDS) or Fields({}, f.at("timeouts"), ())
+    retry = f.obj("retry", _RETRY_FIELDS) or Fields({}, f.at("retry"), ())
+    base = retry.int_or("backoff_base_ms", 0, DURATION_MS_MAX, _DEFAULT.backoff_base_ms)
+    cap = retry.int_or("backoff_cap_ms", 0, DURATION_MS_MAX, _DEFAULT.backoff_cap_ms)
+    if cap < base:
+        raise invalid(
+            retry.at("backoff_cap_ms"), f"must be at least backoff_base_ms ({base}), got {cap}"
+        )
+    return EnqueueRequest(
+        path=path,
+        task_type=f.req_str("task_type"),
+        app=f.req_str("app"),
+        payload=compact(payload),
+        queue=f.opt_str("queue") or _DEFAULT.queue,
+        priority=f.int_or("priority", 0, PRIORITY_MAX, _DEFAULT.priority),
+        delay_ms=delay_ms,
+        run_at_ms=run_at_ms,
+        idempotency_key=f.opt_str("idempotency_key", bytes_max=IDEMPOTENCY_KEY_BYTES_MAX),
+        cancel_grace_ms=f.int_or("cancel_grace_ms", 0, DURATION_MS_MAX, _DEFAULT.cancel_grace_ms),
+        attempts_max=retry.int_or("attempts_max", 1, RETRY_ATTEMPTS_MAX, _DEFAULT.attempts_max),
+        backoff_base_ms=base,
+        backoff_factor=retry.number_or(
+            "backoff_factor", 1.0, BACKOFF_FACTOR_MAX, _DEFAULT.backoff_factor
+        ),
+        backoff_cap_ms=cap,
+        non_retryable=tuple(retry.strs("non_retryable", NON_RETRYABLE_MAX)),
+        schedule_to_start_ms=timeouts.opt_int("schedule_to_start_ms", 1, DURATION_MS_MAX),
+        start_to_close_ms=timeouts.opt_int("start_to_close_ms", 1, DURATION_MS_MAX),
+        schedule_to_close_ms=timeouts.opt_int("schedule_to_close_ms", 1, DURATION_MS_MAX),
+    )
+
+
+def _run_at(f: Fields) -> int | None:
+    value = f.raw("run_at")
+    if value is None:
+        return None
+    expected = 'an RFC 3339 instant with a zone, e.g. "2026-01-01T00:00:00Z"'
+    if not isinstance(value, str) or _RFC3339.match(value) is None:
+        raise invalid(f.at("run_at"), f"must be {expected}, got {describe(value)}")
+    text = value.replace("z", "Z")
+    frac = re.search(r"\.(\d+)", text)
+    if frac and len(frac.group(1)) > 6:  # datetime keeps microseconds: drop the rest
+        text = text[: frac.start(1) + 6] + text[frac.end(1) :]
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        raise invalid(f.at("run_at"), f"must be {expected}, got {describe(value)}") from None
+    return int(instant.timestamp() * 1000)
+
+
+def parse_batch(body: Any) -> list[EnqueueRequest]:
+    """All or nothing: the first bad item rejects the batch, naming ``tasks[i].field``."""
+    f = Fields(body, "", {"tasks"})
+    items = f.items("tasks", 1, BATCH_MAX)
+    return [parse_task(item, f"tasks[{i}]") for i, item in enumerate(items)]
+
+
+def to_spec(
+    req: EnqueueRequest, *, task_id: str, tenant: str, payload: bytes, now_ms: int
+) -> TaskSpec:
+    """The record for ``req``; ``payload`` is ``req.payload`` or its blob marker."""
+    run_at_ms = req.run_at_ms
+    if run_at_ms is None and req.delay_ms:
+        run_at_ms = now_ms + req.delay_ms
+    return TaskSpec(
+        task_id=task_id,
+        tenant=tenant,
+        app=req.app,
+        task_type=req.task_type,
+        queue=req.queue,
+        priority=req.priority,
+        payload=payload,
+        run_at_ms=run_at_ms,
+        attempts_max=req.attempts_max,
+        backoff_base_ms=req.backoff_base_ms,
+        backoff_factor=req.backoff_factor,
+        backoff_cap_ms=req.backoff_cap_ms,
+        non_retryable=list(req.non_retryable),
+        schedule_to_start_ms=req.schedule_to_start_ms,
+        start_to_close_ms=req.start_to_close_ms,
+        schedule_to_close_ms=req.schedule_to_close_ms,
+        cancel_grace_ms=req.cancel_grace_ms,
+        idempotency_key=req.idempotency_key,
+    )
+
+
+# --- reads and bulk operations -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFilter:
+    statuses: frozenset[TaskStatus] = frozenset()  # empty: any
+    queue: str | None = None
+    task_type: str | None = None
+    since_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListQuery:
+    filter: TaskFilter
+    limit: int
+    cursor: str | None
+
+
+def parse_list_query(query: Mapping[str, str]) -> ListQuery:
+    q = Fields(dict(query), "", {"status", "queue", "task_type", "since_ms", "limit", "cursor"})
+    statuses: set[TaskStatus] = set()
+    for name in filter(None, (q.raw("status") or "").split(",")):
+        try:
+            statuses.add(TaskStatus(name.strip().upper()))
+        except ValueError:
+            known = ", ".join(s.value for s in TaskStatus)
+            raise invalid("status", f"unknown status {name!r}; expected {known}") from None
+    return ListQuery(
+        filter=TaskFilter(
+            statuses=frozenset(statuses),
+            queue=q.opt_str("queue"),
+            task_type=q.opt_str("task_type"),
+            since_ms=_query_int(q, "since_ms", 0, INT_MAX),
+        ),
+        limit=_query_int(q, "limit", 1, LIST_LIMIT_MAX) or LIST_LIMIT_DEFAULT,
+        cursor=q.opt_str("cursor", bytes_max=1024),
+    )
+
+
+def parse_wait_ms(query: Mapping[str, str]) -> int:
+    q = Fields(dict(query), "", {"wait_ms"})
+    return _query_int(q, "wait_ms", 0, WAIT_MS_MAX) or 0
+
+
+def _query_int(q: Fields, name: str, lo: int, hi: int) -> int | None:
+    text = q.raw(name)
+    if text is None or text == "":
+        return None
+    value: Any = int(text) if re.fullmatch(r"-?\d{1,19}", text) else text
+    return check_int(value, name, lo, hi)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryRequest:
+    task_ids: list[str] | None
+    filter: TaskFilter | None
+    limit: int
+
+
+def parse_retry(body: Any) -> RetryRequest:
+    f = Fields(body, "", {"task_ids", "filter", "limit"})
+    if f.has("task_ids") == f.has("filter"):
+        raise invalid("task_ids", 'send either "task_ids" or "filter", not both or neither')
+    limit = f.int_or("limit", 1, BATCH_MAX, BATCH_MAX)
+    if f.has("task_ids"):
+        items = f.items("task_ids", 1, BATCH_MAX)
+        ids = [check_task_id(v, f"task_ids[{i}]") for i, v in enumerate(items)]
+        return RetryRequest(task_ids=ids, filter=None, limit=limit)
+    flt = f.obj("filter", {"task_type", "queue", "since_ms"})
+    assert flt is not None
+    return RetryRequest(
+        task_ids=None,
+        filter=TaskFilter(
+            queue=flt.opt_str("queue"),
+            task_type=flt.opt_str("task_type"),
+            since_ms=flt.opt_int("since_ms", 0, INT_MAX),
+        ),
+        limit=limit,
+    )
+
+
+def parse_cancel(body: Any) -> str:
+    """The optional cancel reason (an empty body is a cancel without one)."""
+    if body is None:
+        return "canceled by request"
+    f = Fields(body, "", {"reason"})
+    return f.opt_text("reason", bytes_max=1024) or "canceled by request"
+
+
+__all__ = [
+    "EnqueueRequest",
+    "ListQuery",
+    "RetryRequest",
+    "TaskFilter",
+    "check_name",
+    "parse_batch",
+    "parse_cancel",
+    "parse_list_query",
+    "parse_retry",
+    "parse_task",
+    "parse_wait_ms",
+    "to_spec",
+]

@@ -1,0 +1,140 @@
+"""Worker API requests (host agents): checked field by field, like ``validation``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.schemas.types import LeaseRef, Outcome
+from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
+from conveyor.streams.gateway.payloads import check_not_marker
+from conveyor.streams.gateway.validation import BATCH_MAX, DURATION_MS_MAX, WAIT_MS_MAX
+
+TASK_TYPES_MAX = 1_000
+QUEUES_MAX = 100
+CAPACITY_MAX = 1_000
+LEASE_MS_MIN, LEASE_MS_MAX = 100, 3_600_000
+ERROR_CLASS_BYTES_MAX = 200
+ERROR_MESSAGE_BYTES_MAX = 16 * 1024
+ERROR_STACK_BYTES_MAX = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Register:
+    agent_id: str
+    app: str
+    version: str | None
+    task_types: list[str]
+
+
+def parse_register(body: Any) -> Register:
+    f = Fields(body, "", {"agent_id", "app", "version", "task_types"})
+    if not isinstance(f.raw("task_types"), list):
+        f.items("task_types", 0, TASK_TYPES_MAX)  # raises, naming the field
+    return Register(
+        agent_id=f.req_str("agent_id"),
+        app=f.req_str("app"),
+        version=f.opt_str("version"),
+        task_types=f.strs("task_types", TASK_TYPES_MAX),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Poll:
+    agent_id: str
+    app: str
+    queues: list[str]
+    capacity: int
+    wait_ms: int
+    lease_ms: int
+
+
+def parse_poll(body: Any) -> Poll:
+    f = Fields(body, "", {"agent_id", "app", "queues", "capacity", "wait_ms", "lease_ms"})
+    return Poll(
+        agent_id=f.req_str("agent_id"),
+        app=f.req_str("app"),
+        queues=f.strs("queues", QUEUES_MAX),
+        capacity=f.int_or("capacity", 1, CAPACITY_MAX, 8),
+        wait_ms=f.int_or("wait_ms", 0, WAIT_MS_MAX, 20_000),
+        lease_ms=f.int_or("lease_ms", LEASE_MS_MIN, LEASE_MS_MAX, 30_000),
+    )
+
+
+def _lease_ref(item: Any, path: str, extra: frozenset[str]) -> tuple[Fields, LeaseRef]:
+    f = Fields(item, path, {"task_id", "lease_id"} | extra)
+    task_id = check_task_id(f.raw("task_id"), f.at("task_id"))
+    return f, LeaseRef(task_id=task_id, lease_id=f.req_int("lease_id", 0, INT_MAX))
+
+
+def parse_heartbeat(body: Any) -> list[LeaseRef]:
+    f = Fields(body, "", {"leases"})
+    items = f.items("leases", 1, BATCH_MAX)
+    return [_lease_ref(item, f"leases[{i}]", frozenset())[1] for i, item in enumerate(items)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest:
+    path: str
+    task_id: str
+    lease_id: int
+    outcome: Outcome
+    result: Any  # JSON; None when absent or null
+    error_class: str | None
+    error_message: str | None
+    error_stack: str | None
+    retry_after_ms: int | None
+
+
+_COMPLETION_FIELDS = frozenset({"outcome", "result", "error", "retry_after_ms"})
+
+
+def parse_complete(body: Any) -> list[CompletionRequest]:
+    f = Fields(body, "", {"completions"})
+    items = f.items("completions", 1, BATCH_MAX)
+    return [_completion(item, f"completions[{i}]") for i, item in enumerate(items)]
+
+
+def _completion(item: Any, path: str) -> CompletionRequest:
+    f, ref = _lease_ref(item, path, _COMPLETION_FIELDS)
+    outcome = f.raw("outcome")
+    known = [o.value for o in Outcome]
+    if not isinstance(outcome, str) or outcome not in known:
+        raise invalid(f.at("outcome"), f"must be one of {'|'.join(known)}, got {describe(outcome)}")
+    error = f.obj("error", {"class", "message", "stack"})
+    check_not_marker(f.raw("result"), f.at("result"))
+    return CompletionRequest(
+        path=path,
+        task_id=ref.task_id,
+        lease_id=ref.lease_id,
+        outcome=Outcome(outcome),
+        result=f.raw("result"),
+        error_class=error.opt_text("class", bytes_max=ERROR_CLASS_BYTES_MAX) if error else None,
+        error_message=error.opt_text("message", bytes_max=ERROR_MESSAGE_BYTES_MAX)
+        if error
+        else None,
+        error_stack=error.opt_text("stack", bytes_max=ERROR_STACK_BYTES_MAX) if error else None,
+        retry_after_ms=f.opt_int("retry_after_ms", 0, DURATION_MS_MAX),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRequest:
+    path: str
+    task_id: str
+    lease_id: int
+    value: Any
+
+
+def parse_checkpoint(body: Any) -> list[CheckpointRequest]:
+    f = Fields(body, "", {"checkpoints"})
+    out = []
+    for i, item in enumerate(f.items("checkpoints", 1, BATCH_MAX)):
+        c, ref = _lease_ref(item, f"checkpoints[{i}]", frozenset({"value"}))
+        check_not_marker(c.raw("value"), c.at("value"))
+        out.append(
+            CheckpointRequest(
+                path=c.path, task_id=ref.task_id, lease_id=ref.lease_id, value=c.raw("value")
+            )
+        )
+    return out

@@ -1,0 +1,78 @@
+"""The app the agent tests run in real guest processes (imported there as ``agent_app:app``).
+
+Handlers talk back to the test through files named in their payloads: the test and the guest
+share nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import conveyor
+
+app = conveyor.App("agent-tests")
+FAST = conveyor.Retry(attempts=5, base="50ms", cap="200ms")
+
+
+def mark(payload: dict[str, Any], text: str) -> None:
+    with open(payload["marker"], "a") as fh:
+        fh.write(text + "\n")
+
+
+@app.task
+def echo(ctx: conveyor.Context, payload: Any) -> Any:
+    print(f"echo of {payload!r} in attempt {ctx.attempt}")
+    return {"payload": payload, "pid": os.getpid(), "key": os.environ.get("CONVEYOR_API_KEY")}
+
+
+@app.task(retry=FAST)
+def die_once(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    if ctx.attempt == 1:
+        mark(payload, f"pid {os.getpid()}")
+        ctx.wait_cancelled(timeout=60)  # the test kills this process meanwhile
+        return "not killed"
+    return f"survived in attempt {ctx.attempt}"
+
+
+@app.task(retry=conveyor.Retry(attempts=50, base="50ms", cap="100ms"))
+def crash(ctx: conveyor.Context, payload: Any) -> None:
+    os.kill(os.getpid(), 9)
+
+
+@app.task
+def wait_cancel(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    mark(payload, "started")
+    if ctx.wait_cancelled(timeout=60):
+        mark(payload, "saw cancel")
+        return "stopped"
+    return "never canceled"
+
+
+@app.task(timeout="1s", cancel_grace="500ms", retry=conveyor.Retry(attempts=1))
+def stubborn(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
+    mark(payload, f"pid {os.getpid()}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # ignores ctx.cancelled on purpose
+        time.sleep(0.05)
+
+
+@app.task(retry=conveyor.Retry(attempts=1))
+def hog(ctx: conveyor.Context, payload: dict[str, Any]) -> int:
+    blocks = [bytearray(64 * 2**20) for _ in range(int(payload["mb"]) // 64)]
+    Path(payload["marker"]).write_text("allocated")
+    return len(blocks)
+
+
+@app.task
+def refuse(ctx: conveyor.Context, payload: Any) -> None:
+    raise conveyor.FatalError(f"refusing {payload!r}")
+
+
+@app.task(retry=conveyor.Retry(attempts=1))
+def spin(ctx: conveyor.Context, payload: Any) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # burns CPU until RLIMIT_CPU stops it
+        pass

@@ -1,0 +1,755 @@
+"""The gateway over real sockets: ``conveyor node`` as a subprocess, driven with urllib.
+
+One node serves the module (tenants alpha and beta, keys written to keys.json before it
+starts); the kill -9 test runs its own node on its own home. Tests isolate their work by app
+name, so one test's polls never take another's tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY_A = "test-key-alpha-0123456789"
+KEY_B = "test-key-beta-0123456789"
+START_TIMEOUT_S = 30.0
+BODY_BYTES_MAX = 8 * 2**20
+APPS = {
+    "shop": ["echo"],
+    "rt": ["echo"],
+    "stale": ["echo"],
+    "hb": ["echo"],
+    "cancels": ["echo"],
+    "blob": ["echo"],
+    "retries": ["boom"],
+    "retries2": ["boom2"],
+    "listing": ["a", "b"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def call(
+    base: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    key: str | None = KEY_A,
+    raw: bytes | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, Any]:
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+class NodeProcess:
+    """``conveyor node`` (or ``dev``) on a home dir and a free port, output to a file."""
+
+    def __init__(self, home: Path, command: tuple[str, ...] = ("node",)) -> None:
+        self.home = home
+        self.command = command
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, cwd: Path | None = None) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            *self.command,
+            "--home",
+            str(self.home),
+            "--port",
+            str(self.port),
+            "--partitions",
+            "4",
+        ]
+        out = open(self.home.parent / f"{self.home.name}.out", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        out.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node exited {self.proc.returncode}:\n{self.logs()}")
+            try:
+                if call(self.base, "GET", "/healthz", key=None, timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"node not healthy after {START_TIMEOUT_S}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        path = self.home.parent / f"{self.home.name}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"node did not stop on signal {sig}:\n{self.logs()}") from None
+
+
+def write_keys(home: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    keys = {KEY_A: {"tenant": "alpha"}, KEY_B: {"tenant": "beta"}}
+    (home / "keys.json").write_text(json.dumps({"keys": keys}))
+
+
+def register(base: str, key: str = KEY_A) -> None:
+    for app, types in APPS.items():
+        body = {"agent_id": "setup", "app": app, "version": "1", "task_types": types}
+        assert call(base, "POST", "/worker/register", body, key=key) == (200, {})
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    home = tmp_path_factory.mktemp("gateway") / "home"
+    write_keys(home)
+    proc = NodeProcess(home)
+    proc.start()
+    register(proc.base)
+    register(proc.base, KEY_B)
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.logs()
+
+
+def count_tasks(base: str, key: str = KEY_A) -> int:
+    total, cursor = 0, None
+    while True:
+        path = "/v1/tasks?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+        status, page = call(base, "GET", path, key=key)
+        assert status == 200, page
+        total += len(page["tasks"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return total
+
+
+def enqueue(base: str, app: str = "shop", **fields: Any) -> str:
+    body = {"task_type": "echo", "app": app, "payload": {"n": 1}, **fields}
+    status, reply = call(base, "POST", "/v1/tasks", body)
+    assert status == 201, reply
+    return str(reply["task_id"])
+
+
+def poll(base: str, app: str, *, capacity: int = 1, **fields: Any) -> list[dict[str, Any]]:
+    body = {"agent_id": f"agent-{app}", "app": app, "capacity": capacity, "wait_ms": 5000}
+    status, reply = call(base, "POST", "/worker/poll", {**body, **fields})
+    assert status == 200, reply
+    return list(reply["leases"])
+
+
+def complete(base: str, lease: dict[str, Any], lease_id: int | None = None, **fields: Any) -> Any:
+    item = {
+        "task_id": lease["task_id"],
+        "lease_id": lease_id or lease["lease_id"],
+        "outcome": "SUCCEEDED",
+        **fields,
+    }
+    status, reply = call(base, "POST", "/worker/complete", {"completions": [item]})
+    assert status == 200, reply
+    return reply["results"][0]
+
+
+def get(base: str, task_id: str, key: str = KEY_A) -> dict[str, Any]:
+    status, task = call(base, "GET", f"/v1/tasks/{task_id}", key=key)
+    assert status == 200, task
+    return dict(task)
+
+
+def wait_status(base: str, task_id: str, status: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        task = get(base, task_id)
+        if task["status"] == status or time.monotonic() > deadline:
+            assert task["status"] == status, task
+            return task
+        time.sleep(0.02)
+
+
+# --- client API -------------------------------------------------------------------------
+
+
+def test_enqueue_then_get(node: NodeProcess) -> None:
+    payload = {"user": "ada", "sizes": [1, 2.5], "ok": True, "note": "é✓"}
+    status, reply = call(
+        node.base,
+        "POST",
+        "/v1/tasks",
+        {"task_type": "echo", "app": "shop", "payload": payload, "queue": "q1", "priority": 7},
+    )
+    assert status == 201 and reply["created"] is True and reply["status"] == "ENQUEUED"
+    task = get(node.base, reply["task_id"])
+    assert task["payload"] == payload
+    assert (task["queue"], task["priority"], task["app"]) == ("q1", 7, "shop")
+    assert task["attempts"] == [] and task["error"] is None
+
+
+def test_batch_enqueues_in_order(node: NodeProcess) -> None:
+    tasks = [{"task_type": "echo", "app": "shop", "payload": {"i": i}} for i in range(5)]
+    status, reply = call(node.base, "POST", "/v1/tasks:batch", {"tasks": tasks})
+    assert status == 201
+    assert [r["created"] for r in reply["results"]] == [True] * 5
+    for i, result in enumerate(reply["results"]):
+        assert get(node.base, result["task_id"])["payload"] == {"i": i}
+
+
+def _task(**fields: Any) -> bytes:
+    return json.dumps({"task_type": "echo", "app": "shop", **fields}).encode()
+
+
+def _raw(payload_json: str) -> bytes:
+    return b'{"task_type": "echo", "app": "shop", "payload": ' + payload_json.encode() + b"}"
+
+
+def _batch(tasks: list[Any]) -> bytes:
+    return json.dumps({"tasks": tasks}).encode()
+
+
+_OK = {"task_type": "echo", "app": "shop"}
+_DEEP = "[" * 70 + "]" * 70
+# (id, path, body, status, code, field: exact, or a prefix ending in "*", or None)
+BAD_INPUT = [
+    ("malformed_json", "/v1/tasks", b'{"task_type": "echo",', 400, "invalid_request", None),
+    ("empty_body", "/v1/tasks", b"", 400, "invalid_request", None),
+    ("not_an_object", "/v1/tasks", b"[1, 2]", 400, "invalid_request", None),
+    (
+        "duplicate_key",
+        "/v1/tasks",
+        b'{"app": "shop", "app": "x", "task_type": "echo"}',
+        400,
+        "invalid_request",
+        None,
+    ),
+    ("unknown_field", "/v1/tasks", _task(colour="red"), 400, "invalid_request", "colour"),
+    ("missing_app", "/v1/tasks", b'{"task_type": "echo"}', 400, "invalid_request", "app"),
+    ("priority_type", "/v1/tasks", _task(priority="high"), 400, "invalid_request", "priority"),
+    ("priority_range", "/v1/tasks", _task(priority=10), 400, "invalid_request", "priority"),
+    ("priority_bool", "/v1/tasks", _task(priority=True), 400, "invalid_request", "priority"),
+    (
+        "unknown_task_type",
+        "/v1/tasks",
+        _task(task_type="nope"),
+        400,
+        "unknown_task_type",
+        "task_type",
+    ),
+    ("unknown_app", "/v1/tasks", _task(app="nope"), 400, "unknown_task_type", "task_type"),
+    ("negative_delay", "/v1/tasks", _task(delay_ms=-1), 400, "invalid_request", "delay_ms"),
+    (
+        "delay_and_run_at",
+        "/v1/tasks",
+        _task(delay_ms=5, run_at="2030-01-01T00:00:00Z"),
+        400,
+        "invalid_request",
+        "run_at",
+    ),
+    ("bad_run_at", "/v1/tasks", _task(run_at="tomorrow"), 400, "invalid_request", "run_at"),
+    (
+        "run_at_no_zone",
+        "/v1/tasks",
+        _task(run_at="2030-01-01T00:00:00"),
+        400,
+        "invalid_request",
+        "run_at",
+    ),
+    (
+        "attempts_zero",
+        "/v1/tasks",
+        _task(retry={"attempts_max": 0}),
+        400,
+        "invalid_request",
+        "retry.attempts_max",
+    ),
+    (
+        "negative_base",
+        "/v1/tasks",
+        _task(retry={"backoff_base_ms": -1}),
+        400,
+        "invalid_request",
+        "retry.backoff_base_ms",
+    ),
+    (
+        "factor_below_one",
+        "/v1/tasks",
+        _task(retry={"backoff_factor": 0.5}),
+        400,
+        "invalid_request",
+        "retry.backoff_factor",
+    ),
+    (
+        "cap_below_base",
+        "/v1/tasks",
+        _task(retry={"backoff_base_ms": 5000, "backoff_cap_ms": 10}),
+        400,
+        "invalid_request",
+        "retry.backoff_cap_ms",
+    ),
+    (
+        "retry_unknown_field",
+        "/v1/tasks",
+        _task(retry={"attempts": 3}),
+        400,
+        "invalid_request",
+        "retry.attempts",
+    ),
+    (
+        "key_over_256_bytes",
+        "/v1/tasks",
+        _task(idempotency_key="é" * 129),
+        400,
+        "invalid_request",
+        "idempotency_key",
+    ),
+    (
+        "huge_int",
+        "/v1/tasks",
+        _raw('{"n": 18446744073709551616}'),
+        400,
+        "invalid_request",
+        "payload.n",
+    ),
+    (
+        "huge_int_priority",
+        "/v1/tasks",
+        b'{"task_type": "echo", "app": "shop", "priority": 99999999999999999999999}',
+        400,
+        "invalid_request",
+        "priority",
+    ),
+    ("nan", "/v1/tasks", _raw("NaN"), 400, "invalid_request", "payload"),
+    ("infinity", "/v1/tasks", _raw('{"x": -Infinity}'), 400, "invalid_request", "payload.x"),
+    ("float_overflow", "/v1/tasks", _raw("1e400"), 400, "invalid_request", "payload"),
+    ("invalid_utf8", "/v1/tasks", _raw('"') + b"\xff\xfe" + b'"}', 400, "invalid_request", None),
+    ("lone_surrogate", "/v1/tasks", _raw('"\\ud800"'), 400, "invalid_request", "payload"),
+    ("too_deep", "/v1/tasks", _raw(_DEEP), 400, "invalid_request", "payload*"),
+    (
+        "blob_marker",
+        "/v1/tasks",
+        _task(payload={"$blob": "sha256:" + "0" * 64}),
+        400,
+        "invalid_request",
+        "payload",
+    ),
+    (
+        "body_over_cap",
+        "/v1/tasks",
+        _raw('"' + "x" * BODY_BYTES_MAX + '"'),
+        413,
+        "payload_too_large",
+        None,
+    ),
+    ("batch_empty", "/v1/tasks:batch", _batch([]), 400, "invalid_request", "tasks"),
+    ("batch_over_1000", "/v1/tasks:batch", _batch([_OK] * 1001), 400, "invalid_request", "tasks"),
+    (
+        "batch_bad_item",
+        "/v1/tasks:batch",
+        _batch([_OK, _OK, _OK, {**_OK, "priority": "high"}]),
+        400,
+        "invalid_request",
+        "tasks[3].priority",
+    ),
+    (
+        "batch_unknown_type",
+        "/v1/tasks:batch",
+        _batch([_OK, {**_OK, "task_type": "nope"}]),
+        400,
+        "unknown_task_type",
+        "tasks[1].task_type",
+    ),
+    (
+        "batch_key_conflict",
+        "/v1/tasks:batch",
+        _batch(
+            [
+                {**_OK, "idempotency_key": "k", "payload": 1},
+                {**_OK, "idempotency_key": "k", "payload": 2},
+            ]
+        ),
+        409,
+        "conflict",
+        "tasks[1].idempotency_key",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code", "field"),
+    [c[1:] for c in BAD_INPUT],
+    ids=[c[0] for c in BAD_INPUT],
+)
+def test_bad_input_is_rejected_and_changes_nothing(
+    node: NodeProcess, path: str, body: bytes, status: int, code: str, field: str | None
+) -> None:
+    before = count_tasks(node.base)
+    got_status, reply = call(node.base, "POST", path, raw=body)
+    assert (got_status, reply["error"]["code"]) == (status, code), reply
+    error = reply["error"]
+    if field is None:
+        assert "field" not in error, error
+    elif field.endswith("*"):
+        assert error["field"].startswith(field[:-1]), error
+        assert error["message"].startswith(field[:-1]), error
+    else:
+        assert error["field"] == field, error
+        assert error["message"].startswith(f"{field}: "), error
+    assert count_tasks(node.base) == before
+
+
+def test_unknown_or_missing_key_is_401(node: NodeProcess) -> None:
+    for key in (None, "not-a-key"):
+        for method, path in (("GET", "/v1/tasks"), ("POST", "/worker/poll")):
+            status, reply = call(node.base, method, path, {}, key=key)
+            assert (status, reply["error"]["code"]) == (401, "unauthorized"), (key, path)
+    assert call(node.base, "GET", "/healthz", key=None)[0] == 200
+
+
+def test_other_tenants_tasks_are_not_found(node: NodeProcess) -> None:
+    task_id = enqueue(node.base, "shop")
+    for method, path in (("GET", f"/v1/tasks/{task_id}"), ("POST", f"/v1/tasks/{task_id}/cancel")):
+        status, reply = call(node.base, method, path, key=KEY_B)
+        assert (status, reply["error"]["code"]) == (404, "not_found")
+        # Exactly what a missing id answers: the id leaks nothing.
+        missing = call(node.base, method, path.replace(task_id, "0" * 32), key=KEY_B)
+        assert missing[0] == 404
+    assert get(node.base, task_id)["status"] == "ENQUEUED"
+    assert all(
+        t["task_id"] != task_id for t in call(node.base, "GET", "/v1/tasks", key=KEY_B)[1]["tasks"]
+    )
+
+
+def test_retried_enqueue_returns_the_same_task(node: NodeProcess) -> None:
+    body = {"task_type": "echo", "app": "shop", "payload": {"a": 1}, "idempotency_key": "once"}
+    first = call(node.base, "POST", "/v1/tasks", body)
+    again = call(node.base, "POST", "/v1/tasks", body)
+    assert first[0] == 201 and first[1]["created"] is True
+    assert again[0] == 200 and again[1]["created"] is False
+    assert again[1]["task_id"] == first[1]["task_id"]
+    # The same key in another tenant is another task.
+    other = call(node.base, "POST", "/v1/tasks", body, key=KEY_B)
+    assert other[0] == 201 and other[1]["task_id"] != first[1]["task_id"]
+
+
+def test_same_key_different_payload_is_a_conflict(node: NodeProcess) -> None:
+    body = {"task_type": "echo", "app": "shop", "payload": {"a": 1}, "idempotency_key": "twin"}
+    task_id = call(node.base, "POST", "/v1/tasks", body)[1]["task_id"]
+    before = count_tasks(node.base)
+    status, reply = call(node.base, "POST", "/v1/tasks", {**body, "payload": {"a": 2}})
+    assert (status, reply["error"]["code"]) == (409, "conflict")
+    assert reply["error"]["field"] == "idempotency_key" and task_id in reply["error"]["message"]
+    assert count_tasks(node.base) == before
+    assert get(node.base, task_id)["payload"] == {"a": 1}
+
+
+def test_cancel_enqueued_task(node: NodeProcess) -> None:
+    task_id = enqueue(node.base, "cancels")
+    status, reply = call(node.base, "POST", f"/v1/tasks/{task_id}/cancel")
+    assert (status, reply) == (200, {"task_id": task_id, "status": "CANCELED"})
+    task = get(node.base, task_id)
+    assert task["status"] == "CANCELED" and task["finished_ms"] is not None
+    assert poll(node.base, "cancels", wait_ms=200) == []
+
+
+def test_list_filters_and_pages(node: NodeProcess) -> None:
+    ids = {enqueue(node.base, "listing", task_type=t) for t in ("a", "a", "b")}
+    seen, cursor = [], None
+    while True:
+        query = "task_type=a&status=enqueued&limit=1" + (f"&cursor={cursor}" if cursor else "")
+        status, page = call(node.base, "GET", f"/v1/tasks?{query}")
+        assert status == 200, page
+        seen += [t["task_id"] for t in page["tasks"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(i for i in ids if get(node.base, i)["task_type"] == "a")
+    assert len(seen) == len(set(seen)) == 2
+    status, reply = call(node.base, "GET", "/v1/tasks?cursor=bogus")
+    assert (status, reply["error"]["field"]) == (400, "cursor")
+    status, reply = call(node.base, "GET", "/v1/tasks?status=DONE")
+    assert (status, reply["error"]["field"]) == (400, "status")
+
+
+def test_openapi_describes_every_route(node: NodeProcess) -> None:
+    status, doc = call(node.base, "GET", "/openapi.json", key=None)
+    assert status == 200 and doc["openapi"].startswith("3.1")
+    expected = {
+        "/v1/tasks",
+        "/v1/tasks:batch",
+        "/v1/tasks/{task_id}",
+        "/v1/tasks:retry",
+        "/v1/tasks/{task_id}/cancel",
+        "/worker/register",
+        "/worker/poll",
+        "/worker/heartbeat",
+        "/worker/complete",
+        "/worker/checkpoint",
+        "/healthz",
+        "/openapi.json",
+    }
+    assert expected <= set(doc["paths"])
+
+
+# --- worker API ---------------------------------------------------------------------------
+
+
+def test_worker_round_trip(node: NodeProcess) -> None:
+    task_id = enqueue(node.base, "rt", payload={"x": 41})
+    waited: dict[str, Any] = {}
+
+    def long_poll() -> None:  # what handle.result() does: GET ?wait_ms=
+        waited["reply"] = call(node.base, "GET", f"/v1/tasks/{task_id}?wait_ms=20000")
+
+    waiter = threading.Thread(target=long_poll)
+    waiter.start()
+    (lease,) = poll(node.base, "rt")
+    assert (lease["task_id"], lease["attempt"], lease["payload"]) == (task_id, 1, {"x": 41})
+    assert get(node.base, task_id)["status"] == "LEASED"
+    hb = call(
+        node.base,
+        "POST",
+        "/worker/heartbeat",
+        {"leases": [{"task_id": task_id, "lease_id": lease["lease_id"]}]},
+    )
+    assert hb == (200, {"actions": [{"task_id": task_id, "action": "CONTINUE"}]})
+    checkpoint = {"task_id": task_id, "lease_id": lease["lease_id"], "value": {"step": 1}}
+    status, saved = call(node.base, "POST", "/worker/checkpoint", {"checkpoints": [checkpoint]})
+    assert status == 200 and saved["results"][0]["ok"] is True
+    assert complete(node.base, lease, result={"y": 42})["ok"] is True
+    waiter.join(timeout=30)
+    status, task = waited["reply"]
+    assert status == 200 and task["status"] == "SUCCEEDED"
+    assert task["result"] == {"y": 42} and task["checkpoint"] == {"step": 1}
+    assert [a["outcome"] for a in task["attempts"]] == ["SUCCEEDED"]
+
+
+def test_stale_lease_is_rejected_and_changes_nothing(node: NodeProcess) -> None:
+    task_id = enqueue(node.base, "stale", retry={"backoff_base_ms": 0, "backoff_cap_ms": 0})
+    (first,) = poll(node.base, "stale", lease_ms=300)
+    # No heartbeat: the lease lapses (a failed attempt) and the task goes back to the queue.
+    wait_status(node.base, task_id, "ENQUEUED")
+    (second,) = poll(node.base, "stale")
+    assert second["lease_id"] > first["lease_id"]
+    assert second["attempt"] == first["attempt"] + 1
+    before = get(node.base, task_id)
+    stale = complete(node.base, first, result="zombie")
+    assert stale["ok"] is False and "stale lease" in stale["reason"]
+    after = get(node.base, task_id)
+    assert after == before and after["status"] == "LEASED"
+    hb = call(
+        node.base,
+        "POST",
+        "/worker/heartbeat",
+        {"leases": [{"task_id": task_id, "lease_id": first["lease_id"]}]},
+    )
+    assert hb[1]["actions"][0]["action"] == "LOST"
+    assert complete(node.base, second, result="live")["ok"] is True
+    # A duplicate completion of a finished task changes nothing either.
+    assert complete(node.base, second, result="again")["ok"] is False
+    assert get(node.base, task_id)["result"] == "live"
+
+
+def test_cancel_of_a_leased_task_reaches_the_worker(node: NodeProcess) -> None:
+    task_id = enqueue(node.base, "hb")
+    (lease,) = poll(node.base, "hb")
+    assert call(node.base, "POST", f"/v1/tasks/{task_id}/cancel")[1]["status"] == "LEASED"
+    ref = {"task_id": task_id, "lease_id": lease["lease_id"]}
+    other = {"task_id": "0" * 32, "lease_id": 1}
+    status, hb = call(node.base, "POST", "/worker/heartbeat", {"leases": [ref, other]})
+    assert [a["action"] for a in hb["actions"]] == ["CANCEL", "LOST"]
+    # Another tenant's agent learns nothing and can do nothing.
+    status, hb = call(node.base, "POST", "/worker/heartbeat", {"leases": [ref]}, key=KEY_B)
+    assert status == 200 and hb["actions"][0]["action"] == "LOST"
+    status, done = call(
+        node.base,
+        "POST",
+        "/worker/complete",
+        {"completions": [{**ref, "outcome": "CANCELED"}]},
+        key=KEY_B,
+    )
+    assert status == 200 and done["results"][0] == {
+        "task_id": task_id,
+        "ok": False,
+        "reason": "unknown task",
+    }
+    assert complete(node.base, lease, outcome="CANCELED")["ok"] is True
+    assert get(node.base, task_id)["status"] == "CANCELED"
+
+
+def test_large_payload_goes_through_the_blob_store(node: NodeProcess) -> None:
+    payload = {"data": "z" * 400_000, "n": 7}
+    task_id = enqueue(node.base, "blob", payload=payload, idempotency_key="big")
+    again = call(
+        node.base,
+        "POST",
+        "/v1/tasks",
+        {"task_type": "echo", "app": "blob", "payload": payload, "idempotency_key": "big"},
+    )
+    assert again[1] == {"task_id": task_id, "created": False, "status": "ENQUEUED"}
+    assert get(node.base, task_id)["payload"] == payload
+    (lease,) = poll(node.base, "blob")
+    assert lease["payload"] == payload
+    assert complete(node.base, lease, result={"big": "r" * 300_000})["ok"] is True
+    assert get(node.base, task_id)["result"] == {"big": "r" * 300_000}
+    assert any((node.home / "blobs").rglob("*"))
+
+
+def _fail(base: str, app: str, task_type: str) -> str:
+    task_id = enqueue(base, app, task_type=task_type, retry={"attempts_max": 1})
+    (lease,) = poll(base, app)
+    error = {"class": "KeyError", "message": "missing", "stack": "Traceback..."}
+    assert complete(base, lease, outcome="FAILED", error=error)["ok"] is True
+    task = wait_status(base, task_id, "FAILED")
+    assert task["error"]["class"] == "KeyError"
+    return task_id
+
+
+def test_retry_failed_tasks(node: NodeProcess) -> None:
+    by_id = _fail(node.base, "retries", "boom")
+    status, reply = call(node.base, "POST", "/v1/tasks:retry", {"task_ids": [by_id]})
+    assert status == 200 and [r["task_id"] for r in reply["retried"]] == [by_id]
+    assert get(node.base, reply["retried"][0]["new_task_id"])["status"] == "ENQUEUED"
+    assert get(node.base, by_id)["status"] == "FAILED"  # terminal states are final
+    # Retrying again finds nothing: the dead letter was consumed.
+    assert call(node.base, "POST", "/v1/tasks:retry", {"task_ids": [by_id]})[1]["retried"] == []
+    by_filter = _fail(node.base, "retries2", "boom2")
+    status, reply = call(node.base, "POST", "/v1/tasks:retry", {"filter": {"task_type": "boom2"}})
+    assert [r["task_id"] for r in reply["retried"]] == [by_filter]
+    status, reply = call(node.base, "POST", "/v1/tasks:retry", {"task_ids": [by_id], "filter": {}})
+    assert status == 400 and reply["error"]["field"] == "task_ids"
+
+
+# --- the command line and durability ----------------------------------------------------
+
+
+def cli(*args: str, key: str = KEY_A) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CONVEYOR_API_KEY": key}
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_client_commands(node: NodeProcess) -> None:
+    made = cli(
+        "enqueue",
+        "echo",
+        "--app",
+        "shop",
+        "--payload",
+        '{"from": "cli"}',
+        "--delay",
+        "1h",
+        "--json",
+        "--url",
+        node.base,
+    )
+    assert made.returncode == 0, made.stderr
+    task_id = json.loads(made.stdout)["task_id"]
+    shown = cli("get", task_id, "--json", "--url", node.base)
+    task = json.loads(shown.stdout)
+    assert task["payload"] == {"from": "cli"} and task["run_at_ms"] > task["created_ms"]
+    canceled = cli("cancel", task_id, "--url", node.base)
+    assert canceled.returncode == 0 and "CANCELED" in canceled.stdout
+    bad = cli("enqueue", "nope", "--app", "shop", "--url", node.base)
+    assert bad.returncode == 1 and "unknown_task_type" in bad.stderr
+
+
+def test_kill_9_keeps_every_acknowledged_task(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    write_keys(home)
+    first = NodeProcess(home)
+    first.start()
+    register(first.base)
+    acknowledged = [enqueue(first.base, payload={"i": i}) for i in range(20)]
+    batch = [{"task_type": "echo", "app": "shop", "payload": {"b": i}} for i in range(50)]
+    status, reply = call(first.base, "POST", "/v1/tasks:batch", {"tasks": batch})
+    assert status == 201
+    acknowledged += [r["task_id"] for r in reply["results"]]
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    second = NodeProcess(home)
+    second.start()
+    try:
+        for task_id in acknowledged:
+            assert get(second.base, task_id)["status"] == "ENQUEUED"
+        assert count_tasks(second.base) == len(acknowledged)
+        # The registry survived too: enqueueing still works without a new registration.
+        enqueue(second.base)
+    finally:
+        assert second.stop() == 0, second.logs()
+    verified = cli("log", "verify", str(home))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+DEV_APP = """
+from conveyor.app import App
+
+app = App("devshop")
+
+
+@app.task
+def double(payload):
+    return {"twice": payload["n"] * 2}
+"""
+
+
+def test_dev_runs_node_gateway_and_agent(tmp_path: Path) -> None:
+    (tmp_path / "devshop.py").write_text(DEV_APP)
+    dev = NodeProcess(tmp_path / "home", ("dev", "--app", "devshop:app"))
+    dev.start(cwd=tmp_path)  # the app module is found in the working directory
+    try:
+        (dev_key,) = json.loads((tmp_path / "home" / "keys.json").read_text())["keys"]
+        body = {"task_type": "double", "app": "devshop", "payload": {"n": 21}}
+        deadline = time.monotonic() + 30
+        while True:  # the agent registers its task types shortly after the node is up
+            status, reply = call(dev.base, "POST", "/v1/tasks", body, key=dev_key)
+            if status != 400 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert status == 201, reply
+        status, task = call(
+            dev.base, "GET", f"/v1/tasks/{reply['task_id']}?wait_ms=20000", key=dev_key
+        )
+        assert (task["status"], task["result"]) == ("SUCCEEDED", {"twice": 42}), task
+    finally:
+        assert dev.stop(signal.SIGINT) == 0, dev.logs()
