@@ -56,8 +56,8 @@ def reindex(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Enqueue one of each (needs CONVEYOR_URL and CONVEYOR_API_KEY, as ``conveyor dev``
-    prints them)."""
+    """Enqueue one of each. Talks to $CONVEYOR_URL (default http://127.0.0.1:7400) with
+    $CONVEYOR_API_KEY, or with the key ``conveyor dev`` left in ./.conveyor."""
     with conveyor.Client() as client:
         handles = {
             "charge_card": client.enqueue(charge_card, {"order": 1, "amount": 1999}),

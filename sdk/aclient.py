@@ -18,6 +18,7 @@ from conveyor.client import (
     WAIT_SLICE_MS,
     backoff_s,
     items_of,
+    local_dev_key,
     outcome,
     parse,
     retry_after_ms,
@@ -70,7 +71,7 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
-        key = api_key or os.environ.get("CONVEYOR_API_KEY")
+        key = api_key or os.environ.get("CONVEYOR_API_KEY") or local_dev_key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.app = app
         self.retries = retries

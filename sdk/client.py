@@ -8,11 +8,13 @@ A request that is not idempotent (``retry_failed``) is resent only when it never
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -126,7 +128,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
-        key = api_key or os.environ.get("CONVEYOR_API_KEY")
+        key = api_key or os.environ.get("CONVEYOR_API_KEY") or local_dev_key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.app = app
         self.retries = retries
@@ -323,6 +325,17 @@ def set_default_client(client: EnqueueClient | None) -> EnqueueClient | None:
     global _default
     previous, _default = _default, client
     return previous
+
+
+def local_dev_key() -> str | None:
+    """The key ``conveyor dev`` created in $CONVEYOR_HOME (default ./.conveyor), if any: lets
+    a script on the developer's machine talk to the local dev node without configuration."""
+    path = Path(os.environ.get("CONVEYOR_HOME", ".conveyor")) / "keys.json"
+    try:
+        keys = json.loads(path.read_text())["keys"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return next(iter(keys), None) if isinstance(keys, dict) else None
 
 
 def default_client() -> EnqueueClient:

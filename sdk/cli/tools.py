@@ -1,4 +1,4 @@
-"""Operator tools: ``log inspect``, ``log verify``, ``bench log|engine``, ``docs lifecycle``."""
+"""Operator tools: ``log inspect|verify``, ``bench log|engine|fairness``, ``docs lifecycle``."""
 
 from __future__ import annotations
 
@@ -163,16 +163,30 @@ def bench_engine(
     backlog: Annotated[int, typer.Option("--backlog", min=0, help="Enqueue-only run")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Enqueue -> lease -> complete through the engine, without HTTP."""
-    try:
-        from conveyor.streams.bench import bench_engine as run
-    except ImportError as exc:
-        raise fail(f"the engine benchmark is not available: {exc}") from None
-    # Passed by name only when given: the benchmark's options are still settling.
-    options: dict[str, Any] = {"tasks": tasks, "partitions": partitions}
+    """Enqueue -> lease -> complete through the engine, without HTTP.
+
+    With ``--backlog N``: enqueue N tasks and dispatch none, to measure memory under backlog."""
+    from conveyor.streams.bench import bench_engine as run
+
     if backlog:
-        options["backlog"] = backlog
-    _print_result(asyncio.run(run(**options)), as_json)
+        result = asyncio.run(run(tasks=backlog, partitions=partitions, backlog=True))
+    else:
+        result = asyncio.run(run(tasks=tasks, partitions=partitions))
+    _print_result(result, as_json)
+
+
+def bench_fairness(
+    backlog: Annotated[int, typer.Option("--backlog", min=0)] = 200_000,
+    b_tasks: Annotated[int, typer.Option("--b-tasks", min=1)] = 300,
+    slots: Annotated[int, typer.Option("--slots", min=1)] = 16,
+    partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tenant B's schedule-to-start under tenant A's backlog, against an idle engine."""
+    from conveyor.streams.bench import bench_fairness as run
+
+    result = asyncio.run(run(backlog=backlog, b_tasks=b_tasks, slots=slots, partitions=partitions))
+    _print_result(result, as_json)
 
 
 def _print_result(result: dict[str, Any], as_json: bool) -> None:

@@ -24,7 +24,7 @@ async def bench_fairness(
     backlog: int = 200_000,
     b_tasks: int = 300,
     b_every_ms: float = 5.0,
-    slots: int = 64,
+    slots: int = 16,
     task_ms: float = 10.0,
     partitions: int = 8,
 ) -> dict[str, Any]:
