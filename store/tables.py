@@ -51,6 +51,7 @@ class Tables:
         self._tasks: dict[str, Task] = {}  # decoded this batch
         self._dirty: set[str] = set()  # put this batch: encoded at take_changes
         self._new: set[str] = set()  # created this batch: their head row is written too
+        self.earliest_timer_ms: int | None = None  # earliest timer armed since last taken
 
     # -- raw access with the overlay ----------------------------------------------------------
 
@@ -239,6 +240,8 @@ class Tables:
 
     def add_timer(self, ref: TimerRef) -> None:
         self._put(keys.timer(ref), b"")
+        if self.earliest_timer_ms is None or ref.fire_at_ms < self.earliest_timer_ms:
+            self.earliest_timer_ms = ref.fire_at_ms
 
     def remove_timer(self, ref: TimerRef) -> None:
         self._put(keys.timer(ref), None)
@@ -246,17 +249,18 @@ class Tables:
     def timer_exists(self, ref: TimerRef) -> bool:
         return self._get(keys.timer(ref)) is not None
 
-    def due_timers(self, now_ms: int, limit: int) -> list[TimerRef]:
+    def due_timers(self, now_ms: int, limit: int, from_ms: int = 0) -> list[TimerRef]:
+        """Timers due at ``now_ms``; ``from_ms`` skips the fired ones' tombstones below it."""
         bound = keys.timers_until(now_ms)
         out: list[TimerRef] = []
-        for key, _ in self.scan(keys.TIMERS):
+        for key, _ in self.scan(keys.TIMERS, keys.timers_until(from_ms - 1)):
             if key >= bound or len(out) >= limit:
                 break
             out.append(keys.parse_timer(key))
         return out
 
-    def next_timer_ms(self) -> int | None:
-        first = next(self.scan(keys.TIMERS), None)
+    def next_timer_ms(self, from_ms: int = 0) -> int | None:
+        first = next(self.scan(keys.TIMERS, keys.timers_until(from_ms - 1)), None)
         return None if first is None else keys.read_u64(first[0], 1)
 
     # -- leased index, dead letters, meta -----------------------------------------------------

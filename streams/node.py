@@ -34,7 +34,7 @@ from conveyor.schemas.types import (
 from conveyor.store.api import KV
 from conveyor.store.memory import MemoryKV
 from conveyor.store.rocksdb import RocksKV
-from conveyor.store.tables import Tables
+from conveyor.store.tables import Tables, TaskCache
 from conveyor.streams.clock import Clock, SystemClock
 from conveyor.streams.log.api import Log
 from conveyor.streams.log.local import LocalLog
@@ -45,6 +45,7 @@ from conveyor.streams.processor.loop import PartitionProcessor, Settings
 from conveyor.streams.routing import partition_for_key, partition_of
 
 DEFAULT_PARTITIONS = 8
+TASK_CACHE_MAX = 131_072
 
 
 class Node:
@@ -63,6 +64,8 @@ class Node:
         self.stores = list(stores)
         self.clock = clock or SystemClock()
         self.pool = WaitingPool(self.clock)
+        # One bound for the whole node: a decoded task costs ~1.3 KB of Python heap.
+        self.cache = TaskCache(TASK_CACHE_MAX)
         self.partitions = log_.partitions
         self.processors = [
             PartitionProcessor(
@@ -74,6 +77,7 @@ class Node:
                 events_log=events,
                 settings=settings,
                 pool=self.pool,
+                cache=self.cache,
             )
             for p in range(self.partitions)
         ]

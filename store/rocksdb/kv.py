@@ -13,6 +13,8 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+WRITE_BUFFER_BYTES = 16 << 20
+
 
 class RocksKV:
     def __init__(self, path: str | Path) -> None:
@@ -20,6 +22,9 @@ class RocksKV:
         options.create_if_missing(True)
         options.set_max_background_jobs(2)
         options.increase_parallelism(2)
+        # One database per partition: modest memtables keep a node's memory bounded.
+        options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        options.set_max_write_buffer_number(3)
         self._db = Rdict(str(path), options=options)
         self._write_opts = WriteOptions()
         # The stubs declare a method; at run time it is a property.

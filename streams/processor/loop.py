@@ -76,6 +76,7 @@ class PartitionProcessor:
         events_log: Log | None = None,
         settings: Settings | None = None,
         pool: WaitingPool | None = None,
+        cache: TaskCache | None = None,
     ) -> None:
         self.partition = partition
         self.log = log_
@@ -83,7 +84,7 @@ class PartitionProcessor:
         self.clock = clock
         self.leader_id = leader_id
         self.settings = settings or Settings()
-        self.cache = TaskCache()
+        self.cache = cache if cache is not None else TaskCache()
         self.tables = Tables(kv, self.cache)
         applied = self.reader().meta_int(keys.META_APPLIED)
         self.applied = -1 if applied is None else applied
@@ -300,7 +301,10 @@ class PartitionProcessor:
             self.outbox.poke()
             if self.leader and any(e.kind in READY_EVENTS for e in events):
                 self.dispatch.poke()
-            self.timers.poke()
+            armed = self.tables.earliest_timer_ms
+            if armed is not None:
+                self.tables.earliest_timer_ms = None
+                self.timers.armed(armed)
 
     def _wake_applied(self) -> None:
         if not self._applied_waiters:

@@ -29,6 +29,8 @@ class OutboxShipper:
         self._events = events_log
         self._poke = Poke(processor.clock)
         self.shipped = 0
+        # Shipped rows are deleted; scanning from the last one skips their tombstones.
+        self._after: bytes | None = None
 
     def poke(self) -> None:
         self._poke.poke()
@@ -42,7 +44,9 @@ class OutboxShipper:
 
     async def ship_once(self) -> bool:
         rows = []
-        for key, value in self._p.kv.scan(keys.OUTBOX):
+        for key, value in self._p.kv.scan(keys.OUTBOX, self._after):
+            if key == self._after:
+                continue
             rows.append((key, value))
             if len(rows) >= SHIP_MAX:
                 break
@@ -51,5 +55,6 @@ class OutboxShipper:
         if self._events is not None:
             await self._events.append(self._p.partition, [value for _, value in rows])
         self._p.kv.write({key: None for key, _ in rows})
+        self._after = rows[-1][0]
         self.shipped += len(rows)
         return True
