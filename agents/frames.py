@@ -5,11 +5,14 @@ SCM_RIGHTS ancillary data on its first bytes, so the guest never needs a path it
 ``BlockingFrames`` is the guest's side (threads, blocking socket); ``AsyncFrames`` the agent's.
 
     agent -> guest   {"op": "run", "task_id", "task_type", "attempt", "payload", "checkpoint",
-                      "cpu_s"}  + the log fd
+                      "steps", "started_ms", "run_key", "cpu_s"}  + the log fd
                      {"op": "cancel", "task_id"}        {"op": "exit"}
+                     {"op": "step_ack", "task_id", "seq", "ok", "lost", "transient", "reason"}
     guest -> agent   {"op": "hello", "ok", "pid", "error"}
                      {"op": "heartbeat", "task_id", "progress"}
                      {"op": "checkpoint", "task_id", "value"}
+                     {"op": "step", "task_id", "seq", "step_op", "identity", "position",
+                      "value"}   (the guest blocks until its step_ack)
                      {"op": "done", "task_id", "outcome", "result", "error_class", ...}
 """
 

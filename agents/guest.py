@@ -33,16 +33,41 @@ from conveyor.agents.frames import BlockingFrames, FrameError
 from conveyor.agents.runner import load_app, run_sync, unknown_type
 from conveyor.app import App
 from conveyor.context import Context
+from conveyor.steps import StepAck
 
 Run = tuple[dict[str, Any], int | None]
 
 
+LOST_AGENT = StepAck(ok=False, lost=True, reason="the agent went away")
+
+
 class GuestChannel:
-    """``Context``'s channel inside a guest: frames to the agent, never blocking for long."""
+    """``Context``'s channel inside a guest: frames to the agent. Heartbeats and checkpoints
+    never block for long; a step blocks until the agent answers that it is durable."""
 
     def __init__(self, frames: BlockingFrames, task_id: str) -> None:
         self._frames = frames
         self._task_id = task_id
+        self._seq = 0
+        self.task_id = task_id
+        self.acks: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
+        self._seq += 1
+        frame = {"op": "step", "task_id": self._task_id, "seq": self._seq, "step_op": op}
+        frame.update(identity=identity, position=position, value=value)
+        self._frames.send(frame)
+        while True:  # steps run one at a time: the next ack is this one's, unless stale
+            ack = self.acks.get()
+            if ack is None:
+                return LOST_AGENT
+            if ack.get("seq") == self._seq:
+                return StepAck(
+                    ok=bool(ack.get("ok")),
+                    lost=bool(ack.get("lost")),
+                    transient=bool(ack.get("transient")),
+                    reason=ack.get("reason"),
+                )
 
     def heartbeat(self, progress: Any) -> None:
         self._frames.send({"op": "heartbeat", "task_id": self._task_id, "progress": progress})
@@ -58,6 +83,7 @@ class Guest:
         self.jobs: queue.Queue[Run | None] = queue.Queue()
         self._lock = threading.Lock()
         self._current: Context | None = None
+        self._channel: GuestChannel | None = None
         self._cancelled: set[str] = set()  # cancels that came before their run started
 
     def serve(self) -> None:
@@ -77,7 +103,10 @@ class Guest:
                 self.jobs.put((frame, fd))
             elif op == "cancel" and frame is not None:
                 self._cancel(str(frame.get("task_id")))
+            elif op == "step_ack" and frame is not None:
+                self._ack(frame)
             elif op == "exit":
+                self._ack(None)  # a step waiting for its answer gets "lost"
                 self.jobs.put(None)
                 return
 
@@ -88,18 +117,29 @@ class Guest:
             else:
                 self._cancelled.add(task_id)
 
+    def _ack(self, frame: dict[str, Any] | None) -> None:
+        with self._lock:
+            channel = self._channel
+        if channel is not None and (frame is None or frame.get("task_id") == channel.task_id):
+            channel.acks.put(frame)
+
     def run(self, frame: dict[str, Any], fd: int | None) -> bool:
         """Run one attempt and report it; False when this process must not be reused."""
         task_id = str(frame["task_id"])
+        channel = GuestChannel(self.frames, task_id)
         ctx = Context(
             task_id=task_id,
             task_type=str(frame["task_type"]),
             attempt=int(frame["attempt"]),
             checkpoint=frame.get("checkpoint"),
-            channel=GuestChannel(self.frames, task_id),
+            channel=channel,
+            steps=list(frame.get("steps") or []),
+            started_ms=int(frame.get("started_ms") or 0),
+            run_key=frame.get("run_key"),
         )
         with self._lock:
             self._current = ctx
+            self._channel = channel
             if task_id in self._cancelled:
                 self._cancelled.discard(task_id)
                 ctx.request_cancel()
@@ -111,6 +151,7 @@ class Guest:
                 result = run_sync(task, ctx, frame.get("payload"))
         with self._lock:
             self._current = None
+            self._channel = None
         # After a MemoryError the heap may be half-built: do not run anything else here.
         reuse = result.error_class != "MemoryError"
         report = {k: v for k, v in asdict(result).items() if k not in ("log_ref", "crashed")}

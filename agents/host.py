@@ -1,7 +1,11 @@
 """The host agent: holds the credentials and the lease ids, claims work, runs it in sandboxes.
 
 Loops, all on one event loop:
-- poll:       long-poll with the free capacity; paused while a circuit breaker is open.
+- poll:       long-poll with the free capacity; paused while a circuit breaker is open. With
+              ``prefetch`` the agent holds up to that many leases beyond its guests: they wait
+              here for a free guest (heartbeated, their start_to_close running: the platform
+              counts from the lease too), so the next tasks are at hand when a guest frees up
+              instead of one poll round trip away, and polls and grants come in larger batches.
 - heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
               checkpoints). CANCEL -> the handler's ctx.cancelled, then a kill after the cancel
               grace. LOST -> kill and drop: nothing is reported for a lost lease.
@@ -21,24 +25,26 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from conveyor.agents.breaker import Breaker, BreakerPolicy, Breakers
 from conveyor.agents.completer import Completer
 from conveyor.agents.pool import GuestPool
 from conveyor.agents.runner import app_ref_of, load_app
 from conveyor.agents.running import NOTHING, Running, final_result
-from conveyor.agents.sandbox import Executor, Job, crashed
+from conveyor.agents.sandbox import AttemptResult, Executor, Job, crashed
 from conveyor.agents.worker_api import (
     CANCEL,
     LOST,
     CheckpointItem,
     HttpWorkerAPI,
     LeaseOffer,
+    StepItem,
     WorkerAPI,
 )
 from conveyor.app import App
-from conveyor.errors import ContractError, ConveyorError
+from conveyor.errors import ContractError, ConveyorError, TransientError
+from conveyor.steps import StepAck
 
 log = logging.getLogger("conveyor.agent")
 
@@ -90,6 +96,7 @@ class HostAgent:
         *,
         app_ref: str | None = None,
         concurrency: int = 8,
+        prefetch: int = 0,
         heartbeat_s: float = 10.0,
         lease_s: float = 30.0,
         poll_wait_s: float = 20.0,
@@ -109,6 +116,7 @@ class HostAgent:
         self.api = api
         self.app = app
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.heartbeat_ms = heartbeat_s * 1000
         self.lease_ms = int(lease_s * 1000)
         self.poll_wait_ms = int(poll_wait_s * 1000)
@@ -122,6 +130,7 @@ class HostAgent:
         self.running: dict[str, Running] = {}
         self.completer = Completer(api, window_ms=complete_window_ms)
         self._attempts: set[asyncio.Task[None]] = set()
+        self._guests = asyncio.Semaphore(concurrency)  # leases beyond it wait for a guest
         self.started = asyncio.Event()  # set once registered and claiming work
         self._stop = asyncio.Event()
         self._slot = Wake()
@@ -215,7 +224,7 @@ class HostAgent:
 
     async def _polls(self) -> None:
         while True:
-            free = self.concurrency - len(self.running)
+            free = self.concurrency + self.prefetch - len(self.running)
             if free <= 0:
                 await self._slot.wait(self.clock, 1_000)
                 continue
@@ -250,7 +259,12 @@ class HostAgent:
         grace_ms = offer.cancel_grace_ms
         if grace_ms is None:
             grace_ms = task_type.options.cancel_grace_ms if task_type else 30_000
-        run = Running(offer, started_ms=self.clock.monotonic_ms(), grace_ms=grace_ms)
+        run = Running(
+            offer,
+            started_ms=self.clock.monotonic_ms(),
+            grace_ms=grace_ms,
+            step_writer=self._write_step,
+        )
         self.running[offer.task_id] = run
         task = asyncio.create_task(self._attempt(run), name=f"attempt-{offer.task_id}")
         self._attempts.add(task)
@@ -266,15 +280,13 @@ class HostAgent:
             attempt=offer.attempt,
             payload=offer.payload,
             checkpoint=offer.checkpoint,
+            steps=offer.steps,
+            started_ms=offer.started_ms,
+            run_key=offer.run_key,
         )
         try:
-            try:
-                run.attach(await self.executor.launch(job, run))
-            except Exception as exc:  # e.g. the guest could not import the app
-                result = crashed(f"could not start a sandbox: {exc}")
-            else:
-                assert run.sandbox is not None
-                result = await run.sandbox.wait()
+            async with self._guests:
+                result = await self._execute(run, job)
         finally:
             self.running.pop(offer.task_id, None)
             self._slot.set()
@@ -294,6 +306,51 @@ class HostAgent:
                 task_id=offer.task_id, lease_id=offer.lease_id, value=run.checkpoint
             )
         await self.completer.put(run.completion(final), checkpoint)
+
+    async def _execute(self, run: Running, job: Job) -> AttemptResult:
+        if run.stop_reason is not None or run.kill_reason is not None:
+            # Canceled, timed out, lost or killed while waiting for a guest (prefetch): never
+            # start it. ``final_result`` turns a stop reason into the outcome to report.
+            why = run.kill_reason or run.stop_reason
+            return AttemptResult(
+                outcome="FAILED", error_class="Killed", error_message=f"{why}; never started"
+            )
+        try:
+            run.attach(await self.executor.launch(job, run))
+        except Exception as exc:  # e.g. the guest could not import the app
+            return crashed(f"could not start a sandbox: {exc}")
+        assert run.sandbox is not None
+        return await run.sandbox.wait()
+
+    # -- durable steps ----------------------------------------------------------------------
+
+    async def _write_step(
+        self, run: Running, op: str, identity: str, position: int, value: Any
+    ) -> StepAck:
+        """A guest's step claim or commit, sent under the lease only the agent knows. One
+        call per step: the body waits for its commit to be durable anyway."""
+        if run.lost:
+            return StepAck(ok=False, lost=True, reason="the lease was lost")
+        item = StepItem(
+            task_id=run.offer.task_id,
+            lease_id=run.offer.lease_id,
+            op=op,
+            identity=identity,
+            position=position,
+            value=value,
+        )
+        try:
+            (result,) = await self.api.steps([item])
+        except TransientError as exc:
+            return StepAck(ok=False, transient=True, reason=str(exc))
+        except ConveyorError as exc:
+            return StepAck(ok=False, reason=str(exc))
+        if result.ok:
+            return StepAck(ok=True)
+        if _fenced(result.reason):
+            run.lost = True  # dropped: nothing is reported for this attempt
+            return StepAck(ok=False, lost=True, reason=result.reason)
+        return StepAck(ok=False, reason=result.reason)
 
     # -- heartbeats and deadlines -----------------------------------------------------------
 
@@ -352,12 +409,19 @@ class HostAgent:
     # -- completions ------------------------------------------------------------------------
 
 
+def _fenced(reason: str | None) -> bool:
+    """Whether a refusal says the lease is gone (the machine's ``holder`` reasons)."""
+    text = reason or ""
+    return text.startswith(("stale lease", "task is ", "unknown task"))
+
+
 async def run_agent(
     url: str,
     api_key: str,
     app_ref: str,
     *,
     concurrency: int = 8,
+    prefetch: int = 0,
     heartbeat_s: float = 10.0,
     queues: tuple[str, ...] = (),
     fresh_process: bool = False,
@@ -373,6 +437,7 @@ async def run_agent(
         api,
         app_ref,
         concurrency=concurrency,
+        prefetch=prefetch,
         heartbeat_s=heartbeat_s,
         queues=queues,
         fresh_process=fresh_process,

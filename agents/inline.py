@@ -16,6 +16,7 @@ from conveyor.agents.runner import run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult, Hooks, Job
 from conveyor.app import App
 from conveyor.context import Context
+from conveyor.steps import StepAck, StepRefused
 
 
 class _LoopChannel:
@@ -31,6 +32,22 @@ class _LoopChannel:
     def checkpoint(self, value: Any) -> None:
         self._loop.call_soon_threadsafe(self._hooks.on_checkpoint, value)
 
+    def step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
+        """Blocks the calling thread until the agent's loop has the step recorded."""
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            # A step waits for its commit; an async handler here runs on the agent's own loop,
+            # which would then never get to record it.
+            raise StepRefused(
+                "ctx.step in conveyor.testing runs in sync handlers only (an async handler "
+                "shares the engine's event loop, which a step would block)"
+            )
+        call = self._hooks.on_step(op, identity, position, value)
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
 
 class InlineSandbox:
     pid: int | None = None
@@ -43,6 +60,9 @@ class InlineSandbox:
             attempt=job.attempt,
             checkpoint=job.checkpoint,
             channel=_LoopChannel(loop, hooks),
+            steps=job.steps,
+            started_ms=job.started_ms,
+            run_key=job.run_key,
         )
         self._killed: str | None = None
         task = app.tasks.get(job.task_type)

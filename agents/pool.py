@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -28,7 +29,7 @@ from conveyor.agents.sandbox import AttemptResult, Hooks, Job, crashed
 
 log = logging.getLogger("conveyor.agent.pool")
 
-OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED"})
+OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP"})
 EXIT_WAIT_S = 5.0
 
 
@@ -115,6 +116,9 @@ class GuestSandbox:
             "attempt": job.attempt,
             "payload": job.payload,
             "checkpoint": job.checkpoint,
+            "steps": job.steps,
+            "started_ms": job.started_ms,
+            "run_key": job.run_key,
             "cpu_s": job.cpu_s,
             "cpu_hard": self.pool.fresh_process,
         }
@@ -151,10 +155,25 @@ class GuestSandbox:
                 self.hooks.on_heartbeat(frame.get("progress"))
             elif op == "checkpoint":
                 self.hooks.on_checkpoint(frame.get("value"))
+            elif op == "step":
+                await self._step(frame)
             elif op == "done":
                 result = self._result(frame)
                 self.pool.release(self.guest, reuse=bool(frame.get("reuse", True)))
                 return result
+
+    async def _step(self, frame: dict[str, Any]) -> None:
+        """The guest waits for the answer: the commit is durable before its body goes on."""
+        position = frame.get("position")
+        ack = await self.hooks.on_step(
+            str(frame.get("step_op")),
+            str(frame.get("identity")),
+            position if isinstance(position, int) else -1,
+            frame.get("value"),
+        )
+        reply = {"op": "step_ack", "task_id": self.job.task_id, "seq": frame.get("seq")}
+        reply.update(ok=ack.ok, lost=ack.lost, transient=ack.transient, reason=ack.reason)
+        await self.guest.frames.send(reply)
 
     def _result(self, frame: dict[str, Any]) -> AttemptResult:
         outcome = frame.get("outcome")
@@ -169,6 +188,7 @@ class GuestSandbox:
             error_stack=_str_or_none(frame.get("error_stack")),
             retry_after_ms=int(retry_after) if isinstance(retry_after, int | float) else None,
             log_ref=self.job.log_path,
+            sleep=_sleep_of(frame.get("sleep")) if outcome == "SLEEP" else None,
         )
 
     async def _died(self) -> AttemptResult:
@@ -187,6 +207,23 @@ class GuestSandbox:
                 log_ref=self.job.log_path,
             )
         return crashed(describe_exit(code), self.job.log_path)
+
+
+def _sleep_of(raw: Any) -> dict[str, Any] | None:
+    """A guest's sleep report, reduced to well-typed fields (the guest is not trusted)."""
+    if not isinstance(raw, dict):
+        return None
+
+    def num(name: str) -> int | None:
+        value = raw.get(name)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return {
+        "identity": str(raw.get("identity")),
+        "position": num("position") if num("position") is not None else -1,
+        "sleep_ms": num("sleep_ms"),
+        "wake_at_ms": num("wake_at_ms"),
+    }
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -231,15 +268,7 @@ class GuestPool:
     async def launch(self, job: Job, hooks: Hooks) -> GuestSandbox:
         guest = await self._take()
         log_path = str(self.log_dir / f"{job.task_id}.{job.attempt}.log")
-        job = Job(
-            task_id=job.task_id,
-            task_type=job.task_type,
-            attempt=job.attempt,
-            payload=job.payload,
-            checkpoint=job.checkpoint,
-            log_path=log_path,
-            cpu_s=self.cpu_s,
-        )
+        job = dataclasses.replace(job, log_path=log_path, cpu_s=self.cpu_s)
         return GuestSandbox(self, guest, job, hooks)
 
     async def _take(self) -> GuestProcess:

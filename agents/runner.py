@@ -10,6 +10,10 @@ Shared by the guest stub and the in-process executor, so a handler behaves the s
     raised RetryableError           FAILED, with retry_after_ms when it gave retry_after
     raised ctx's Cancelled          CANCELED
     raised anything else            FAILED; the platform retries per policy
+    step.sleep                      SLEEP (the attempt ends; no retry is spent)
+    a step divergence or overlap    FATAL (the same code would do it again)
+    a lost lease (a refused step)   FAILED; the agent drops it anyway
+    swallowed one of those three    FATAL, naming what was swallowed, whatever it returned
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from typing import Any
 
 from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
-from conveyor.context import Cancelled, Context
+from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
+from conveyor.steps import ClaimLost, Sleep, StepSignal
 
 STACK_CHARS_MAX = 16 * 1024
 MESSAGE_CHARS_MAX = 4 * 1024
@@ -68,34 +73,86 @@ def unknown_type(app: App, task_type: str) -> AttemptResult:
 def run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     """Call the handler in this thread (an async handler gets its own event loop)."""
     try:
-        value = task.invoke(ctx, payload)
-        if inspect.isawaitable(value):
-            value = asyncio.run(_awaited(value))
+        with running(ctx):
+            value = task.invoke(ctx, payload)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_awaited(value))
+    except StepSignal as exc:
+        return signal_of(ctx, exc)
     except Cancelled as exc:
-        return canceled(str(exc))
+        return latched(ctx) or canceled(str(exc))
     except (Exception, SystemExit) as exc:
-        return failed(task, exc)
-    return succeeded(value)
+        return latched(ctx) or failed(task, exc)
+    return latched(ctx) or succeeded(ctx, value)
 
 
 async def run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     """Call an async handler in the running loop."""
     try:
-        value = task.invoke(ctx, payload)
-        if inspect.isawaitable(value):
-            value = await value
+        with running(ctx):
+            value = task.invoke(ctx, payload)
+            if inspect.isawaitable(value):
+                value = await value
+    except StepSignal as exc:
+        return signal_of(ctx, exc)
     except Cancelled as exc:
-        return canceled(str(exc))
+        return latched(ctx) or canceled(str(exc))
     except (Exception, SystemExit) as exc:
-        return failed(task, exc)
-    return succeeded(value)
+        return latched(ctx) or failed(task, exc)
+    return latched(ctx) or succeeded(ctx, value)
+
+
+def signal_of(ctx: Context, raised: StepSignal) -> AttemptResult:
+    """The signal that unwound the body, unless the body had swallowed an earlier one."""
+    signal = ctx.step.signal
+    if signal is None or raised is signal:
+        return signal_result(raised)
+    return swallowed(signal)
+
+
+def latched(ctx: Context) -> AttemptResult | None:
+    """A body that caught a step signal and went on (returned, or raised something else)
+    fails naming what it swallowed; None when no signal was raised."""
+    signal = ctx.step.signal
+    return None if signal is None else swallowed(signal)
+
+
+def swallowed(signal: StepSignal) -> AttemptResult:
+    return AttemptResult(
+        outcome="FATAL",
+        error_class="SwallowedSignal",
+        error_message=(
+            f"the task body swallowed {type(signal).__name__} ({signal}) and went on; "
+            "step signals must unwind the body: do not catch BaseException around steps"
+        )[:MESSAGE_CHARS_MAX],
+    )
+
+
+def signal_result(signal: StepSignal) -> AttemptResult:
+    if isinstance(signal, Sleep):
+        return AttemptResult(
+            outcome="SLEEP",
+            sleep={
+                "identity": signal.identity,
+                "position": signal.position,
+                "sleep_ms": signal.sleep_ms,
+                "wake_at_ms": signal.wake_at_ms,
+            },
+        )
+    return AttemptResult(
+        outcome="FAILED" if isinstance(signal, ClaimLost) else "FATAL",
+        error_class=signal.error_class,
+        error_message=str(signal)[:MESSAGE_CHARS_MAX],
+    )
 
 
 async def _awaited(value: Any) -> Any:
     return await value
 
 
-def succeeded(value: Any) -> AttemptResult:
+def succeeded(ctx: Context | None, value: Any) -> AttemptResult:
+    if ctx is not None:
+        ctx.step.finished()
     try:
         json.dumps(value)
     except (TypeError, ValueError) as exc:

@@ -6,11 +6,13 @@ The lease id lives here and never goes further: the sandbox reports through this
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any, Final
 
 from conveyor.agents.sandbox import AttemptResult, Sandbox
 from conveyor.agents.worker_api import CompletionItem, LeaseOffer
+from conveyor.steps import StepAck
 
 
 class _Nothing(Enum):
@@ -29,9 +31,25 @@ DAY_MS = 86_400_000
 STC_SLACK_MS = 1_000
 
 
+# How the agent records a step for an attempt: (run, op, identity, position, value) -> ack.
+StepWriter = Callable[["Running", str, str, int, Any], Awaitable[StepAck]]
+
+
+async def _no_steps(run: Running, op: str, identity: str, position: int, value: Any) -> StepAck:
+    return StepAck(ok=False, transient=True, reason="this agent records no steps")
+
+
 class Running:
-    def __init__(self, offer: LeaseOffer, *, started_ms: float, grace_ms: int) -> None:
+    def __init__(
+        self,
+        offer: LeaseOffer,
+        *,
+        started_ms: float,
+        grace_ms: int,
+        step_writer: StepWriter = _no_steps,
+    ) -> None:
         self.offer = offer
+        self._step_writer = step_writer
         self.started_ms = started_ms
         self.grace_ms = grace_ms
         stc = offer.start_to_close_ms
@@ -52,6 +70,9 @@ class Running:
 
     def on_checkpoint(self, value: Any) -> None:
         self.checkpoint = value
+
+    async def on_step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
+        return await self._step_writer(self, op, identity, position, value)
 
     # -- driven by the agent ----------------------------------------------------------------
 
@@ -101,6 +122,7 @@ class Running:
             error_stack=clip(result.error_stack, ERROR_STACK_BYTES_MAX, keep_end=True),
             retry_after_ms=None if retry_after is None else min(max(0, retry_after), DAY_MS * 365),
             log_ref=result.log_ref,
+            sleep=result.sleep if result.outcome == "SLEEP" else None,
         )
 
 

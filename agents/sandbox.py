@@ -7,8 +7,10 @@ Two executors exist: ``pool.GuestPool`` (guest processes: the production one) an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from conveyor.steps import StepAck
 
 GUEST_CRASHED = "GuestCrashed"
 
@@ -20,6 +22,9 @@ class Job:
     attempt: int
     payload: Any
     checkpoint: Any
+    steps: list[dict[str, Any]] = field(default_factory=list)  # the lease's step snapshot
+    started_ms: int = 0  # when the lease was granted (platform time)
+    run_key: str | None = None
     log_path: str | None = None  # where the attempt's stdout/stderr go (guests only)
     cpu_s: float | None = None  # CPU seconds this attempt may use (guests only)
 
@@ -34,6 +39,7 @@ class AttemptResult:
     retry_after_ms: int | None = None
     log_ref: str | None = None
     crashed: bool = False  # the sandbox died on its own (counts for the circuit breaker)
+    sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
 
 
 def crashed(message: str, log_ref: str | None = None) -> AttemptResult:
@@ -52,6 +58,10 @@ class Hooks(Protocol):
     def on_heartbeat(self, progress: Any) -> None: ...
 
     def on_checkpoint(self, value: Any) -> None: ...
+
+    async def on_step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
+        """A step claim or commit; answered once the platform made it durable or refused."""
+        ...
 
 
 class Sandbox(Protocol):

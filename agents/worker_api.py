@@ -1,4 +1,4 @@
-"""The worker API a host agent speaks: register, poll, heartbeat, complete, checkpoint.
+"""The worker API a host agent speaks: register, poll, heartbeat, complete, checkpoint, steps.
 
 ``WorkerAPI`` is the protocol; ``HttpWorkerAPI`` speaks the gateway's ``/worker/*`` endpoints
 (streams/gateway/PROTOCOL.md); ``conveyor.testing`` implements it over an in-process Node.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
@@ -39,6 +39,11 @@ class LeaseOffer:
     lease_ms: int
     start_to_close_ms: int | None = None
     cancel_grace_ms: int | None = None  # not in the v1 poll reply yet: the task type's default
+    # The task's recorded steps: {"identity", "position", "claims", "committed", "value",
+    # "wake_at_ms"} each; the lease's grant time; the run key of step idempotency keys.
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    started_ms: int = 0
+    run_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +57,7 @@ class CompletionItem:
     error_stack: str | None = None
     retry_after_ms: int | None = None
     log_ref: str | None = None
+    sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
 
     def to_json(self, *, log_ref: bool = True) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -69,7 +75,31 @@ class CompletionItem:
             }
         if log_ref and self.log_ref is not None:
             body["log_ref"] = self.log_ref
+        if self.sleep is not None:
+            body["sleep"] = self.sleep
         return body
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepItem:
+    """One step claim or commit, under the lease the agent holds for the task."""
+
+    task_id: str
+    lease_id: int
+    op: str  # CLAIM | COMMIT
+    identity: str
+    position: int
+    value: Any = None  # COMMIT: the step's value (JSON)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "lease_id": self.lease_id,
+            "op": self.op,
+            "identity": self.identity,
+            "position": self.position,
+            "value": self.value,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +143,10 @@ class WorkerAPI(Protocol):
 
     async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]: ...
 
+    async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
+        """Record step claims and commits; each result once durable (or refused)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -127,6 +161,9 @@ def offer_from_json(data: dict[str, Any]) -> LeaseOffer:
         lease_ms=int(data.get("lease_ms") or 30_000),
         start_to_close_ms=data.get("start_to_close_ms"),
         cancel_grace_ms=data.get("cancel_grace_ms"),
+        steps=list(data.get("steps") or []),
+        started_ms=int(data.get("started_ms") or 0),
+        run_key=data.get("run_key"),
     )
 
 
@@ -230,6 +267,10 @@ class HttpWorkerAPI:
             ]
         }
         return results_from_json(await self._post("/worker/checkpoint", body))
+
+    async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
+        body = {"steps": [item.to_json() for item in items]}
+        return results_from_json(await self._post("/worker/steps", body))
 
     async def close(self) -> None:
         await self._http.aclose()

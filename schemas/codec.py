@@ -42,12 +42,16 @@ _NESTED: dict[type, dict[str, type]] = {
     t.GrantLeases: {"requests": t.LeaseRequest},
     t.CompleteAttempts: {"items": t.Completion},
     t.SaveCheckpoints: {"items": t.Checkpoint},
+    t.RecordSteps: {"items": t.StepWrite},
     t.ExpireLeases: {"items": t.LeaseRef},
     t.FireTimers: {"timers": t.TimerRef},
     t.EventBatch: {"events": t.TaskEvent},
 }
+# Optional nested records (a union of null and a record) per class.
+_OPTIONAL: dict[type, dict[str, type]] = {t.Completion: {"sleep": t.SleepStep}}
 _ENUMS: dict[type, dict[str, type[StrEnum]]] = {
     t.Completion: {"outcome": t.Outcome},
+    t.StepWrite: {"op": t.StepOp},
     t.TimerRef: {"kind": t.TimerKind},
     t.TaskEvent: {"kind": t.EventKind},
 }
@@ -119,11 +123,15 @@ class TaskCodec:
 def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
     names = [f.name for f in dataclasses.fields(cls)]
     nested = {name: _make_to_dict(sub) for name, sub in _NESTED.get(cls, {}).items()}
+    optional = {name: _make_to_dict(sub) for name, sub in _OPTIONAL.get(cls, {}).items()}
 
     def to_dict(obj: Any) -> dict[str, Any]:
         d = {name: getattr(obj, name) for name in names}
         for name, conv in nested.items():
             d[name] = [conv(item) for item in d[name]]
+        for name, conv in optional.items():
+            if d[name] is not None:
+                d[name] = conv(d[name])
         return d
 
     return to_dict
@@ -131,13 +139,17 @@ def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
 
 def _make_from_dict(cls: type) -> Callable[[dict[str, Any]], Any]:
     nested = {name: _make_from_dict(sub) for name, sub in _NESTED.get(cls, {}).items()}
+    optional = {name: _make_from_dict(sub) for name, sub in _OPTIONAL.get(cls, {}).items()}
     enums = _ENUMS.get(cls, {})
-    if not nested and not enums:
+    if not nested and not enums and not optional:
         return lambda d: cls(**d)
 
     def from_dict(d: dict[str, Any]) -> Any:
         for name, conv in nested.items():
             d[name] = [conv(item) for item in d[name]]
+        for name, conv in optional.items():
+            if d[name] is not None:
+                d[name] = conv(d[name])
         for name, enum in enums.items():
             d[name] = enum(d[name])
         return cls(**d)
@@ -156,6 +168,7 @@ RECORDS: dict[str, Codec[Any]] = {
         t.GrantLeases,
         t.CompleteAttempts,
         t.SaveCheckpoints,
+        t.RecordSteps,
         t.ExpireLeases,
         t.FireTimers,
         t.AnnounceEpoch,
@@ -167,6 +180,8 @@ TASK_DETAIL = _load("state/TaskDetail.avsc")
 TASK = TaskCodec()
 ATTEMPT = Codec(t.Attempt, _load("state/Attempt.avsc"))
 IDEMPOTENCY = Codec(t.IdempotencyEntry, _load("state/IdempotencyEntry.avsc"))
+STEP_ROW = Codec(t.StepRow, _load("state/StepRow.avsc"))
+STEP_TOTALS = Codec(t.StepTotals, _load("state/StepTotals.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
 EVENT_BATCH = Codec(t.EventBatch, _load("events/EventBatch.avsc"))
 

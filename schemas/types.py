@@ -43,6 +43,7 @@ class TaskSpec:
     cancel_grace_ms: int = 30_000
     idempotency_key: str | None = None
     idempotency_window_ms: int = 86_400_000
+    run_key: str | None = None  # set by a dead-letter retry: the retried task's run key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +85,18 @@ class Outcome(StrEnum):
     FAILED = "FAILED"  # retryable per policy
     FATAL = "FATAL"  # straight to FAILED
     CANCELED = "CANCELED"  # the handler observed a cancel and stopped
+    SLEEP = "SLEEP"  # a durable sleep ended the attempt; the retry budget is untouched
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SleepStep:
+    """The step a SLEEP outcome commits. The deadline is ``wake_at_ms`` if given, else the
+    record's time plus ``sleep_ms``; a sleep committed before keeps its first deadline."""
+
+    identity: str
+    position: int
+    sleep_ms: int | None = None
+    wake_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +109,7 @@ class Completion:
     error_message: str | None = None
     error_stack: str | None = None
     retry_after_ms: int | None = None
+    sleep: SleepStep | None = None  # with outcome SLEEP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +127,26 @@ class Checkpoint:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaveCheckpoints:
     items: list[Checkpoint]
+
+
+class StepOp(StrEnum):
+    CLAIM = "CLAIM"  # a non-memoized step is about to run
+    COMMIT = "COMMIT"  # its body returned this value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepWrite:
+    task_id: str
+    lease_id: int
+    op: StepOp
+    identity: str  # "name#occurrence" or "name:key"
+    position: int  # index among the attempt's unkeyed steps; -1 for a keyed step
+    value: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordSteps:
+    items: list[StepWrite]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +193,7 @@ Record = (
     | GrantLeases
     | CompleteAttempts
     | SaveCheckpoints
+    | RecordSteps
     | ExpireLeases
     | FireTimers
     | AnnounceEpoch
@@ -178,6 +213,7 @@ class TaskStatus(StrEnum):
     FAILED = "FAILED"
     CANCELED = "CANCELED"
     EXPIRED = "EXPIRED"
+    SLEEPING = "SLEEPING"  # a durable sleep: back to ENQUEUED at its deadline
 
 
 TERMINAL = frozenset(
@@ -217,6 +253,7 @@ class Task:
     error_message: str | None = None
     error_stack: str | None = None
     finished_ms: int | None = None
+    run_key: str | None = None  # None: the task id (see ``run_key_of``)
     # Not stored: the TaskDetail last written for this row, so unchanged details are skipped.
     detail_written: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 
@@ -244,6 +281,21 @@ class Attempt:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StepRow:
+    identity: str
+    position: int
+    claims: int
+    value: bytes | None = None
+    wake_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTotals:
+    count: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class IdempotencyEntry:
     task_id: str
     expires_ms: int
@@ -265,6 +317,7 @@ class EventKind(StrEnum):
     CheckpointSaved = "CheckpointSaved"
     LeaseExpired = "LeaseExpired"
     TaskRequeued = "TaskRequeued"
+    TaskSleeping = "TaskSleeping"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.aclient import AsyncClient, AsyncTaskHandle
 from conveyor.app import App, Retry, TaskOptions, TaskType
 from conveyor.client import Client, TaskHandle, set_default_client
-from conveyor.context import Cancelled, Context
+from conveyor.context import Cancelled, Context, current_task
 from conveyor.durations import Duration
 from conveyor.errors import (
     Conflict,
@@ -60,6 +60,7 @@ __all__ = [
     "TaskType",
     "TransientError",
     "Unauthorized",
+    "current_task",
     "set_default_client",
     "testing",
 ]

@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from conveyor.errors import ContractError
+from conveyor.steps import StepAck, StepContext
 
 CHECKPOINT_BYTES_MAX = 64 * 1024
 
@@ -22,6 +26,10 @@ class Channel(Protocol):
     def heartbeat(self, progress: Any) -> None: ...
 
     def checkpoint(self, value: Any) -> None: ...
+
+    def step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
+        """Record a step claim or commit under the attempt's lease; blocks until durable."""
+        ...
 
 
 class Cancelled(BaseException):
@@ -40,6 +48,9 @@ class Context:
         attempt: int,
         checkpoint: Any,
         channel: Channel,
+        steps: list[dict[str, Any]] | None = None,
+        started_ms: int = 0,
+        run_key: str | None = None,
     ) -> None:
         self.task_id = task_id
         self.task_type = task_type
@@ -47,6 +58,13 @@ class Context:
         self._checkpoint = checkpoint
         self._channel = channel
         self._cancel = threading.Event()  # set from the guest's reader thread
+        self.step = StepContext(
+            task_id=task_id,
+            run_key=run_key or task_id,
+            started_ms=started_ms,
+            recorded=steps or [],
+            channel=channel,
+        )
         self.logger = logging.LoggerAdapter(
             logging.getLogger(f"conveyor.task.{task_type}"),
             {"task_id": task_id, "attempt": attempt},
@@ -96,3 +114,38 @@ class Context:
     def request_cancel(self) -> None:
         """Called by the runtime (never by handlers) when the agent learns CANCEL."""
         self._cancel.set()
+
+
+_current: ContextVar[Context | None] = ContextVar("conveyor_current_task", default=None)
+
+
+@contextmanager
+def running(ctx: Context) -> Iterator[Context]:
+    """Make ``ctx`` what ``conveyor.current_task`` answers while a handler runs (the
+    runtime's job; a contextvar, so each thread and asyncio task sees its own)."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+
+
+class CurrentTask:
+    """``conveyor.current_task``: the running handler's ``Context``, from anywhere in its call
+    stack (``conveyor.current_task.step.run(...)``) without passing ``ctx`` down."""
+
+    def get(self) -> Context:
+        ctx = _current.get()
+        if ctx is None:
+            raise ContractError("conveyor.current_task is only set while a task handler runs")
+        return ctx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+    def __repr__(self) -> str:
+        ctx = _current.get()
+        return "<current_task: none>" if ctx is None else f"<current_task {ctx.task_id}>"
+
+
+current_task = CurrentTask()

@@ -34,6 +34,7 @@ from conveyor.durations import Duration, to_ms
 from conveyor.schemas.types import TaskStatus
 from conveyor.store import keys
 from conveyor.streams.clock import FakeClock
+from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.node import Node
 from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_info
 from conveyor.wire import UNSET, Enqueue, MaybeDuration, TaskInfo, TaskPage, enqueue_body
@@ -383,7 +384,10 @@ class EngineClient:
                 groups.setdefault(node.partition_of(t), []).append(t)
             order = [t for ids in groups.values() for t in ids]
             replies = await node.retry_failed(engine.tenant, order)
-            created = [r.task_id for r in replies if r.ok and r.created]
-            return dict(zip(order, created, strict=False))
+            created = {r.task_id: r.offset for r in replies if r.ok and r.created}
+            # A retry's id is derived from the old id and the record's offset.
+            offsets = set(created.values())
+            pairs = ((old, retry_id(old, offset)) for old in order for offset in offsets)
+            return {old: new for old, new in pairs if new in created}
 
         return engine.call(go())

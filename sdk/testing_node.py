@@ -17,9 +17,20 @@ from conveyor.agents.worker_api import (
     CompletionItem,
     ItemResult,
     LeaseOffer,
+    StepItem,
 )
 from conveyor.errors import ContractError
-from conveyor.schemas.types import Checkpoint, Completion, Outcome, Task, TaskSpec
+from conveyor.schemas.types import (
+    Checkpoint,
+    Completion,
+    Outcome,
+    SleepStep,
+    StepOp,
+    StepRow,
+    StepWrite,
+    Task,
+    TaskSpec,
+)
 from conveyor.streams.machine import Reply
 from conveyor.streams.node import Node
 from conveyor.streams.routing import mint_task_id, partition_for_key
@@ -41,6 +52,34 @@ def to_bytes(value: Any) -> bytes:
 
 def from_bytes(raw: bytes | None) -> Any:
     return None if not raw else json.loads(raw)
+
+
+def step_bytes(value: Any) -> bytes:
+    """A step's stored form: compact JSON, non-ASCII kept (what the SDK measured)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def step_json(row: StepRow) -> dict[str, Any]:
+    """A step row as the worker protocol carries it in a lease."""
+    return {
+        "identity": row.identity,
+        "position": row.position,
+        "claims": row.claims,
+        "committed": row.value is not None,
+        "value": from_bytes(row.value),
+        "wake_at_ms": row.wake_at_ms,
+    }
+
+
+def sleep_step(raw: dict[str, Any] | None) -> SleepStep | None:
+    if raw is None:
+        return None
+    return SleepStep(
+        identity=str(raw["identity"]),
+        position=int(raw["position"]),
+        sleep_ms=raw.get("sleep_ms"),
+        wake_at_ms=raw.get("wake_at_ms"),
+    )
 
 
 class UnknownTaskType(ContractError):
@@ -196,6 +235,9 @@ class NodeWorkerAPI:
                     lease_ms=lease.lease_ms,
                     start_to_close_ms=lease.start_to_close_ms,
                     cancel_grace_ms=None if spec is None else spec.cancel_grace_ms,
+                    steps=[step_json(row) for row in lease.steps],
+                    started_ms=lease.started_ms,
+                    run_key=lease.run_key,
                 )
             )
         return offers
@@ -215,6 +257,7 @@ class NodeWorkerAPI:
                     error_message=i.error_message,
                     error_stack=i.error_stack,
                     retry_after_ms=i.retry_after_ms,
+                    sleep=sleep_step(i.sleep),
                 )
                 for i in items
             ]
@@ -230,5 +273,34 @@ class NodeWorkerAPI:
         )
         return [ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason) for r in replies]
 
+    async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
+        writes = [
+            StepWrite(
+                task_id=i.task_id,
+                lease_id=i.lease_id,
+                op=StepOp(i.op),
+                identity=i.identity,
+                position=i.position,
+                value=step_bytes(i.value) if i.op == StepOp.COMMIT else None,
+            )
+            for i in items
+        ]
+        # The node answers grouped by partition: put the replies back in item order.
+        replies = await self.node.steps(writes)
+        return [
+            ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason)
+            for r in _ordered(self.node, writes, replies)
+        ]
+
     async def close(self) -> None:
         return None
+
+
+def _ordered(node: Node, items: Sequence[StepWrite], replies: Sequence[Reply]) -> list[Reply]:
+    positions: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        positions.setdefault(node.partition_of(item.task_id), []).append(i)
+    out: list[Reply | None] = [None] * len(items)
+    for reply in replies:
+        out[positions[node.partition_of(reply.task_id)][reply.index]] = reply
+    return [r for r in out if r is not None]

@@ -20,6 +20,8 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
     timers       T u64:fire_at_ms lp:task_id u8:kind u64:token    b""
     leased       l task_id                                        u64:lease_id
     dead         d lp:tenant task_id                              b""
+    steps        S lp:task_id identity                            StepRow (Avro)
+    step totals  S lp:task_id  (the bare prefix, sorts first)     StepTotals (Avro)
     outbox       o u64:offset                                     EventBatch (Avro)
     meta         m name                                           per name
 """
@@ -43,6 +45,7 @@ QUEUE_COUNTS = b"k"
 TIMERS = b"T"
 LEASED = b"l"
 DEAD = b"d"
+STEPS = b"S"
 OUTBOX = b"o"
 META = b"m"
 
@@ -193,3 +196,12 @@ def outbox(offset: int) -> bytes:
 
 def cursor(app: str) -> bytes:
     return META_CURSOR + app.encode()
+
+
+def steps_of(task_id: str) -> bytes:
+    """The totals row of a task's steps, and the prefix of its step rows."""
+    return STEPS + lp(task_id)
+
+
+def step(task_id: str, identity: str) -> bytes:
+    return STEPS + lp(task_id) + b"/" + identity.encode()

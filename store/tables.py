@@ -12,7 +12,15 @@ import heapq
 from collections.abc import Iterator
 
 from conveyor.schemas import codec
-from conveyor.schemas.types import Attempt, IdempotencyEntry, Task, TaskSpec, TimerRef
+from conveyor.schemas.types import (
+    Attempt,
+    IdempotencyEntry,
+    StepRow,
+    StepTotals,
+    Task,
+    TaskSpec,
+    TimerRef,
+)
 from conveyor.store import keys
 from conveyor.store.api import KV
 
@@ -161,6 +169,27 @@ class Tables:
 
     def attempts(self, task_id: str) -> list[Attempt]:
         return [codec.ATTEMPT.decode(v) for _, v in self.scan(keys.attempts_of(task_id))]
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def step(self, task_id: str, identity: str) -> StepRow | None:
+        raw = self._get(keys.step(task_id, identity))
+        return None if raw is None else codec.STEP_ROW.decode(raw)
+
+    def put_step(self, task_id: str, row: StepRow) -> None:
+        self._put(keys.step(task_id, row.identity), codec.STEP_ROW.encode(row))
+
+    def steps(self, task_id: str) -> list[StepRow]:
+        """Every step row of a task (claimed or committed), in identity order."""
+        prefix = keys.steps_of(task_id) + b"/"
+        return [codec.STEP_ROW.decode(v) for _, v in self.scan(prefix)]
+
+    def step_totals(self, task_id: str) -> StepTotals:
+        raw = self._get(keys.steps_of(task_id))
+        return StepTotals(count=0, bytes=0) if raw is None else codec.STEP_TOTALS.decode(raw)
+
+    def put_step_totals(self, task_id: str, totals: StepTotals) -> None:
+        self._put(keys.steps_of(task_id), codec.STEP_TOTALS.encode(totals))
 
     # -- idempotency --------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
+projection rebuild                the Postgres snapshot (tools.py)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ app = typer.Typer(
 log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
+projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
 
 app.command()(serve.node)
 app.command()(serve.dev)
@@ -35,10 +37,14 @@ log_app.command("verify")(tools.log_verify)
 bench_app.command("log")(tools.bench_log)
 bench_app.command("engine")(tools.bench_engine)
 bench_app.command("fairness")(tools.bench_fairness)
+bench_app.command("e2e")(tools.bench_e2e)
+bench_app.command("projection")(tools.bench_projection)
+projection_app.command("rebuild")(tools.projection_rebuild)
 docs_app.command("lifecycle")(tools.docs_lifecycle)
 app.add_typer(log_app, name="log")
 app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")
+app.add_typer(projection_app, name="projection")
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,6 +45,25 @@ PartitionsOpt = Annotated[
 LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")]
 AppRefOpt = Annotated[str, typer.Option("--app", help="The App to run, as module:attribute")]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, help="Tasks at once")]
+DsnOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--postgres-dsn",
+        envvar="CONVEYOR_POSTGRES_DSN",
+        help="External PostgreSQL for the query snapshot [default: a private one in the home]",
+        show_default=False,
+    ),
+]
+ProjectionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--projection/--no-projection",
+        help="Run the Postgres query snapshot (listing, queues); off: list by RocksDB scans",
+    ),
+]
+PrefetchOpt = Annotated[
+    int, typer.Option("--prefetch", min=0, help="Leases held beyond --concurrency, ready to run")
+]
 
 AgentRunner = Callable[..., Awaitable[None]]
 
@@ -105,6 +125,28 @@ def _banner(url: str, key: str, home: Path) -> None:
     sys.stdout.flush()  # a supervisor (or a test) may be waiting for these lines on a pipe
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotConfig:
+    """Whether and where the node keeps its Postgres query snapshot."""
+
+    enabled: bool = True
+    dsn: str | None = None  # None: the embedded server in home/postgres
+
+
+async def _open_snapshot(home: Path, node: Any, config: SnapshotConfig, metrics: Any) -> Any:
+    if not config.enabled:
+        return None
+    from conveyor.errors import TransientError
+    from conveyor.streams.sinks.snapshot import Snapshot
+
+    try:
+        snapshot = await Snapshot.open(home, node.events, dsn=config.dsn, metrics=metrics)
+    except TransientError as exc:
+        raise fail(f"{exc} (or run with --no-projection)") from None
+    snapshot.start()
+    return snapshot
+
+
 async def _run_node(
     home: Path,
     host: str,
@@ -112,20 +154,33 @@ async def _run_node(
     partitions: int | None,
     app_ref: str | None = None,
     concurrency: int = 8,
+    snapshot_config: SnapshotConfig | None = None,
 ) -> None:
     from conveyor.store.blobs import LocalBlobs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.node import Node
+    from conveyor.streams.sinks.metrics import Metrics, time_appends
 
     run_agent = _load_agent() if app_ref is not None else None
     stop = asyncio.Event()
     _stop_on_signals(stop)
     node = await Node.open(home, partitions=partitions)
+    metrics = Metrics()
+    metrics.watch(node)
+    time_appends(node, metrics)
     await node.start()
+    node.tune_gc()
+    snapshot = None
     try:
+        snapshot = await _open_snapshot(home, node, snapshot_config or SnapshotConfig(), metrics)
         key = ensure_dev_key(home)
         app = build_app(
-            node, KeyStore.load(home), Registry.load(home), blobs=LocalBlobs(home / "blobs")
+            node,
+            KeyStore.load(home),
+            Registry.load(home),
+            blobs=LocalBlobs(home / "blobs"),
+            snapshot=snapshot.pool if snapshot is not None else None,
+            metrics=metrics,
         )
         try:
             runner, url = await start(app, host, port)
@@ -140,6 +195,8 @@ async def _run_node(
         finally:
             await runner.cleanup()
     finally:
+        if snapshot is not None:
+            await snapshot.close()  # before the node: its reads follow the events log
         await node.stop()
 
 
@@ -164,10 +221,13 @@ def node(
     port: PortOpt = 7400,
     partitions: PartitionsOpt = None,
     log_level: LogLevelOpt = "warning",
+    projection: ProjectionOpt = True,
+    postgres_dsn: DsnOpt = None,
 ) -> None:
-    """Run a node: the log, the partition processors and the HTTP gateway."""
+    """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway."""
     _setup_logging(log_level)
-    asyncio.run(_run_node(home_dir(home), host, port, partitions))
+    config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
+    asyncio.run(_run_node(home_dir(home), host, port, partitions, snapshot_config=config))
 
 
 def dev(
@@ -178,12 +238,15 @@ def dev(
     partitions: PartitionsOpt = None,
     concurrency: ConcurrencyOpt = 8,
     log_level: LogLevelOpt = "warning",
+    projection: ProjectionOpt = True,
+    postgres_dsn: DsnOpt = None,
 ) -> None:
     """Node + gateway + an agent for your app, in one process: for development."""
     _setup_logging(log_level)
     _load_agent()  # fail before touching the home dir
     _check_app(app_ref)
-    asyncio.run(_run_node(home_dir(home), host, port, partitions, app_ref, concurrency))
+    config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
+    asyncio.run(_run_node(home_dir(home), host, port, partitions, app_ref, concurrency, config))
 
 
 def agent(
@@ -192,6 +255,7 @@ def agent(
     api_key: KeyOpt = None,
     home: HomeOpt = None,
     concurrency: ConcurrencyOpt = 8,
+    prefetch: PrefetchOpt = 0,
     log_level: LogLevelOpt = "warning",
 ) -> None:
     """Run a host agent that polls a node and runs the app's handlers."""
@@ -205,6 +269,7 @@ def agent(
     async def main() -> None:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        await _until_stopped(stop, run_agent(url, key, app_ref, concurrency=concurrency))
+        work = run_agent(url, key, app_ref, concurrency=concurrency, prefetch=prefetch)
+        await _until_stopped(stop, work)
 
     asyncio.run(main())

@@ -1,4 +1,4 @@
-"""Operator tools: ``log inspect|verify``, ``bench log|engine|fairness``, ``docs lifecycle``."""
+"""Operator tools: ``log inspect|verify``, ``bench log|engine|fairness|e2e``, ``docs lifecycle``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Annotated, Any, assert_never
 import typer
 from rich.table import Table
 
-from conveyor.cli.common import JsonOpt, console, fail, fmt_ms, id_column
+from conveyor.cli.common import HomeOpt, JsonOpt, console, fail, fmt_ms, home_dir, id_column
 
 SUMMARY_CHARS_MAX = 100
 
@@ -45,6 +45,10 @@ def _summary(body: bytes, kind: str) -> str:
             text = ", ".join(f"{i.task_id}#{i.lease_id}={i.outcome.value}" for i in record.items)
         case types.SaveCheckpoints():
             text = ", ".join(f"{i.task_id}#{i.lease_id}" for i in record.items)
+        case types.RecordSteps():
+            text = ", ".join(
+                f"{i.task_id}#{i.lease_id}:{i.op.value} {i.identity}" for i in record.items
+            )
         case types.ExpireLeases():
             text = ", ".join(f"{i.task_id}#{i.lease_id}" for i in record.items)
         case types.FireTimers():
@@ -189,6 +193,38 @@ def bench_fairness(
     _print_result(result, as_json)
 
 
+def bench_e2e(
+    tasks: Annotated[int, typer.Option("--tasks", min=1)] = 50_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    agents: Annotated[int, typer.Option("--agents", min=1)] = 1,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Guests per agent")] = 32,
+    prefetch: Annotated[
+        int, typer.Option("--prefetch", min=0, help="Leases an agent holds beyond its guests")
+    ] = 224,
+    single: Annotated[int, typer.Option("--single", min=1, help="Single enqueues timed")] = 500,
+    idle: Annotated[int, typer.Option("--idle", min=1, help="Idle starts timed")] = 200,
+    as_json: JsonOpt = False,
+) -> None:
+    """The product end to end: a real node and agent as subprocesses, driven over HTTP.
+
+    Throughput (batch enqueue -> guests -> SUCCEEDED), single-enqueue latency and idle
+    schedule-to-start."""
+    from conveyor.streams.bench.e2e import bench_e2e as run
+
+    result = asyncio.run(
+        run(
+            tasks=tasks,
+            partitions=partitions,
+            agents=agents,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            single=single,
+            idle=idle,
+        )
+    )
+    _print_result(result, as_json)
+
+
 def _print_result(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result))
@@ -204,3 +240,47 @@ def docs_lifecycle() -> None:
     from conveyor.streams.machine.transitions import mermaid
 
     print(mermaid())
+
+
+def bench_projection(
+    tasks: Annotated[int, typer.Option("--tasks", min=1)] = 50_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    dsn: Annotated[str | None, typer.Option("--postgres-dsn", help="External server")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Events/s from the events log into the Postgres snapshot (five events a task)."""
+    from conveyor.streams.bench.projection import bench_projection as run
+
+    _print_result(asyncio.run(run(tasks=tasks, partitions=partitions, dsn=dsn)), as_json)
+
+
+def projection_rebuild(
+    home: HomeOpt = None,
+    dsn: Annotated[
+        str | None,
+        typer.Option("--postgres-dsn", envvar="CONVEYOR_POSTGRES_DSN", show_default=False),
+    ] = None,
+) -> None:
+    """Truncate the Postgres snapshot and rebuild it from the events log (node stopped)."""
+    from conveyor.streams.log.local import LocalLog
+    from conveyor.streams.sinks.snapshot import Snapshot
+
+    root = home_dir(home)
+    meta = root / "node.json"
+    if not meta.exists():
+        raise fail(f"{root} is not a node home (no node.json)")
+    partitions = int(json.loads(meta.read_text())["partitions"])
+
+    async def main() -> int:
+        events = await LocalLog.open(root / "events", partitions)
+        try:
+            snapshot = await Snapshot.open(root, events, dsn=dsn)
+            try:
+                return await snapshot.projector.rebuild()
+            finally:
+                await snapshot.close()
+        finally:
+            await events.close()
+
+    count = asyncio.run(main())
+    console.print(f"[green]rebuilt[/]: {count} events projected")

@@ -36,6 +36,7 @@ async def bench_engine(
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as tmp:
         node = await Node.open(Path(home or tmp), partitions=partitions)
         await node.start()
+        node.tune_gc()
         try:
             return await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
         finally:

@@ -53,6 +53,7 @@ async def _scenario(
     with tempfile.TemporaryDirectory(prefix="conveyor-fair-") as tmp:
         node = await Node.open(Path(tmp), partitions=partitions)
         await node.start()
+        node.tune_gc()
         try:
             await _enqueue_backlog(node, backlog, partitions)
             return await _measure(node, b_tasks, b_every_ms, slots, task_ms, partitions)

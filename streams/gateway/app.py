@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from conveyor.store.blobs import Blobs
@@ -26,11 +28,16 @@ from conveyor.streams.gateway.payloads import Payloads
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.node import Node
+from conveyor.streams.sinks.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("conveyor.gateway")
 
 SHUTDOWN_GRACE_S = 2.0
-_PUBLIC = frozenset({"/healthz", "/openapi.json"})
+# /metrics is open like /healthz: Prometheus scrapes without a tenant key, and it carries no
+# task data (tenant names appear only as labels of the dispatch counter).
+_PUBLIC = frozenset({"/healthz", "/openapi.json", "/metrics"})
+METRICS = web.AppKey("metrics", Metrics)
+_TIMED_ROUTES = {"/v1/tasks": "enqueue", "/v1/tasks:batch": "enqueue_batch"}
 
 
 @web.middleware
@@ -39,6 +46,24 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         gw = request.app[routes.GATEWAY]
         request[routes.TENANT] = authenticate(gw.keys, request.headers.get("Authorization"))
     return await handler(request)
+
+
+@web.middleware
+async def timing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Enqueue ack latency: one observation per request, the whole request included."""
+    route = _TIMED_ROUTES.get(request.path) if request.method == "POST" else None
+    if route is None:
+        return await handler(request)
+    started = time.perf_counter()
+    response = await handler(request)
+    if response.status < 300:
+        request.app[METRICS].enqueue_ack.labels(route).observe(time.perf_counter() - started)
+    return response
+
+
+async def metrics_route(request: web.Request) -> web.Response:
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -50,14 +75,27 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 def build_app(
-    node: Node, keys: KeyStore, registry: Registry, *, blobs: Blobs | None = None
+    node: Node,
+    keys: KeyStore,
+    registry: Registry,
+    *,
+    blobs: Blobs | None = None,
+    snapshot: asyncpg.Pool | None = None,
+    metrics: Metrics | None = None,
 ) -> web.Application:
+    """The gateway. ``snapshot``: list from Postgres (else RocksDB scans). ``metrics``: the
+    process's metrics to serve at /metrics (a fresh set watching ``node`` if not given)."""
+    if metrics is None:
+        metrics = Metrics()
+        metrics.watch(node)
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware],
+        middlewares=[error_middleware, timing_middleware, auth_middleware],
         client_max_size=BODY_BYTES_MAX,  # routes.read_body turns the overflow into a 413
     )
-    app[routes.GATEWAY] = Gateway(node, keys, registry, Payloads(blobs))
+    app[routes.GATEWAY] = Gateway(node, keys, registry, Payloads(blobs), snapshot=snapshot)
+    app[METRICS] = metrics
     app.router.add_get("/healthz", healthz, allow_head=False)
+    app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)
     routes.add_routes(app)
     return app

@@ -1,7 +1,7 @@
 """Listing tasks and finding dead letters, by scanning the partitions' RocksDB tables.
 
-This is the stand-in for the Postgres query snapshot: everything that lists goes through the
-two functions here, so swapping in Postgres touches this module only. A scan decodes every
+The fallback for a node run without the Postgres query snapshot (``--no-projection``); with
+it, listing goes to ``snapshot.py``. A scan decodes every
 task row of every partition, so one request examines at most ``SCAN_ROWS_MAX`` rows and then
 returns what it found with a cursor: a page may hold fewer than ``limit`` tasks (even none);
 clients continue while ``next_cursor`` is not null.
@@ -57,7 +57,25 @@ def matches(task: Task, tenant: str, flt: TaskFilter) -> bool:
         and (flt.queue is None or task.queue == flt.queue)
         and (flt.task_type is None or task.task_type == flt.task_type)
         and (flt.since_ms is None or task.created_ms >= flt.since_ms)
+        and (flt.created_to_ms is None or task.created_ms < flt.created_to_ms)
+        and (flt.error_class is None or task.error_class == flt.error_class)
+        and _finished_in(task.finished_ms, flt)
+        and _error_has(task.error_message, flt.error_text)
     )
+
+
+def _finished_in(finished_ms: int | None, flt: TaskFilter) -> bool:
+    if flt.finished_from_ms is None and flt.finished_to_ms is None:
+        return True
+    return (
+        finished_ms is not None
+        and (flt.finished_from_ms is None or finished_ms >= flt.finished_from_ms)
+        and (flt.finished_to_ms is None or finished_ms < flt.finished_to_ms)
+    )
+
+
+def _error_has(message: str | None, text: str | None) -> bool:
+    return not text or (message is not None and text.lower() in message.lower())
 
 
 def list_tasks(

@@ -185,7 +185,34 @@ def _worker_shapes() -> dict[str, Schema]:
                 "checkpoint": ANY,
                 "lease_ms": integer(),
                 "start_to_close_ms": nullable(integer()),
+                "steps": {"type": "array", "items": ref("StepRow")},
+                "started_ms": MS,
+                "run_key": TEXT,
             }
+        ),
+        "StepRow": obj(
+            {
+                "identity": TEXT,
+                "position": integer(-1),
+                "claims": integer(),
+                "committed": {"type": "boolean"},
+                "value": ANY,
+                "wake_at_ms": nullable(MS),
+            }
+        ),
+        "StepItem": obj(
+            {
+                **LEASE_REF,
+                "op": {"enum": ["CLAIM", "COMMIT"]},
+                "identity": TEXT,
+                "position": integer(-1),
+                "value": ANY,
+            },
+            "task_id",
+            "lease_id",
+            "op",
+            "identity",
+            "position",
         ),
         "LeaseRef": obj(LEASE_REF, "task_id", "lease_id"),
         "Completion": obj(
@@ -195,6 +222,18 @@ def _worker_shapes() -> dict[str, Schema]:
                 "result": ANY,
                 "error": ERROR,
                 "retry_after_ms": nullable(MS),
+                "sleep": nullable(
+                    obj(
+                        {
+                            "identity": TEXT,
+                            "position": integer(-1),
+                            "sleep_ms": nullable(MS),
+                            "wake_at_ms": nullable(MS),
+                        },
+                        "identity",
+                        "position",
+                    )
+                ),
             },
             "task_id",
             "lease_id",
@@ -314,6 +353,14 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "/worker/checkpoint",
         "Save checkpoints",
         _wrap("checkpoints", ref("CheckpointItem")),
+        _wrap("results", ref("ItemResult")),
+        [],
+    ),
+    (
+        "post",
+        "/worker/steps",
+        "Record durable step claims and commits, fenced by lease; answered once durable",
+        _wrap("steps", ref("StepItem")),
         _wrap("results", ref("ItemResult")),
         [],
     ),

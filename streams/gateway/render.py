@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from conveyor.schemas.types import Attempt, CancelCause, Task, TaskStatus
+from conveyor.schemas.types import Attempt, CancelCause, StepRow, Task, TaskStatus
 from conveyor.streams.machine import Reply
 from conveyor.streams.processor.dispatch import Lease
 
@@ -88,4 +89,18 @@ def lease_json(lease: Lease, *, payload: Any, checkpoint: Any) -> dict[str, Any]
         "checkpoint": checkpoint,
         "lease_ms": lease.lease_ms,
         "start_to_close_ms": lease.start_to_close_ms,
+        "steps": [step_json(row) for row in lease.steps],
+        "started_ms": lease.started_ms,
+        "run_key": lease.run_key,
+    }
+
+
+def step_json(row: StepRow) -> dict[str, Any]:
+    return {
+        "identity": row.identity,
+        "position": row.position,
+        "claims": row.claims,
+        "committed": row.value is not None,
+        "value": None if row.value is None else json.loads(row.value),
+        "wake_at_ms": row.wake_at_ms,
     }

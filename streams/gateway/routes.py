@@ -61,7 +61,12 @@ async def get_task(request: web.Request) -> web.Response:
 
 async def list_tasks(request: web.Request) -> web.Response:
     gw, tenant = context(request)
-    return reply(gw.list_tasks(tenant, validation.parse_list_query(request.query)))
+    return reply(await gw.list_tasks(tenant, validation.parse_list_query(request.query)))
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    return reply(await gw.queues(tenant))
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -109,15 +114,23 @@ async def checkpoint(request: web.Request) -> web.Response:
     return reply({"results": await gw.checkpoint(tenant, items)})
 
 
+async def steps(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    items = worker_requests.parse_steps(await read_body(request))
+    return reply({"results": await gw.steps(tenant, items)})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/tasks", enqueue)
     app.router.add_post("/v1/tasks:batch", enqueue_batch)
     app.router.add_post("/v1/tasks:retry", retry)
     app.router.add_get("/v1/tasks", list_tasks, allow_head=False)
     app.router.add_get("/v1/tasks/{task_id}", get_task, allow_head=False)
+    app.router.add_get("/v1/queues", list_queues, allow_head=False)
     app.router.add_post("/v1/tasks/{task_id}/cancel", cancel)
     app.router.add_post("/worker/register", register)
     app.router.add_post("/worker/poll", poll)
     app.router.add_post("/worker/heartbeat", heartbeat)
     app.router.add_post("/worker/complete", complete)
     app.router.add_post("/worker/checkpoint", checkpoint)
+    app.router.add_post("/worker/steps", steps)

@@ -14,9 +14,20 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
+import asyncpg
+
 from conveyor.errors import Conflict, ContractError, NotFound
-from conveyor.schemas.types import Checkpoint, Completion, LeaseRef, Task, TaskSpec
-from conveyor.streams.gateway import listing, render
+from conveyor.schemas.types import (
+    Checkpoint,
+    Completion,
+    LeaseRef,
+    StepOp,
+    StepWrite,
+    Task,
+    TaskSpec,
+)
+from conveyor.store.postgres import queries
+from conveyor.streams.gateway import listing, render, snapshot
 from conveyor.streams.gateway.auth import KeyStore
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.payloads import Payloads
@@ -27,6 +38,7 @@ from conveyor.streams.gateway.worker_requests import (
     CompletionRequest,
     Poll,
     Register,
+    StepRequest,
 )
 from conveyor.streams.machine import Reply
 from conveyor.streams.machine.handlers.cancel import retry_id
@@ -37,11 +49,20 @@ UNKNOWN_TASK = "unknown task"
 
 
 class Gateway:
-    def __init__(self, node: Node, keys: KeyStore, registry: Registry, payloads: Payloads) -> None:
+    def __init__(
+        self,
+        node: Node,
+        keys: KeyStore,
+        registry: Registry,
+        payloads: Payloads,
+        *,
+        snapshot: asyncpg.Pool | None = None,
+    ) -> None:
         self.node = node
         self.keys = keys
         self.registry = registry
         self.payloads = payloads
+        self.snapshot = snapshot  # the Postgres query snapshot; None: list by RocksDB scans
         self._round_robin = itertools.count()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -116,11 +137,25 @@ class Gateway:
             checkpoint=await self.payloads.value(task.checkpoint),
         )
 
-    def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
+    async def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
+        if self.snapshot is not None:
+            return await snapshot.list_tasks(self.snapshot, tenant, query)
         tasks, cursor = listing.list_tasks(
             self.node, tenant, query.filter, query.limit, query.cursor
         )
-        return {"tasks": [render.task_summary(t) for t in tasks], "next_cursor": cursor}
+        body: dict[str, Any] = {"tasks": [render.task_summary(t) for t in tasks]}
+        body["next_cursor"] = cursor
+        if query.count:
+            body["count"] = None  # counting needs the snapshot; a scan cannot afford it
+        return body
+
+    async def queues(self, tenant: str) -> dict[str, Any]:
+        if self.snapshot is None:
+            raise ContractError(
+                "queue statistics need the Postgres snapshot; run the node without --no-projection",
+                field=None,
+            )
+        return {"queues": await queries.queues(self.snapshot, tenant, self.node.clock.now_ms())}
 
     async def cancel(self, tenant: str, task_id: str, reason: str) -> dict[str, Any]:
         self.find(tenant, task_id)
@@ -202,6 +237,32 @@ class Gateway:
             results[i] = _result(reply)
         return results
 
+    async def steps(self, tenant: str, items: list[StepRequest]) -> list[dict[str, Any]]:
+        """Step claims and commits; values are stored as compact JSON (the step cap is the
+        inline cap, so they never go to the blob store)."""
+        results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
+        positions: dict[int, list[int]] = defaultdict(list)  # partition -> item positions
+        batch: list[StepWrite] = []
+        for i, item in enumerate(items):
+            if not self.owns(tenant, item.task_id):
+                continue
+            value = compact(item.value) if item.op == StepOp.COMMIT else None
+            positions[self.node.partition_of(item.task_id)].append(i)
+            batch.append(
+                StepWrite(
+                    task_id=item.task_id,
+                    lease_id=item.lease_id,
+                    op=item.op,
+                    identity=item.identity,
+                    position=item.position,
+                    value=value,
+                )
+            )
+        for reply in await self.node.steps(batch) if batch else []:
+            i = positions[self.node.partition_of(reply.task_id)][reply.index]
+            results[i] = _result(reply)
+        return results
+
     async def checkpoint(self, tenant: str, items: list[CheckpointRequest]) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
         mine: list[int] = []
@@ -254,4 +315,5 @@ def _completion(item: CompletionRequest, result: bytes | None) -> Completion:
         error_message=item.error_message,
         error_stack=item.error_stack,
         retry_after_ms=item.retry_after_ms,
+        sleep=item.sleep,
     )

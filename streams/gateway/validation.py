@@ -192,7 +192,12 @@ class TaskFilter:
     statuses: frozenset[TaskStatus] = frozenset()  # empty: any
     queue: str | None = None
     task_type: str | None = None
-    since_ms: int | None = None
+    since_ms: int | None = None  # created (listing) or failed (retry) at or after
+    error_class: str | None = None
+    error_text: str | None = None  # substring of the error message, case-insensitive
+    created_to_ms: int | None = None  # created before (exclusive)
+    finished_from_ms: int | None = None  # finished at or after
+    finished_to_ms: int | None = None  # finished before (exclusive)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,10 +205,30 @@ class ListQuery:
     filter: TaskFilter
     limit: int
     cursor: str | None
+    count: bool = False  # also answer how many tasks match (a second, counting query)
+
+
+_LIST_FIELDS = frozenset(
+    {
+        "status",
+        "queue",
+        "task_type",
+        "since_ms",
+        "created_from_ms",
+        "created_to_ms",
+        "finished_from_ms",
+        "finished_to_ms",
+        "error_class",
+        "error_text",
+        "limit",
+        "cursor",
+        "count",
+    }
+)
 
 
 def parse_list_query(query: Mapping[str, str]) -> ListQuery:
-    q = Fields(dict(query), "", {"status", "queue", "task_type", "since_ms", "limit", "cursor"})
+    q = Fields(dict(query), "", set(_LIST_FIELDS))
     statuses: set[TaskStatus] = set()
     for name in filter(None, (q.raw("status") or "").split(",")):
         try:
@@ -211,16 +236,33 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
         except ValueError:
             known = ", ".join(s.value for s in TaskStatus)
             raise invalid("status", f"unknown status {name!r}; expected {known}") from None
+    since = _query_int(q, "since_ms", 0, INT_MAX)
+    created_from = _query_int(q, "created_from_ms", 0, INT_MAX)
     return ListQuery(
         filter=TaskFilter(
             statuses=frozenset(statuses),
             queue=q.opt_str("queue"),
             task_type=q.opt_str("task_type"),
-            since_ms=_query_int(q, "since_ms", 0, INT_MAX),
+            since_ms=max(since or 0, created_from or 0) if since or created_from else None,
+            error_class=q.opt_str("error_class"),
+            error_text=q.opt_text("error_text", bytes_max=256),
+            created_to_ms=_query_int(q, "created_to_ms", 0, INT_MAX),
+            finished_from_ms=_query_int(q, "finished_from_ms", 0, INT_MAX),
+            finished_to_ms=_query_int(q, "finished_to_ms", 0, INT_MAX),
         ),
         limit=_query_int(q, "limit", 1, LIST_LIMIT_MAX) or LIST_LIMIT_DEFAULT,
         cursor=q.opt_str("cursor", bytes_max=1024),
+        count=_query_bool(q, "count"),
     )
+
+
+def _query_bool(q: Fields, name: str) -> bool:
+    text = (q.raw(name) or "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise invalid(name, f"expected true or false, got {text!r}")
 
 
 def parse_wait_ms(query: Mapping[str, str]) -> int:

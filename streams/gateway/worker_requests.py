@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.schemas.types import LeaseRef, Outcome
+from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, STEPS_MAX
+from conveyor.schemas.types import LeaseRef, Outcome, SleepStep, StepOp
 from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.validation import BATCH_MAX, DURATION_MS_MAX, WAIT_MS_MAX
@@ -17,6 +18,7 @@ LEASE_MS_MIN, LEASE_MS_MAX = 100, 3_600_000
 ERROR_CLASS_BYTES_MAX = 200
 ERROR_MESSAGE_BYTES_MAX = 16 * 1024
 ERROR_STACK_BYTES_MAX = 64 * 1024
+IDENTITY_BYTES_MAX = STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX  # "name:key"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,9 +86,10 @@ class CompletionRequest:
     error_message: str | None
     error_stack: str | None
     retry_after_ms: int | None
+    sleep: SleepStep | None = None
 
 
-_COMPLETION_FIELDS = frozenset({"outcome", "result", "error", "retry_after_ms"})
+_COMPLETION_FIELDS = frozenset({"outcome", "result", "error", "retry_after_ms", "sleep"})
 
 
 def parse_complete(body: Any) -> list[CompletionRequest]:
@@ -115,6 +118,60 @@ def _completion(item: Any, path: str) -> CompletionRequest:
         else None,
         error_stack=error.opt_text("stack", bytes_max=ERROR_STACK_BYTES_MAX) if error else None,
         retry_after_ms=f.opt_int("retry_after_ms", 0, DURATION_MS_MAX),
+        sleep=_sleep(f),
+    )
+
+
+def _sleep(f: Fields) -> SleepStep | None:
+    s = f.obj("sleep", {"identity", "position", "sleep_ms", "wake_at_ms"})
+    if s is None:
+        if f.raw("outcome") == Outcome.SLEEP:
+            raise invalid(f.at("sleep"), "is required with outcome SLEEP")
+        return None
+    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    if not identity:
+        raise invalid(s.at("identity"), "is required")
+    return SleepStep(
+        identity=identity,
+        position=s.req_int("position", -1, STEPS_MAX),
+        sleep_ms=s.opt_int("sleep_ms", 0, INT_MAX),
+        wake_at_ms=s.opt_int("wake_at_ms", 0, INT_MAX),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRequest:
+    path: str
+    task_id: str
+    lease_id: int
+    op: StepOp
+    identity: str
+    position: int
+    value: Any  # JSON; COMMIT only
+
+
+def parse_steps(body: Any) -> list[StepRequest]:
+    f = Fields(body, "", {"steps"})
+    return [_step(item, f"steps[{i}]") for i, item in enumerate(f.items("steps", 1, BATCH_MAX))]
+
+
+def _step(item: Any, path: str) -> StepRequest:
+    f, ref = _lease_ref(item, path, frozenset({"op", "identity", "position", "value"}))
+    op = f.raw("op")
+    if op not in (StepOp.CLAIM, StepOp.COMMIT):
+        raise invalid(f.at("op"), f"must be CLAIM|COMMIT, got {describe(op)}")
+    identity = f.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    if not identity:
+        raise invalid(f.at("identity"), "is required")
+    check_not_marker(f.raw("value"), f.at("value"))
+    return StepRequest(
+        path=path,
+        task_id=ref.task_id,
+        lease_id=ref.lease_id,
+        op=StepOp(op),
+        identity=identity,
+        position=f.req_int("position", -1, STEPS_MAX),
+        value=f.raw("value"),
     )
 
 

@@ -23,6 +23,7 @@ from conveyor.schemas.types import (
     FireTimers,
     GrantLeases,
     Record,
+    RecordSteps,
     RetryFailed,
     SaveCheckpoints,
 )
@@ -36,6 +37,7 @@ from conveyor.streams.machine.handlers.complete import (
 )
 from conveyor.streams.machine.handlers.dispatch import apply_grant
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
+from conveyor.streams.machine.handlers.steps import apply_steps
 from conveyor.streams.machine.handlers.timers import apply_timers
 from conveyor.streams.machine.outcome import Meta, Outcome
 
@@ -64,6 +66,8 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             apply_complete(tables, record, meta, out)
         case SaveCheckpoints():
             apply_checkpoints(tables, record, meta, out)
+        case RecordSteps():
+            apply_steps(tables, record, meta, out)
         case ExpireLeases():
             apply_expire(tables, record, meta, out)
         case FireTimers():

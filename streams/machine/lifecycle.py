@@ -22,6 +22,8 @@ from conveyor.store.tables import Tables
 from conveyor.streams.machine.outcome import LeaseEnded, Meta, Outcome, TaskFinished
 from conveyor.streams.machine.transitions import move
 
+# Not leased, not finished: on a ready queue or waiting for a RUN timer.
+WAITING = (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT, TaskStatus.SLEEPING)
 SEQ_SLOTS = 1 << 16  # items per record that can become ready: seq = (offset + 1) * SLOTS + i
 
 
@@ -56,6 +58,19 @@ def emit(
             error_message=error_message,
         )
     )
+
+
+def holder(tables: Tables, task_id: str, lease_id: int) -> Task | str:
+    """The task if ``lease_id`` is its live lease, else why not (the fence of every agent
+    record: completions, checkpoints, step claims and commits)."""
+    task = tables.task(task_id)
+    if task is None:
+        return "unknown task"
+    if task.status != TaskStatus.LEASED:
+        return f"task is {task.status.value}"
+    if task.lease_id != lease_id:
+        return f"stale lease {lease_id}; current lease is {task.lease_id}"
+    return task
 
 
 def touch(task: Task, meta: Meta) -> None:
@@ -120,7 +135,7 @@ def deadline_timers(task: Task) -> list[TimerRef]:
 
 
 def leave_waiting(tables: Tables, task: Task) -> None:
-    """Take an ENQUEUED or RETRY_WAIT task off the ready queue or its RUN timer."""
+    """Take a waiting task (ENQUEUED, RETRY_WAIT, SLEEPING) off its ready queue or RUN timer."""
     if task.ready_seq:
         tables.remove_ready(task)
         task.ready_seq = 0
@@ -179,7 +194,7 @@ def finish(
     """Move to a terminal state and drop everything the task still holds."""
     if task.status == TaskStatus.LEASED:
         end_lease(tables, task, out)
-    elif task.status in (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT):
+    elif task.status in WAITING:
         leave_waiting(tables, task)
     for ref in deadline_timers(task):
         tables.remove_timer(ref)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from conveyor.schemas.types import Task, TaskStatus
 
 E, L, R = TaskStatus.ENQUEUED, TaskStatus.LEASED, TaskStatus.RETRY_WAIT
+Z = TaskStatus.SLEEPING
 S, F, C, X = TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELED, TaskStatus.EXPIRED
 
 TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
@@ -28,6 +29,12 @@ TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
     (R, E): "backoff over",
     (R, C): "canceled",
     (R, X): "schedule_to_close passed",
+    # A durable sleep ends an attempt without failing it: its own state, so that RETRY_WAIT
+    # keeps meaning "an attempt failed" and the retry budget is visibly untouched.
+    (L, Z): "the attempt slept (step.sleep)",
+    (Z, E): "sleep over",
+    (Z, C): "canceled",
+    (Z, X): "schedule_to_close passed",
 }
 
 

@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from conveyor.schemas.types import GrantLeases, LeaseRequest
+from conveyor.schemas.types import GrantLeases, LeaseRequest, StepRow
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
@@ -44,6 +44,12 @@ class Lease:
     payload: bytes
     checkpoint: bytes | None
     start_to_close_ms: int | None
+    # The durable-step snapshot the attempt checks every step call against, loaded once here
+    # rather than fetched per step; with the lease's start time (the platform's "now" for a
+    # replayed sleep) and the run key step idempotency keys derive from.
+    steps: list[StepRow]
+    started_ms: int
+    run_key: str
 
 
 @dataclass(slots=True, kw_only=True)
@@ -260,6 +266,9 @@ class Dispatcher:
             payload=payload,
             checkpoint=task.checkpoint,
             start_to_close_ms=task.start_to_close_ms,
+            steps=tables.steps(grant.task_id),
+            started_ms=task.leased_ms or 0,
+            run_key=task.run_key or task.task_id,
         )
 
     def clear(self) -> None:

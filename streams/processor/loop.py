@@ -43,6 +43,7 @@ from conveyor.streams.machine import (
     Reply,
     TaskFinished,
     apply,
+    current_epoch,
 )
 from conveyor.streams.processor import leadership
 from conveyor.streams.processor.dispatch import Dispatcher, WaitingPool
@@ -254,6 +255,8 @@ class PartitionProcessor:
             events.extend(outcome.events)
         self._commit(batch[-1].offset, events)
         self.records_applied += len(batch)
+        if self.leader and current_epoch(self.reader()) > self.epoch:
+            self.step_down(f"a newer epoch {current_epoch(self.reader())} was announced")
         self._after_commit(actions, events)
 
     def _commit(self, offset: int, events: list[TaskEvent]) -> None:

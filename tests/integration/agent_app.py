@@ -76,3 +76,12 @@ def spin(ctx: conveyor.Context, payload: Any) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # burns CPU until RLIMIT_CPU stops it
         pass
+
+
+@app.task(retry=FAST)
+def step_then_die(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    done = ctx.step.run("once", lambda: mark(payload, f"ran in step attempt {ctx.step.attempt}"))
+    if ctx.attempt == 1:
+        mark(payload, f"pid {os.getpid()}")
+        ctx.wait_cancelled(timeout=60)  # the test kills this process meanwhile
+    return f"memo {done!r} in attempt {ctx.attempt}"

@@ -7,6 +7,7 @@ name, so one test's polls never take another's tasks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -161,6 +162,29 @@ def count_tasks(base: str, key: str = KEY_A) -> int:
         cursor = page["next_cursor"]
         if cursor is None:
             return total
+
+
+def stop_orphaned_postgres(home: Path) -> None:
+    """The embedded PostgreSQL of a node killed with -9 outlives it (the next node joins it
+    and, not having started it, leaves it running): stop it by its pid file."""
+    pid_file = home / "postgres" / "postmaster.pid"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+
+
+def settled_count(base: str, timeout_s: float = 15.0) -> int:
+    """The listing's task count once it stops changing: listing reads the Postgres snapshot,
+    which trails the processors by the projection lag (tens of milliseconds)."""
+    deadline = time.monotonic() + timeout_s
+    last = count_tasks(base)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = count_tasks(base)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("the task listing never settled")
 
 
 def enqueue(base: str, app: str = "shop", **fields: Any) -> str:
@@ -419,7 +443,7 @@ BAD_INPUT = [
 def test_bad_input_is_rejected_and_changes_nothing(
     node: NodeProcess, path: str, body: bytes, status: int, code: str, field: str | None
 ) -> None:
-    before = count_tasks(node.base)
+    before = settled_count(node.base)
     got_status, reply = call(node.base, "POST", path, raw=body)
     assert (got_status, reply["error"]["code"]) == (status, code), reply
     error = reply["error"]
@@ -471,11 +495,11 @@ def test_retried_enqueue_returns_the_same_task(node: NodeProcess) -> None:
 def test_same_key_different_payload_is_a_conflict(node: NodeProcess) -> None:
     body = {"task_type": "echo", "app": "shop", "payload": {"a": 1}, "idempotency_key": "twin"}
     task_id = call(node.base, "POST", "/v1/tasks", body)[1]["task_id"]
-    before = count_tasks(node.base)
+    before = settled_count(node.base)
     status, reply = call(node.base, "POST", "/v1/tasks", {**body, "payload": {"a": 2}})
     assert (status, reply["error"]["code"]) == (409, "conflict")
     assert reply["error"]["field"] == "idempotency_key" and task_id in reply["error"]["message"]
-    assert count_tasks(node.base) == before
+    assert settled_count(node.base) == before
     assert get(node.base, task_id)["payload"] == {"a": 1}
 
 
@@ -488,18 +512,27 @@ def test_cancel_enqueued_task(node: NodeProcess) -> None:
     assert poll(node.base, "cancels", wait_ms=200) == []
 
 
-def test_list_filters_and_pages(node: NodeProcess) -> None:
-    ids = {enqueue(node.base, "listing", task_type=t) for t in ("a", "a", "b")}
+def _list_all(base: str, query: str) -> list[str]:
     seen, cursor = [], None
     while True:
-        query = "task_type=a&status=enqueued&limit=1" + (f"&cursor={cursor}" if cursor else "")
-        status, page = call(node.base, "GET", f"/v1/tasks?{query}")
+        status, page = call(
+            base, "GET", f"/v1/tasks?{query}" + (f"&cursor={cursor}" if cursor else "")
+        )
         assert status == 200, page
         seen += [t["task_id"] for t in page["tasks"]]
         cursor = page["next_cursor"]
         if cursor is None:
-            break
-    assert sorted(seen) == sorted(i for i in ids if get(node.base, i)["task_type"] == "a")
+            return seen
+
+
+def test_list_filters_and_pages(node: NodeProcess) -> None:
+    ids = {enqueue(node.base, "listing", task_type=t) for t in ("a", "a", "b")}
+    wanted = sorted(i for i in ids if get(node.base, i)["task_type"] == "a")
+    # Listing reads the Postgres snapshot, which trails the processors by the projection lag.
+    deadline = time.monotonic() + 15.0
+    while sorted(seen := _list_all(node.base, "task_type=a&status=enqueued&limit=1")) != wanted:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
     assert len(seen) == len(set(seen)) == 2
     status, reply = call(node.base, "GET", "/v1/tasks?cursor=bogus")
     assert (status, reply["error"]["field"]) == (400, "cursor")
@@ -712,11 +745,12 @@ def test_kill_9_keeps_every_acknowledged_task(tmp_path: Path) -> None:
     try:
         for task_id in acknowledged:
             assert get(second.base, task_id)["status"] == "ENQUEUED"
-        assert count_tasks(second.base) == len(acknowledged)
+        assert settled_count(second.base) == len(acknowledged)
         # The registry survived too: enqueueing still works without a new registration.
         enqueue(second.base)
     finally:
         assert second.stop() == 0, second.logs()
+        stop_orphaned_postgres(home)
     verified = cli("log", "verify", str(home))
     assert verified.returncode == 0, verified.stdout + verified.stderr
 

@@ -28,10 +28,8 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
-from conveyor.streams.machine.lifecycle import emit, finish, grace_timer, touch
+from conveyor.streams.machine.lifecycle import WAITING, emit, finish, grace_timer, touch
 from conveyor.streams.machine.outcome import CancelLease, Meta, Outcome, Reply
-
-_WAITING = (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT)
 
 
 def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) -> None:
@@ -48,7 +46,7 @@ def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) 
                 )
             )
             continue
-        if task.status in _WAITING:
+        if task.status in WAITING:
             finish(
                 tables,
                 task,
@@ -100,8 +98,13 @@ def apply_retry_failed(tables: Tables, record: RetryFailed, meta: Meta, out: Out
         if task.status != TaskStatus.FAILED or not tables.is_dead(task.tenant, task_id):
             continue  # not failed, or already retried: one retry per dead letter
         tables.remove_dead(task.tenant, task_id)
+        # The run key travels with the retry, so step idempotency keys stay stable across it.
         twin = dataclasses.replace(
-            spec, task_id=retry_id(task_id, meta.offset), idempotency_key=None, run_at_ms=None
+            spec,
+            task_id=retry_id(task_id, meta.offset),
+            idempotency_key=None,
+            run_at_ms=None,
+            run_key=task.run_key or task_id,
         )
         specs.append(codec.TASK_SPEC.encode(twin))
         touch(task, meta)

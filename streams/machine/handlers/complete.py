@@ -20,26 +20,16 @@ from conveyor.schemas.types import (
     Outcome as AttemptOutcome,
 )
 from conveyor.store.tables import Tables
+from conveyor.streams.machine.handlers.steps import sleep_attempt
 from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     emit,
     finish,
+    holder,
     record_attempt,
     touch,
 )
 from conveyor.streams.machine.outcome import Meta, Outcome, Reply
-
-
-def holder(tables: Tables, task_id: str, lease_id: int) -> Task | str:
-    """The task if ``lease_id`` is its live lease, else why not."""
-    task = tables.task(task_id)
-    if task is None:
-        return "unknown task"
-    if task.status != TaskStatus.LEASED:
-        return f"task is {task.status.value}"
-    if task.lease_id != lease_id:
-        return f"stale lease {lease_id}; current lease is {task.lease_id}"
-    return task
 
 
 def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Outcome) -> None:
@@ -64,6 +54,8 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
             # The final attempt is described by the task row itself; no attempts row.
             task.result = item.result
             finish(tables, task, TaskStatus.SUCCEEDED, meta, out, EventKind.TaskSucceeded)
+        case AttemptOutcome.SLEEP:
+            sleep_attempt(tables, task, item, meta, out)
         case AttemptOutcome.CANCELED if task.cancel_cause == CancelCause.START_TO_CLOSE:
             # The handler obeyed the timeout's stop: the attempt failed; retry per policy.
             task.cancel_cause = None

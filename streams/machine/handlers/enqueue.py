@@ -24,6 +24,19 @@ from conveyor.streams.machine.outcome import Meta, Outcome, Reply
 def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome) -> None:
     for index, raw in enumerate(record.tasks):
         spec = codec.TASK_SPEC.decode(raw)
+        problem = invalid(spec)
+        if problem is not None:
+            # The gateway validates; anything else that appends (ingest, tools) may not.
+            out.actions.append(
+                Reply(
+                    offset=meta.offset,
+                    index=index,
+                    ok=False,
+                    task_id=spec.task_id[:64],
+                    reason=problem,
+                )
+            )
+            continue
         twin = _twin(tables, spec, meta)
         if twin is not None:
             existing = tables.task(twin)
@@ -69,6 +82,34 @@ def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome
         )
 
 
+NAME_BYTES_MAX = 1_024
+TIME_MS_MAX = 1 << 53  # far beyond any real deadline, far below the u64 key encoding limit
+
+
+def invalid(spec: TaskSpec) -> str | None:
+    """Why a spec cannot be stored, or None. Cheap checks of what the key encodings need."""
+    for name in ("task_id", "tenant", "app", "task_type", "queue"):
+        if len(getattr(spec, name).encode()) > NAME_BYTES_MAX:
+            return f"{name} longer than {NAME_BYTES_MAX} bytes"
+    if not 0 <= spec.priority <= 255:
+        return f"priority {spec.priority} outside 0..255"
+    times = (
+        spec.run_at_ms,
+        spec.schedule_to_start_ms,
+        spec.start_to_close_ms,
+        spec.schedule_to_close_ms,
+        spec.cancel_grace_ms,
+        spec.idempotency_window_ms,
+        spec.backoff_base_ms,
+        spec.backoff_cap_ms,
+    )
+    if any(t is not None and not 0 <= t <= TIME_MS_MAX for t in times):
+        return "a time or duration outside 0..2^53 ms"
+    if spec.attempts_max < 1:
+        return "attempts_max below 1"
+    return None
+
+
 def _twin(tables: Tables, spec: TaskSpec, meta: Meta) -> str | None:
     """The task this enqueue duplicates: same idempotency key in its window, or same id."""
     if spec.idempotency_key is not None:
@@ -104,4 +145,5 @@ def _new_task(spec: TaskSpec, meta: Meta) -> Task:
         if spec.schedule_to_start_ms is None
         else max(now, spec.run_at_ms or now) + spec.schedule_to_start_ms,
         close_by_ms=None if spec.schedule_to_close_ms is None else now + spec.schedule_to_close_ms,
+        run_key=spec.run_key,
     )

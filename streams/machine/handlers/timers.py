@@ -18,6 +18,7 @@ from conveyor.schemas.types import (
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.cancel import request_stop
 from conveyor.streams.machine.lifecycle import (
+    WAITING,
     attempt_failed,
     emit,
     finish,
@@ -27,11 +28,11 @@ from conveyor.streams.machine.lifecycle import (
 from conveyor.streams.machine.outcome import Meta, Outcome
 from conveyor.streams.machine.transitions import move
 
-WAITING = (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT)
-
 
 def apply_timers(tables: Tables, record: FireTimers, meta: Meta, out: Outcome) -> None:
     for index, ref in enumerate(record.timers):
+        if not 0 <= ref.fire_at_ms <= meta.ts_ms or ref.token < 0:
+            continue  # not due (timers never fire early), or not a timer we could arm
         if not tables.timer_exists(ref):
             continue  # already fired or disarmed
         tables.remove_timer(ref)
@@ -50,8 +51,8 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
     match ref.kind:
         case TimerKind.RUN:
             if task.status in WAITING and task.ready_seq == 0 and task.attempt == ref.token:
-                if task.status == TaskStatus.RETRY_WAIT:
-                    move(task, TaskStatus.ENQUEUED)
+                if task.status != TaskStatus.ENQUEUED:
+                    move(task, TaskStatus.ENQUEUED)  # backoff or sleep over
                 make_ready(tables, task, meta, index)
                 touch(task, meta)
                 tables.put_task(task)

@@ -1,0 +1,337 @@
+"""Durable steps: ``ctx.step.run``, ``ctx.step.sleep``, ``ctx.step.sleep_until``,
+``ctx.step.idempotency_key`` (the semantics of seeds/002: "job" there is a task here).
+
+Rule 1 (identity): a step is ``name#occurrence`` (the occurrence counts this attempt's earlier
+unkeyed calls of the name) or ``name:key``. Keyed calls do not advance the occurrence counter
+and are matched by identity wherever they sit; unkeyed ones (sleeps too) are matched at their
+position among the attempt's unkeyed calls.
+Rule 2 (divergence): every unkeyed call is checked, in memory, against the snapshot of
+committed steps loaded at attempt start; a different identity at a recorded position fails the
+task without retries. Steps past the recorded end just run; fewer steps than recorded only
+log a warning when the body returns.
+Rule 3 (memo): only a body that returns is committed. A commit is durable before ``run``
+returns; a memo hit returns the value decoded from its stored bytes, and so does a fresh run
+(the same shape either way).
+Rule 4 (fencing): before a non-memoized body runs, a claim is recorded under the attempt's
+lease; the claim count is ``ctx.step.attempt``. A claim or commit the platform refuses as
+stale means the lease is gone: the body unwinds and the attempt is dropped.
+Rule 5 (signals): sleep, divergence, overlap and a lost lease unwind the body as
+``StepSignal`` (a BaseException). Each is latched: every later step call raises it again, and
+a body that swallowed one and returned anyway fails the attempt naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from conveyor.durations import Duration, to_ms
+from conveyor.errors import ContractError, FatalError, TransientError
+from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, over_cap
+
+T = TypeVar("T")
+log = logging.getLogger("conveyor.steps")
+
+CLAIM, COMMIT = "CLAIM", "COMMIT"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepAck:
+    """The platform's answer to one step claim or commit."""
+
+    ok: bool
+    lost: bool = False  # the lease is gone: drop the attempt
+    transient: bool = False  # could not reach the platform: retry the attempt
+    reason: str | None = None
+
+
+class StepChannel(Protocol):
+    def step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
+        """Record a claim or commit; blocks until it is durable (or refused)."""
+        ...
+
+
+# -- signals: BaseException, so ``except Exception`` in user code cannot swallow them ---------
+
+
+class StepSignal(BaseException):
+    """Unwinds the task body on the platform's behalf."""
+
+    error_class = "StepSignal"
+
+
+class Sleep(StepSignal):
+    """``step.sleep`` ends the attempt; the task comes back at the deadline."""
+
+    error_class = "Sleep"
+
+    def __init__(
+        self, identity: str, position: int, *, sleep_ms: int | None, wake_at_ms: int | None
+    ) -> None:
+        super().__init__(f"sleeping at step {identity!r}")
+        self.identity = identity
+        self.position = position
+        self.sleep_ms = sleep_ms
+        self.wake_at_ms = wake_at_ms
+
+
+class Divergence(StepSignal):
+    error_class = "StepDivergence"
+
+
+class StepsOverlapped(StepSignal):
+    error_class = "StepsOverlapped"
+
+
+class ClaimLost(StepSignal):
+    error_class = "LeaseLost"
+
+
+# -- ordinary errors ---------------------------------------------------------------------------
+
+
+class StepRefused(FatalError):
+    """A step the code asked for cannot be: a bad name or key, a duplicate identity, a value
+    too large or not JSON. The same code would ask again, so the task fails without retries."""
+
+
+class StepUnavailable(TransientError):
+    """The step store could not be reached; the attempt fails and is retried."""
+
+
+@dataclass(slots=True)
+class _Recorded:
+    identity: str
+    position: int
+    claims: int
+    committed: bool
+    value: Any
+    wake_at_ms: int | None
+
+
+def _recorded(rows: list[dict[str, Any]]) -> list[_Recorded]:
+    return [
+        _Recorded(
+            identity=str(r["identity"]),
+            position=int(r["position"]),
+            claims=int(r.get("claims") or 0),
+            committed=bool(r.get("committed")),
+            value=r.get("value"),
+            wake_at_ms=r.get("wake_at_ms"),
+        )
+        for r in rows
+    ]
+
+
+def encode_value(identity: str, value: Any) -> str:
+    """The stored form of a step's value (compact JSON), checked against the per-step cap."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise StepRefused(
+            f"step {identity!r} returned a {type(value).__name__}, not JSON: {exc}; "
+            "return something JSON keeps, or a handle to it"
+        ) from exc
+    why = over_cap(identity, len(text.encode()), 0, 0)
+    if why is not None:
+        raise StepRefused(why)
+    return text
+
+
+class StepContext:
+    """``ctx.step``: the durable steps of one attempt."""
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        run_key: str,
+        started_ms: int,
+        recorded: list[dict[str, Any]],
+        channel: StepChannel,
+    ) -> None:
+        self._task_id = task_id
+        self._run_key = run_key
+        self._started_ms = started_ms
+        self._channel = channel
+        rows = _recorded(recorded)
+        self._by_identity = {r.identity: r for r in rows}
+        self._at = {r.position: r for r in rows if r.committed and r.position >= 0}
+        self._occurrences: Counter[str] = Counter()
+        self._running: list[str] = []  # unkeyed identities asked for, in order
+        self._used: set[str] = set()
+        self._lock = threading.Lock()
+        self._busy = False
+        self._current: str | None = None
+        self._current_attempt = 0
+        self.signal: StepSignal | None = None  # latched: raised again at every step call
+
+    # -- inside a step body ---------------------------------------------------------------------
+
+    @property
+    def idempotency_key(self) -> str:
+        """``<run key>:<step identity>``: the same in every attempt, after every sleep and
+        across a dead-letter retry. Pass it to the service the step calls."""
+        return f"{self._run_key}:{self._inside('idempotency_key')}"
+
+    @property
+    def attempt(self) -> int:
+        """How many times this step's body has been started, this time included: above 1
+        when an earlier attempt claimed it and died before committing."""
+        self._inside("attempt")
+        return self._current_attempt
+
+    def _inside(self, what: str) -> str:
+        current = self._current
+        if current is None:
+            raise ContractError(
+                f"ctx.step.{what} is readable only inside a step body (the function given "
+                "to ctx.step.run): outside one there is no step for it to name"
+            )
+        return current
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def run(self, name: str, fn: Callable[[], T], key: str | None = None) -> T:
+        """Run ``fn`` once per task: a later attempt returns its committed value."""
+        self._reraise()
+        identity, position = self._identify(name, key)
+        row = self._by_identity.get(identity)
+        if row is not None and row.committed:
+            self._used.add(identity)
+            return row.value  # type: ignore[no-any-return]
+        self._enter(identity)
+        try:
+            self._write(CLAIM, identity, position, None)
+            self._current = identity
+            self._current_attempt = (row.claims if row else 0) + 1
+            try:
+                value = fn()
+            finally:
+                self._current = None
+            text = encode_value(identity, value)
+            decoded = json.loads(text)
+            self._write(COMMIT, identity, position, decoded)
+        finally:
+            self._leave()
+        return decoded  # type: ignore[no-any-return]
+
+    def sleep(self, duration: Duration, name: str | None = None) -> None:
+        """End the attempt; the task comes back ``duration`` after the first commit of this
+        sleep (a replay wakes at that same instant, never later each time)."""
+        self._sleep(name, sleep_ms=to_ms(duration, field="duration"), wake_at_ms=None)
+
+    def sleep_until(self, instant: datetime | int, name: str | None = None) -> None:
+        """End the attempt until ``instant`` (a datetime, or epoch milliseconds)."""
+        wake_at_ms = instant if isinstance(instant, int) else int(instant.timestamp() * 1000)
+        self._sleep(name, sleep_ms=None, wake_at_ms=wake_at_ms)
+
+    def _sleep(self, name: str | None, *, sleep_ms: int | None, wake_at_ms: int | None) -> None:
+        self._reraise()
+        identity, position = self._identify(name or "sleep", None)
+        row = self._by_identity.get(identity)
+        if row is not None and row.committed and row.wake_at_ms is not None:
+            if row.wake_at_ms <= self._started_ms:
+                return  # slept already: carry on
+            sleep_ms, wake_at_ms = None, row.wake_at_ms  # woke early: the first deadline holds
+        self._enter(identity)  # a sleep inside a step body overlaps that step
+        self._leave()
+        raise self._latch(Sleep(identity, position, sleep_ms=sleep_ms, wake_at_ms=wake_at_ms))
+
+    # -- the rules ------------------------------------------------------------------------------
+
+    def _identify(self, name: str, key: str | None) -> tuple[str, int]:
+        """Rule 1, then rule 2 for an unkeyed call. Returns (identity, position or -1)."""
+        if not isinstance(name, str) or not name or len(name.encode()) > STEP_NAME_BYTES_MAX:
+            raise StepRefused(f"a step name is 1..{STEP_NAME_BYTES_MAX} bytes, got {name!r:.200}")
+        if key is not None:
+            if not isinstance(key, str) or len(key.encode()) > STEP_KEY_BYTES_MAX:
+                raise StepRefused(f"a step key is a string of at most {STEP_KEY_BYTES_MAX} bytes")
+            identity, position = f"{name}:{key}", -1
+        else:
+            identity = f"{name}#{self._occurrences[name]}"
+            self._occurrences[name] += 1
+            position = len(self._running)
+            self._running.append(identity)
+            self._check_position(identity, position)
+        if identity in self._used:
+            raise StepRefused(
+                f"two steps of this attempt derive the identity {identity!r}; give them "
+                "different names or keys"
+            )
+        self._used.add(identity)
+        return identity, position
+
+    def _check_position(self, identity: str, position: int) -> None:
+        recorded = self._at.get(position)
+        if recorded is None or recorded.identity == identity:
+            return
+        raise self._latch(Divergence(self._divergence_report(identity, position)))
+
+    def _divergence_report(self, identity: str, position: int) -> str:
+        recorded = ", ".join(r.identity for _, r in sorted(self._at.items()))
+        was = self._at[position].identity
+        return (
+            f"step sequence changed for task {self._task_id} at position {position}\n"
+            f"  recorded: {recorded}\n"
+            f"  running:  {', '.join(self._running)}\n"
+            f"  step {position} was {was!r}, now {identity!r}\n"
+            "A memoized result would answer a different question than the step asking for it.\n"
+            "Drain or dead-letter this task type's in-flight tasks before deploying a change "
+            "to its\nstep sequence."
+        )
+
+    def _enter(self, identity: str) -> None:
+        """Steps run one at a time: a second one while one is uncommitted fails the attempt."""
+        with self._lock:
+            if self._busy:
+                raise self._latch(
+                    StepsOverlapped(
+                        f"step {identity!r} started while step {self._current!r} was "
+                        "uncommitted; steps run one at a time: issue them in order"
+                    )
+                )
+            self._busy = True
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy = False
+
+    def _write(self, op: str, identity: str, position: int, value: Any) -> None:
+        ack = self._channel.step(op, identity, position, value)
+        if ack.ok:
+            return
+        if ack.lost:
+            raise self._latch(ClaimLost(f"step {identity!r}: the lease was lost: {ack.reason}"))
+        if ack.transient:
+            raise StepUnavailable(f"step {identity!r}: {ack.reason}")
+        raise StepRefused(ack.reason or f"step {identity!r} was refused")
+
+    def _latch(self, signal: StepSignal) -> StepSignal:
+        if self.signal is None:
+            self.signal = signal
+        return self.signal
+
+    def _reraise(self) -> None:
+        if self.signal is not None:
+            raise self.signal
+
+    # -- when the body is done ------------------------------------------------------------------
+
+    def finished(self) -> None:
+        """The body returned: warn when it consumed fewer steps than were recorded."""
+        if self._at and max(self._at) >= len(self._running):
+            recorded = ", ".join(r.identity for _, r in sorted(self._at.items()))
+            log.warning(
+                "task %s finished with fewer steps than recorded (steps removed from the "
+                "end?)\n  recorded: %s\n  running:  %s",
+                self._task_id,
+                recorded,
+                ", ".join(self._running),
+            )

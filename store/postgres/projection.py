@@ -1,0 +1,277 @@
+"""The writes of the projector: fold events into rows, then one statement per table.
+
+Rules, and why:
+
+1. Rows only move forward. Every upsert is guarded by ``tasks.version < EXCLUDED.version``
+   (the record-log offset of the newest event folded into the row), so replaying events that
+   are already projected -- after a crash between the upsert and the watermark, or a second
+   delivery by the outbox -- changes nothing.
+2. Never a round trip per event. A chunk of events is folded per task in memory first (one
+   row per task), then written with one ``INSERT ... SELECT FROM unnest($1, $2, ...)`` (one
+   array per column) per table.
+3. The watermark advances in the same transaction as the rows it covers.
+4. The fold mirrors the state machine's rules for the columns that events do not carry in
+   full: ``created_ms`` is the time of TaskEnqueued, ``finished_ms`` of the terminal event,
+   and the error columns change only on events that set the task's error (ERROR_KINDS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import asyncpg
+
+from conveyor.schemas.types import TERMINAL, EventKind, TaskEvent, TaskStatus
+
+# Events after which the task row holds the event's error (lifecycle.finish/attempt_failed).
+ERROR_KINDS = frozenset(
+    {
+        EventKind.TaskRetryScheduled,
+        EventKind.TaskFailed,
+        EventKind.TaskCanceled,
+        EventKind.TaskExpired,
+    }
+)
+READY_KINDS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued})
+# Events that end the attempt under way, and the outcome they give it.
+ATTEMPT_ENDS = {
+    EventKind.TaskSucceeded: "SUCCEEDED",
+    EventKind.TaskRetryScheduled: "FAILED",
+    EventKind.TaskFailed: "FAILED",
+    EventKind.TaskCanceled: "CANCELED",
+    EventKind.TaskExpired: "EXPIRED",
+}
+
+
+@dataclass(slots=True)
+class TaskRow:
+    """One task's columns after the events of a chunk. ``None`` means "keep the stored
+    value" for the columns the chunk's events did not determine."""
+
+    task_id: str
+    tenant: str
+    app: str
+    task_type: str
+    queue: str
+    partition: int
+    status: str
+    attempt: int
+    updated_ms: int
+    version: int
+    last_event: str
+    created_ms: int | None = None
+    finished_ms: int | None = None
+    ready_ms: int | None = None
+    leased_ms: int | None = None
+    agent_id: str | None = None
+    error_class: str | None = None  # set (non-null) only when an ERROR_KINDS event set it
+    error_message: str | None = None
+
+
+@dataclass(slots=True)
+class AttemptRow:
+    task_id: str
+    attempt: int
+    agent_id: str | None = None
+    started_ms: int | None = None  # None: this chunk only saw the attempt end
+    finished_ms: int | None = None
+    outcome: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(slots=True)
+class Fold:
+    """Rows of one chunk: the newest state per task and every attempt touched."""
+
+    tasks: dict[str, TaskRow]
+    attempts: dict[tuple[str, int], AttemptRow]
+
+    @classmethod
+    def empty(cls) -> Fold:
+        return cls({}, {})
+
+    def add(self, partition: int, event: TaskEvent) -> None:
+        row = self.tasks.get(event.task_id)
+        if row is None:
+            row = self.tasks[event.task_id] = _row_of(partition, event)
+        elif event.version < row.version:
+            return  # a replayed older event inside one chunk: rule 1 in memory
+        _apply(row, event)
+        self._attempt(event)
+
+    def _attempt(self, event: TaskEvent) -> None:
+        if event.kind == EventKind.TaskLeased:
+            key = (event.task_id, event.attempt)
+            row = self.attempts.setdefault(key, AttemptRow(event.task_id, event.attempt))
+            row.agent_id, row.started_ms = event.agent_id, event.ts_ms
+            return
+        outcome = ATTEMPT_ENDS.get(event.kind)
+        if outcome is None:
+            return
+        # A retry has already counted the next attempt; the one that ended is the previous.
+        number = event.attempt - 1 if event.kind == EventKind.TaskRetryScheduled else event.attempt
+        row = self.attempts.setdefault((event.task_id, number), AttemptRow(event.task_id, number))
+        if row.finished_ms is None:
+            row.finished_ms, row.outcome = event.ts_ms, outcome
+            row.error_class, row.error_message = event.error_class, event.error_message
+
+
+def _row_of(partition: int, event: TaskEvent) -> TaskRow:
+    return TaskRow(
+        task_id=event.task_id,
+        tenant=event.tenant,
+        app=event.app,
+        task_type=event.task_type,
+        queue=event.queue,
+        partition=partition,
+        status=event.status,
+        attempt=event.attempt,
+        updated_ms=event.ts_ms,
+        version=event.version,
+        last_event=event.kind.value,
+    )
+
+
+def _apply(row: TaskRow, event: TaskEvent) -> None:
+    row.status, row.attempt = event.status, event.attempt
+    row.updated_ms, row.version, row.last_event = event.ts_ms, event.version, event.kind.value
+    row.agent_id = event.agent_id
+    kind = event.kind
+    if kind == EventKind.TaskEnqueued:
+        row.created_ms = event.ts_ms
+    if kind in READY_KINDS and event.status == TaskStatus.ENQUEUED:
+        row.ready_ms = event.ts_ms
+    if kind == EventKind.TaskLeased:
+        row.leased_ms = event.ts_ms
+    if event.status in TERMINAL and row.finished_ms is None:
+        row.finished_ms = event.ts_ms
+    if kind in ERROR_KINDS and event.error_class is not None:
+        row.error_class, row.error_message = event.error_class, event.error_message
+
+
+_TASK_COLUMNS = (
+    ("task_id", "text"),
+    ("tenant", "text"),
+    ("app", "text"),
+    ("task_type", "text"),
+    ("queue", "text"),
+    ("partition", "int4"),
+    ("status", "text"),
+    ("attempt", "int4"),
+    ("created_ms", "int8"),
+    ("updated_ms", "int8"),
+    ("finished_ms", "int8"),
+    ("ready_ms", "int8"),
+    ("leased_ms", "int8"),
+    ("agent_id", "text"),
+    ("error_class", "text"),
+    ("error_message", "text"),
+    ("last_event", "text"),
+    ("version", "int8"),
+)
+_NAMES = ", ".join(name for name, _ in _TASK_COLUMNS)
+_UNNEST = ", ".join(f"${i}::{kind}[]" for i, (_, kind) in enumerate(_TASK_COLUMNS, 1))
+# created_ms is NOT NULL: a row first seen without its TaskEnqueued (its events log prefix was
+# trimmed) takes the first time we saw it.
+UPSERT_TASKS = f"""
+INSERT INTO tasks AS t ({_NAMES})
+SELECT task_id, tenant, app, task_type, queue, partition, status, attempt,
+       COALESCE(created_ms, updated_ms), updated_ms, finished_ms, ready_ms, leased_ms, agent_id,
+       error_class, error_message, last_event, version
+FROM unnest({_UNNEST}) AS u({_NAMES})
+ON CONFLICT (task_id) DO UPDATE SET
+    status = EXCLUDED.status,
+    attempt = EXCLUDED.attempt,
+    updated_ms = EXCLUDED.updated_ms,
+    created_ms = LEAST(t.created_ms, EXCLUDED.created_ms),
+    finished_ms = COALESCE(t.finished_ms, EXCLUDED.finished_ms),
+    ready_ms = COALESCE(EXCLUDED.ready_ms, t.ready_ms),
+    leased_ms = COALESCE(EXCLUDED.leased_ms, t.leased_ms),
+    agent_id = EXCLUDED.agent_id,
+    error_class = COALESCE(EXCLUDED.error_class, t.error_class),
+    error_message = CASE WHEN EXCLUDED.error_class IS NULL THEN t.error_message
+                         ELSE EXCLUDED.error_message END,
+    last_event = EXCLUDED.last_event,
+    version = EXCLUDED.version
+WHERE t.version < EXCLUDED.version
+"""
+
+# Attempts: a start inserts the row (with its end when the chunk saw both); an end alone
+# closes an open row and never reopens a closed one. An end with no started row is an attempt
+# that never ran (canceled while waiting): nothing to record.
+_ATTEMPT_UNNEST = """unnest($1::text[], $2::int4[], $3::text[], $4::int8[], $5::int8[],
+            $6::text[], $7::text[], $8::text[])
+     AS u(task_id, attempt, agent_id, started_ms, finished_ms, outcome, error_class,
+          error_message)"""
+START_ATTEMPTS = f"""
+INSERT INTO attempts AS a (task_id, attempt, agent_id, started_ms, finished_ms, outcome,
+                           error_class, error_message)
+SELECT * FROM {_ATTEMPT_UNNEST}
+ON CONFLICT (task_id, attempt) DO UPDATE SET
+    agent_id = EXCLUDED.agent_id,
+    started_ms = EXCLUDED.started_ms,
+    finished_ms = COALESCE(a.finished_ms, EXCLUDED.finished_ms),
+    outcome = COALESCE(a.outcome, EXCLUDED.outcome),
+    error_class = CASE WHEN a.finished_ms IS NULL THEN EXCLUDED.error_class ELSE a.error_class END,
+    error_message = CASE WHEN a.finished_ms IS NULL THEN EXCLUDED.error_message
+                         ELSE a.error_message END
+"""
+END_ATTEMPTS = f"""
+UPDATE attempts AS a SET finished_ms = u.finished_ms, outcome = u.outcome,
+    error_class = u.error_class, error_message = u.error_message
+FROM {_ATTEMPT_UNNEST}
+WHERE a.task_id = u.task_id AND a.attempt = u.attempt AND a.finished_ms IS NULL
+"""
+
+SAVE_WATERMARKS = """
+INSERT INTO watermarks (partition, next_offset)
+SELECT * FROM unnest($1::int4[], $2::int8[])
+ON CONFLICT (partition) DO UPDATE SET next_offset = GREATEST(watermarks.next_offset,
+                                                             EXCLUDED.next_offset)
+"""
+
+
+_ATTEMPT_NAMES = [
+    "task_id",
+    "attempt",
+    "agent_id",
+    "started_ms",
+    "finished_ms",
+    "outcome",
+    "error_class",
+    "error_message",
+]
+
+
+def _columns(rows: Iterable[object], names: list[str]) -> list[list[object]]:
+    """Column arrays for ``unnest``: one parameter per column, any number of rows."""
+    items = list(rows)
+    return [[getattr(row, name) for row in items] for name in names]
+
+
+async def write(conn: asyncpg.Connection, fold: Fold, marks: Mapping[int, int]) -> None:
+    """Rows of ``fold`` and the watermarks that cover them, in one transaction (rule 3)."""
+    async with conn.transaction():
+        if fold.tasks:
+            names = [name for name, _ in _TASK_COLUMNS]
+            await conn.execute(UPSERT_TASKS, *_columns(fold.tasks.values(), names))
+        starts = [a for a in fold.attempts.values() if a.started_ms is not None]
+        ends = [a for a in fold.attempts.values() if a.started_ms is None]
+        for sql, rows in ((START_ATTEMPTS, starts), (END_ATTEMPTS, ends)):
+            if rows:
+                await conn.execute(sql, *_columns(rows, _ATTEMPT_NAMES))
+        if marks:
+            await conn.execute(SAVE_WATERMARKS, list(marks), list(marks.values()))
+
+
+async def watermarks(conn: asyncpg.Connection) -> dict[int, int]:
+    """Per events partition, the next offset to read (absent: from the start)."""
+    rows = await conn.fetch("SELECT partition, next_offset FROM watermarks")
+    return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+
+async def truncate(conn: asyncpg.Connection) -> None:
+    """Forget everything projected: the next projector run rebuilds from offset 0."""
+    await conn.execute("TRUNCATE tasks, attempts, watermarks")

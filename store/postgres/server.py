@@ -1,0 +1,76 @@
+"""Where the snapshot lives: a private PostgreSQL in the data dir, or an external DSN.
+
+The embedded default runs the PostgreSQL 16 that the ``pgserver`` wheel ships, with its data
+in ``home/postgres`` and its Unix socket inside that directory (no TCP port to collide with).
+pgserver reference-counts servers per directory across processes, so ``conveyor projection
+rebuild`` next to a stopped node simply starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from conveyor.errors import TransientError
+from conveyor.store.postgres.migrate import migrate
+
+DSN_ENV = "CONVEYOR_POSTGRES_DSN"
+POOL_SIZE_MAX = 8
+CONNECT_TIMEOUT_S = 30.0
+
+
+class StoreUnavailable(TransientError):
+    """PostgreSQL could not be started or reached."""
+
+    code = "store_unavailable"
+
+
+class EmbeddedPostgres:
+    """A pgserver-managed PostgreSQL whose data directory is ``data_dir``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._server: Any = None
+
+    async def start(self) -> str:
+        """Start (or join) the server; its DSN."""
+        self._server = await asyncio.to_thread(self._start_blocking)
+        return str(self._server.get_uri())
+
+    def _start_blocking(self) -> Any:
+        try:
+            from pgserver import postgres_server
+        except ImportError as exc:
+            raise StoreUnavailable(f"the pgserver package is not installed: {exc}") from exc
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return postgres_server.get_server(self.data_dir, cleanup_mode="stop")
+        except Exception as exc:  # pgserver raises plain exceptions for initdb/pg_ctl failures
+            raise StoreUnavailable(f"cannot start PostgreSQL in {self.data_dir}: {exc}") from exc
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await asyncio.to_thread(server.cleanup)
+
+
+def configured_dsn(dsn: str | None) -> str | None:
+    """The external DSN asked for (option first, then the environment), or None: embedded."""
+    return dsn or os.environ.get(DSN_ENV) or None
+
+
+async def connect_pool(dsn: str, *, size_max: int = POOL_SIZE_MAX) -> asyncpg.Pool:
+    """A connection pool on ``dsn`` with the schema migrated to the newest version."""
+    try:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=1, max_size=size_max, timeout=CONNECT_TIMEOUT_S
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+    async with pool.acquire() as conn:
+        await migrate(conn)
+    return pool

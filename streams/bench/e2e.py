@@ -1,0 +1,434 @@
+"""``conveyor bench e2e``: the whole product over real sockets and real processes.
+
+On a fresh data dir the bench starts ``conveyor node`` and ``conveyor agent`` (whose guests
+run the no-op app of ``noop_app``) as subprocesses, and talks to the node as a user would,
+through the SDK's ``AsyncClient``. Phases, in this order, so the latency ones see an idle
+system:
+
+1. single enqueue: ``single`` sequential ``POST /v1/tasks``, client-measured (send -> ack).
+2. idle schedule-to-start: ``idle`` ``stamp`` tasks, one at a time with a pause; the handler
+   returns the wall clock when it starts (client and guests share the machine's clock), and
+   start = that - the client's ack time. The lease stamp (``attempts[].started_ms``) gives
+   the node's share of it.
+3. throughput: ``tasks`` no-op tasks through ``POST /v1/tasks:batch`` (1,000 per call, a few
+   concurrent callers) -> agent -> guests -> SUCCEEDED. Completion is awaited with long-polls
+   on each batch's last task, then by counting SUCCEEDED tasks in the listing; the figure
+   counts from the first enqueue to the last ``finished_ms``, read from the node's state
+   after it stopped, where the run also checks that every task SUCCEEDED.
+
+The agent runs ``concurrency`` guests and holds ``prefetch`` more leases ready for them (its
+``--prefetch``): without them, a guest that finishes waits a whole poll round trip for its
+next task, and polls and grants come in batches of a few tasks.
+
+Both processes are stopped by pid at the end, whatever happened (TERM, then KILL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from conveyor.aclient import AsyncClient
+from conveyor.errors import ContractError
+from conveyor.schemas.types import Task
+from conveyor.store.rocksdb import RocksKV
+from conveyor.store.tables import Tables
+from conveyor.wire import Enqueue
+
+APP_REF = "conveyor.streams.bench.noop_app:app"
+APP = "bench"
+ENQUEUE_BATCH = 1_000
+CALLERS = 4  # concurrent batch enqueuers: enough to overlap the node's group commits
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+IDLE_PAUSE_S = 0.02  # between idle tasks: the previous one has finished, nothing overlaps
+WARM_PAUSE_MS = 200  # long enough that every guest slot is busy at once during warm-up
+
+
+async def bench_e2e(
+    *,
+    tasks: int = 50_000,
+    partitions: int = 8,
+    agents: int = 1,
+    concurrency: int = 32,
+    prefetch: int = 224,
+    single: int = 500,
+    idle: int = 200,
+    home: str | None = None,
+    drain_timeout_s: float = 240.0,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="conveyor-e2e-") as tmp:
+        root = Path(home or tmp)
+        cluster = Cluster(root, partitions, agents, concurrency, prefetch)
+        try:
+            await cluster.start()
+            result = await _run(cluster, tasks, single, idle, drain_timeout_s)
+        finally:
+            cluster.stop()
+        result.update(_final_state(cluster.node_home, result.pop("since_ms"), tasks))
+        result["tasks_per_s"] = _throughput_figure(result)
+        return _ordered(result, tasks, partitions, agents, concurrency, prefetch)
+
+
+async def _run(
+    cluster: Cluster, tasks: int, single: int, idle: int, drain_timeout_s: float
+) -> dict[str, Any]:
+    auth = {"Authorization": f"Bearer {cluster.key}"}
+    async with (
+        AsyncClient(cluster.url, cluster.key, app=APP) as client,
+        httpx.AsyncClient(base_url=cluster.url, headers=auth, timeout=60.0) as http,
+    ):
+        s = Session(client, http)
+        await _warm_up(client, cluster.agents * cluster.concurrency)
+        out: dict[str, Any] = {}
+        out.update(await _single_enqueues(client, single))
+        out.update(await _idle_starts(client, idle))
+        before = cluster.usage()
+        out.update(await _throughput(s, tasks, drain_timeout_s))
+        out.update(cluster.usage_since(before))
+        return out
+
+
+@dataclass(frozen=True)
+class Session:
+    """The SDK client the figures are measured with, and a raw HTTP client for the listings
+    that wait for a phase to finish (they need task ids only, not the SDK's summaries)."""
+
+    client: AsyncClient
+    http: httpx.AsyncClient
+
+
+# -- the processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    """A node and its agents as subprocesses of this one, with their output in files."""
+
+    root: Path
+    partitions: int
+    agents: int
+    concurrency: int
+    prefetch: int
+    port: int = 0
+    key: str = ""
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def node_home(self) -> Path:
+        return self.root / "node"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.port = _free_port()
+        home, port, partitions = str(self.node_home), str(self.port), str(self.partitions)
+        self._spawn("node", ["node", "--home", home, "--port", port, "--partitions", partitions])
+        await self._healthy()
+        self.key = _dev_key(self.node_home)
+        for k in range(self.agents):
+            args = ["--app", APP_REF, "--url", self.url, "--api-key", self.key]
+            slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
+            self._spawn(
+                f"agent-{k}",
+                ["agent", *args, *slots],
+                # The agent writes guest logs under $CONVEYOR_HOME: keep them in the temp dir.
+                env={"CONVEYOR_HOME": str(self.root / f"agent-{k}")},
+            )
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f"{name}.out", "ab") as out:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "conveyor.cli", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+            )
+
+    async def _healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        async with httpx.AsyncClient(base_url=self.url, timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get("/healthz")).status_code == 200:
+                        return
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"the node was not healthy after {START_TIMEOUT_S}s\n{self.logs()}")
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}\n{self.logs()}")
+
+    def logs(self) -> str:
+        tails = []
+        for name in self.procs:
+            path = self.root / f"{name}.out"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            tails.append(f"--- {name}.out\n{text[-4000:]}")
+        return "\n".join(tails)
+
+    def stop(self) -> None:
+        """Agents first (they drain and kill their guests), then the node; KILL stragglers."""
+        for name, proc in sorted(self.procs.items(), key=lambda kv: kv[0] == "node"):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                print(f"{name} (pid {proc.pid}) ignored SIGTERM; killed", file=sys.stderr)
+
+    def usage(self) -> dict[str, float]:
+        """CPU seconds and RSS (MiB) of the node (and its snapshot's PostgreSQL, a daemon
+        rather than a child), the agents, their guests, and this process: the client."""
+        out: dict[str, float] = {}
+        for name, popen in self.procs.items():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(popen.pid)
+                _add(out, "node" if name == "node" else "agent", proc)
+                if name != "node":
+                    for guest in proc.children(recursive=True):
+                        _add(out, "guests", guest)
+        postmaster = _postmaster(self.node_home)
+        if postmaster is not None:
+            for backend in (postmaster, *postmaster.children(recursive=True)):
+                _add(out, "node_postgres", backend)
+        cpu = psutil.Process().cpu_times()
+        out["client_cpu_s"] = cpu.user + cpu.system
+        return out
+
+    def usage_since(self, before: dict[str, float]) -> dict[str, float]:
+        now = self.usage()
+        out = {k: round(v, 1) for k, v in now.items() if k.endswith("_rss_mb")}
+        for k, v in now.items():
+            if k.endswith("_cpu_s"):
+                out[k] = round(v - before.get(k, 0.0), 2)
+        return out
+
+
+def _add(out: dict[str, float], role: str, proc: psutil.Process) -> None:
+    try:
+        cpu, rss = proc.cpu_times(), proc.memory_info().rss
+    except psutil.Error:  # it just exited
+        return
+    out[f"{role}_cpu_s"] = out.get(f"{role}_cpu_s", 0.0) + cpu.user + cpu.system
+    out[f"{role}_rss_mb"] = out.get(f"{role}_rss_mb", 0.0) + rss / 2**20
+
+
+def _postmaster(home: Path) -> psutil.Process | None:
+    """The embedded PostgreSQL of the node's query snapshot, if it runs one."""
+    try:
+        pid = int((home / "postgres" / "postmaster.pid").read_text().split()[0])
+        return psutil.Process(pid)
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dev_key(home: Path) -> str:
+    """The key ``conveyor node`` wrote for tenant ``default`` on first start."""
+    doc = json.loads((home / "keys.json").read_text(encoding="utf-8"))
+    for key, entry in doc["keys"].items():
+        if entry.get("tenant") == "default":
+            return str(key)
+    raise RuntimeError(f"no key for tenant default in {home / 'keys.json'}")
+
+
+# -- the phases -------------------------------------------------------------------------------
+
+
+async def _warm_up(client: AsyncClient, slots: int) -> None:
+    """Wait until the agent registered the app, and make it spawn every guest it may use, so
+    neither registration nor guest start-up lands in a measurement."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            handles = await client.enqueue_many([Enqueue("pause", WARM_PAUSE_MS)] * slots)
+            break
+        except ContractError as exc:
+            if exc.code != "unknown_task_type" or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+    for handle in handles:
+        await handle.result(timeout=START_TIMEOUT_S)
+
+
+async def _single_enqueues(client: AsyncClient, n: int) -> dict[str, Any]:
+    latencies, handles = [], []
+    for _ in range(n):
+        sent = time.perf_counter()
+        handles.append(await client.enqueue("noop", {}))
+        latencies.append((time.perf_counter() - sent) * 1000)
+    for handle in handles:  # the next phase starts on an idle system
+        await handle.result(timeout=START_TIMEOUT_S)
+    return {"single": n, **_percentiles("enqueue", latencies)}
+
+
+async def _idle_starts(client: AsyncClient, n: int) -> dict[str, Any]:
+    starts, leases, submits = [], [], []
+    for _ in range(n):
+        sent = time.time()
+        handle = await client.enqueue("stamp", {})
+        acked = time.time()
+        await asyncio.sleep(IDLE_PAUSE_S)  # no GET in flight while the task starts
+        info = await client.wait(handle.id, START_TIMEOUT_S)
+        started = float(info.result) * 1000
+        # A handler may start before the ack reaches the client: that is a zero wait.
+        starts.append(max(0.0, started - acked * 1000))
+        submits.append(started - sent * 1000)
+        leased = info.attempts[-1].started_ms if info.attempts else None
+        if leased is not None:
+            leases.append(leased - acked * 1000)
+    return {
+        "idle": n,
+        **_percentiles("start", starts),
+        **_percentiles("submit_to_start", submits),
+        **_percentiles("lease", leases),
+    }
+
+
+async def _throughput(s: Session, tasks: int, drain_timeout_s: float) -> dict[str, Any]:
+    since_ms = time.time_ns() // 1_000_000
+    start = time.perf_counter()
+    lasts = await asyncio.gather(*(_enqueuer(s.client, k, tasks) for k in range(CALLERS)))
+    enqueue_s = time.perf_counter() - start
+    drained = await _drain(s, [i for ids in lasts for i in ids], since_ms, tasks, drain_timeout_s)
+    return {
+        "since_ms": since_ms,
+        "enqueue_s": round(enqueue_s, 3),
+        "enqueue_per_s": round(tasks / enqueue_s),
+        "drained": drained,
+        "client_seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+async def _enqueuer(client: AsyncClient, k: int, tasks: int) -> list[str]:
+    """Batches k, k + CALLERS, ...; returns the id of each batch's last task."""
+    lasts = []
+    for lo in range(k * ENQUEUE_BATCH, tasks, CALLERS * ENQUEUE_BATCH):
+        n = min(ENQUEUE_BATCH, tasks - lo)
+        handles = await client.enqueue_many([Enqueue("noop", {})] * n)
+        lasts.append(handles[-1].id)
+    return lasts
+
+
+async def _drain(s: Session, lasts: list[str], since_ms: int, tasks: int, timeout_s: float) -> bool:
+    """Wait until all ``tasks`` created since ``since_ms`` SUCCEEDED: long-polls on each
+    batch's last task (a few dozen requests, not one per task), then counts in the listing,
+    which may trail the processors (the node's query snapshot), until the count is whole."""
+    deadline = time.monotonic() + timeout_s
+    for task_id in lasts:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await s.client.wait(task_id, left)
+    while await _succeeded_since(s, since_ms) < tasks:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.2)
+    return True
+
+
+async def _succeeded_since(s: Session, since_ms: int) -> int:
+    count = 0
+    params: dict[str, str | int] = {"status": "SUCCEEDED", "since_ms": since_ms, "limit": 1000}
+    while True:
+        reply = await s.http.get("/v1/tasks", params=params)
+        reply.raise_for_status()
+        page = reply.json()
+        count += len(page["tasks"])
+        if page.get("next_cursor") is None:
+            return count
+        params["cursor"] = page["next_cursor"]
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+def _final_state(home: Path, since_ms: int, tasks: int) -> dict[str, Any]:
+    """Statuses and the last finish time of the throughput tasks (created since ``since_ms``),
+    read from the stopped node's RocksDB state."""
+    counts: dict[str, int] = {}
+    last_ms = since_ms
+    for path in sorted((home / "state").iterdir()):
+        kv = RocksKV(path)
+        try:
+            for task in _tasks_since(Tables(kv), since_ms):
+                counts[task.status.value] = counts.get(task.status.value, 0) + 1
+                last_ms = max(last_ms, task.finished_ms or 0)
+        finally:
+            kv.close()
+    return {
+        "seconds": round((last_ms - since_ms) / 1000, 3),
+        "all_succeeded": counts.get("SUCCEEDED", 0) == tasks == sum(counts.values()),
+        "statuses": counts,
+    }
+
+
+def _tasks_since(tables: Tables, since_ms: int) -> Iterator[Task]:
+    for task in tables.tasks():
+        if task.created_ms >= since_ms:
+            yield task
+
+
+def _throughput_figure(result: dict[str, Any]) -> int:
+    done = int(result["statuses"].get("SUCCEEDED", 0))
+    seconds = float(result["seconds"])
+    return round(done / seconds) if seconds > 0 else 0
+
+
+def _percentiles(name: str, values: list[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+
+    def pct(q: float) -> float | None:
+        if not ordered:
+            return None
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {f"{name}_p50_ms": pct(0.50), f"{name}_p99_ms": pct(0.99)}
+
+
+def _ordered(
+    result: dict[str, Any],
+    tasks: int,
+    partitions: int,
+    agents: int,
+    concurrency: int,
+    prefetch: int,
+) -> dict[str, Any]:
+    """The headline figures first, then the detail."""
+    head = ["tasks_per_s", "enqueue_p50_ms", "enqueue_p99_ms", "start_p50_ms", "start_p99_ms"]
+    out: dict[str, Any] = {"tasks": tasks}
+    out.update({k: result.pop(k) for k in head})
+    out.update(partitions=partitions, agents=agents, concurrency=concurrency, prefetch=prefetch)
+    out.update(result)
+    return out

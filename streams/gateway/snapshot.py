@@ -1,0 +1,99 @@
+"""Listing from the Postgres query snapshot (when the node runs the projector).
+
+The snapshot trails the processors by the projection lag (normally well under a second): a
+task enqueued a moment ago may not be listed yet, while ``GET /v1/tasks/{id}`` (answered by
+its processor) always sees it. Listing needs filters and pages over millions of rows; the
+processors' RocksDB scans cannot give that, Postgres indexes can.
+
+The cursor is opaque to clients: base64url of ``<created_ms>:<task id>`` of the last row.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import asyncpg
+
+from conveyor.errors import ContractError
+from conveyor.store.postgres import StoreUnavailable, queries
+from conveyor.streams.gateway.fields import check_task_id
+from conveyor.streams.gateway.render import error_json
+from conveyor.streams.gateway.validation import ListQuery, TaskFilter
+
+
+def encode_cursor(created_ms: int, task_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_ms}:{task_id}".encode()).decode()
+
+
+def decode_cursor(text: str) -> tuple[int, str]:
+    try:
+        raw = base64.urlsafe_b64decode(text.encode("ascii")).decode("ascii")
+        created, task_id = raw.split(":", 1)
+        check_task_id(task_id, "cursor")
+        return int(created), task_id
+    except (ValueError, UnicodeError, binascii.Error, ContractError):
+        raise ContractError(
+            "cursor: not a cursor this server issued; pass next_cursor back unchanged",
+            field="cursor",
+        ) from None
+
+
+def task_query(tenant: str, flt: TaskFilter) -> queries.TaskQuery:
+    return queries.TaskQuery(
+        tenant=tenant,
+        statuses=tuple(sorted(s.value for s in flt.statuses)),
+        queue=flt.queue,
+        task_type=flt.task_type,
+        error_class=flt.error_class,
+        error_text=flt.error_text,
+        created_from_ms=flt.since_ms,
+        created_to_ms=flt.created_to_ms,
+        finished_from_ms=flt.finished_from_ms,
+        finished_to_ms=flt.finished_to_ms,
+    )
+
+
+def summary(row: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot row in the shape of ``render.task_summary``. The events do not carry
+    priority, run_at or the error stack, so those are null here; a pending cancel shows as
+    the last event having been CancelRequested on a LEASED task."""
+    return {
+        "task_id": row["task_id"],
+        "app": row["app"],
+        "task_type": row["task_type"],
+        "queue": row["queue"],
+        "priority": None,
+        "status": row["status"],
+        "attempt": row["attempt"],
+        "created_ms": row["created_ms"],
+        "updated_ms": row["updated_ms"],
+        "run_at_ms": None,
+        "finished_ms": row["finished_ms"],
+        "error": error_json(row["error_class"], row["error_message"], None),
+        "cancel_requested": row["status"] == "LEASED" and row["last_event"] == "CancelRequested",
+    }
+
+
+async def list_tasks(pool: asyncpg.Pool, tenant: str, query: ListQuery) -> dict[str, Any]:
+    q = task_query(tenant, query.filter)
+    after = decode_cursor(query.cursor) if query.cursor else None
+    try:
+        return await _page(pool, q, query, after)
+    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
+
+
+async def _page(
+    pool: asyncpg.Pool, q: queries.TaskQuery, query: ListQuery, after: tuple[int, str] | None
+) -> dict[str, Any]:
+    rows = await queries.list_tasks(pool, q, query.limit, after)
+    cursor = None
+    if len(rows) == query.limit:
+        last = rows[-1]
+        cursor = encode_cursor(int(last["created_ms"]), str(last["task_id"]))
+    body: dict[str, Any] = {"tasks": [summary(r) for r in rows], "next_cursor": cursor}
+    if query.count:
+        body["count"] = await queries.count_tasks(pool, q)
+    return body

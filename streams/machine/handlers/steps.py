@@ -1,0 +1,193 @@
+"""RecordSteps (step claims and commits) and the SLEEP outcome of an attempt.
+
+Rule 1 (fencing): every claim and commit names the lease it was made under; one that is not
+the task's live lease is rejected and changes nothing. A zombie's step never lands.
+Rule 2 (first commit wins): a commit of an already committed step is acknowledged and changes
+nothing, so a resent commit is harmless and a sleep's deadline is fixed by its first commit.
+Rule 3 (claims count attempts): a claim before a non-memoized step runs adds one to the step's
+claim count; a step claimed under a lease that died is claimed again by the next attempt, and
+its body sees the count (``ctx.step.attempt``) above 1.
+Rule 4 (caps): the per-step, per-task bytes and per-task count caps of ``schemas/steps.py``
+are enforced here too, because the guest that computed the value is not trusted.
+"""
+
+from __future__ import annotations
+
+from conveyor.schemas.steps import over_cap
+from conveyor.schemas.types import (
+    CancelCause,
+    Completion,
+    EventKind,
+    RecordSteps,
+    SleepStep,
+    StepOp,
+    StepRow,
+    StepTotals,
+    StepWrite,
+    Task,
+    TaskStatus,
+)
+from conveyor.store.tables import Tables
+from conveyor.streams.machine.lifecycle import (
+    attempt_failed,
+    emit,
+    end_lease,
+    finish,
+    holder,
+    record_attempt,
+    run_timer,
+    touch,
+)
+from conveyor.streams.machine.outcome import Meta, Outcome, Reply
+from conveyor.streams.machine.transitions import move
+
+SLEEP_VALUE = b"null"  # what a sleep step memoizes: nothing (JSON null)
+
+
+def apply_steps(tables: Tables, record: RecordSteps, meta: Meta, out: Outcome) -> None:
+    for index, item in enumerate(record.items):
+        task = holder(tables, item.task_id, item.lease_id)
+        if isinstance(task, str):
+            reason: str | None = task
+        elif item.op == StepOp.CLAIM:
+            reason = _claim(tables, item)
+        else:
+            reason = _commit(tables, item)
+        out.actions.append(
+            Reply(
+                offset=meta.offset,
+                index=index,
+                ok=reason is None,
+                task_id=item.task_id,
+                reason=reason,
+            )
+        )
+
+
+def _claim(tables: Tables, item: StepWrite) -> str | None:
+    row = tables.step(item.task_id, item.identity)
+    if row is not None and row.value is not None:
+        return f"step {item.identity!r} is already committed"
+    claims = 1 if row is None else row.claims + 1
+    tables.put_step(
+        item.task_id, StepRow(identity=item.identity, position=item.position, claims=claims)
+    )
+    return None
+
+
+def _commit(tables: Tables, item: StepWrite) -> str | None:
+    row = tables.step(item.task_id, item.identity)
+    if row is not None and row.value is not None:
+        return None  # rule 2: the first commit stands
+    value = item.value if item.value is not None else SLEEP_VALUE
+    why = _add(tables, item.task_id, item.identity, len(value))
+    if why is not None:
+        return why
+    claims = 1 if row is None else row.claims
+    tables.put_step(
+        item.task_id,
+        StepRow(identity=item.identity, position=item.position, claims=claims, value=value),
+    )
+    return None
+
+
+def _add(tables: Tables, task_id: str, identity: str, size: int) -> str | None:
+    """Count one more committed step of ``size`` bytes, unless a cap refuses it."""
+    totals = tables.step_totals(task_id)
+    why = over_cap(identity, size, totals.count, totals.bytes)
+    if why is None:
+        tables.put_step_totals(
+            task_id, StepTotals(count=totals.count + 1, bytes=totals.bytes + size)
+        )
+    return why
+
+
+def sleep_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome) -> None:
+    """A LEASED attempt ended in a durable sleep: commit the sleep step (its deadline fixed by
+    the first commit), then wait in SLEEPING for a RUN timer at that deadline. The attempt
+    number moves on (attempt rows stay distinct) and so does the budget base: a sleep never
+    spends a retry."""
+    sleep = item.sleep
+    if sleep is None:
+        attempt_failed(
+            tables,
+            task,
+            meta,
+            out,
+            error_class="BadSleep",
+            error_message="a SLEEP outcome without its sleep step",
+            fatal=True,
+        )
+        return
+    wake_at = _commit_sleep(tables, task, sleep, meta)
+    if isinstance(wake_at, str):
+        attempt_failed(tables, task, meta, out, error_class="StepTooLarge", error_message=wake_at)
+        return
+    if _stopped_instead(tables, task, wake_at, meta, out):
+        return
+    record_attempt(tables, task, meta, "SLEPT")
+    end_lease(tables, task, out)
+    move(task, TaskStatus.SLEEPING)
+    task.attempt += 1
+    task.budget_base += 1
+    task.run_at_ms = wake_at
+    touch(task, meta)
+    tables.add_timer(run_timer(task))
+    tables.put_task(task)
+    emit(out, EventKind.TaskSleeping, task, meta)
+
+
+def _commit_sleep(tables: Tables, task: Task, sleep: SleepStep, meta: Meta) -> int | str:
+    """The sleep's deadline: the committed one, or a new one committed now; or why not."""
+    row = tables.step(task.task_id, sleep.identity)
+    if row is not None and row.wake_at_ms is not None:
+        return row.wake_at_ms
+    if sleep.wake_at_ms is not None:
+        wake_at = sleep.wake_at_ms
+    else:
+        wake_at = meta.ts_ms + max(0, sleep.sleep_ms or 0)
+    why = _add(tables, task.task_id, sleep.identity, len(SLEEP_VALUE))
+    if why is not None:
+        return why
+    tables.put_step(
+        task.task_id,
+        StepRow(
+            identity=sleep.identity,
+            position=sleep.position,
+            claims=1 if row is None else row.claims,
+            value=SLEEP_VALUE,
+            wake_at_ms=wake_at,
+        ),
+    )
+    return wake_at
+
+
+def _stopped_instead(tables: Tables, task: Task, wake_at: int, meta: Meta, out: Outcome) -> bool:
+    """A pending cancel, or a deadline the sleep would outlive, ends the task instead."""
+    if task.cancel_cause == CancelCause.CANCEL:
+        record_attempt(tables, task, meta, "CANCELED", "Canceled", task.cancel_reason)
+        finish(
+            tables,
+            task,
+            TaskStatus.CANCELED,
+            meta,
+            out,
+            EventKind.TaskCanceled,
+            error_class="Canceled",
+            error_message=task.cancel_reason,
+        )
+        return True
+    closed = task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE
+    if closed or (task.close_by_ms is not None and wake_at >= task.close_by_ms):
+        finish(
+            tables,
+            task,
+            TaskStatus.EXPIRED,
+            meta,
+            out,
+            EventKind.TaskExpired,
+            error_class="ScheduleToCloseTimeout",
+            error_message="the sleep would end after schedule_to_close",
+        )
+        return True
+    return False

@@ -1,0 +1,1 @@
+"""Consumers of the events stream: the Postgres projector and the Prometheus metrics."""

@@ -1,0 +1,256 @@
+"""Prometheus metrics: what the node, the gateway and the events stream tell an operator.
+
+Rule: nothing here runs per task on a hot path. Node-side figures (processor lag, timer lag,
+fsyncs) are read from the components when Prometheus scrapes (``NodeCollector``); figures
+derived from events (schedule-to-start, dispatch share, lease expiries) are folded per event
+batch by the projector, off the processors' path; the gateway observes once per request.
+
+The golden signals of the design: schedule-to-start latency per partition and queue, timer
+lag, lease-expiry rate, per-tenant dispatch share. Names follow Prometheus conventions: base
+units (seconds), ``_total`` for counters (prometheus-client appends it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from conveyor.schemas.types import TERMINAL, EventKind, TaskEvent, TaskStatus
+from conveyor.streams.log.api import Log, LogRecord
+
+if TYPE_CHECKING:
+    from conveyor.streams.node import Node
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Tasks made ready but not yet leased whose ready time we remember for schedule-to-start;
+# beyond this the oldest are forgotten (a backlog that large is visible in the depth gauges).
+READY_REMEMBERED_MAX = 1_000_000
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600,
+)  # fmt: skip
+
+
+class Metrics:
+    """Every metric of one process, in its own registry (tests run several nodes at once)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.enqueue_ack = Histogram(
+            "conveyor_enqueue_ack_seconds",
+            "Gateway enqueue request to durable acknowledgement",
+            ["route"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.log_append = Histogram(
+            "conveyor_log_append_seconds",
+            "Log append call to durable (group commit included)",
+            ["log"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.schedule_to_start = Histogram(
+            "conveyor_schedule_to_start_seconds",
+            "Ready (enqueued or requeued) to leased, per partition and queue",
+            ["partition", "queue"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.dispatched = Counter(
+            "conveyor_dispatched",
+            "Leases granted per tenant (dispatch share = rate / sum of rates)",
+            ["tenant"],
+            registry=r,
+        )
+        self.lease_expired = Counter(
+            "conveyor_lease_expired", "Leases that lapsed without heartbeat", ["partition"],
+            registry=r,
+        )  # fmt: skip
+        self.finished = Counter(
+            "conveyor_tasks_finished", "Tasks that reached a terminal state", ["queue", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.projected_events = Counter(
+            "conveyor_projection_events", "Events written to the Postgres snapshot", registry=r
+        )
+        self.projection_batch = Histogram(
+            "conveyor_projection_write_seconds",
+            "One projector transaction (fold + upserts + watermark)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.projection_lag_records = Gauge(
+            "conveyor_projection_lag_records",
+            "Events-log records not yet projected, per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.projection_lag = Gauge(
+            "conveyor_projection_lag_seconds",
+            "Age of the newest projected event while records wait (0 when caught up)",
+            registry=r,
+        )
+        self.tasks = Gauge(
+            "conveyor_tasks", "Tasks by queue and state (from the snapshot)", ["queue", "status"],
+            registry=r,
+        )  # fmt: skip
+        self._ready_ms: OrderedDict[str, int] = OrderedDict()
+
+    def watch(self, node: Node) -> None:
+        """Expose the node's own figures, read at scrape time."""
+        self.registry.register(NodeCollector(node))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_events(self, partition: int, events: Sequence[TaskEvent]) -> None:
+        """Fold one event batch into the event-derived metrics."""
+        dispatched: Tally[str] = Tally()
+        expired = 0
+        label = str(partition)
+        for e in events:
+            kind = e.kind
+            if kind == EventKind.TaskLeased:
+                dispatched[e.tenant] += 1
+                ready = self._ready_ms.pop(e.task_id, None)
+                if ready is not None:
+                    delay_s = max(0, e.ts_ms - ready) / 1000
+                    self.schedule_to_start.labels(label, e.queue).observe(delay_s)
+            elif kind in (EventKind.TaskEnqueued, EventKind.TaskRequeued):
+                if e.status == TaskStatus.ENQUEUED:
+                    self._remember_ready(e.task_id, e.ts_ms)
+            elif kind == EventKind.LeaseExpired:
+                expired += 1
+            if e.status in _TERMINAL_NAMES and kind != EventKind.TaskRequeued:
+                self._ready_ms.pop(e.task_id, None)
+                self.finished.labels(e.queue, e.status).inc()
+        for tenant, n in dispatched.items():
+            self.dispatched.labels(tenant).inc(n)
+        if expired:
+            self.lease_expired.labels(label).inc(expired)
+
+    def _remember_ready(self, task_id: str, ts_ms: int) -> None:
+        self._ready_ms[task_id] = ts_ms
+        if len(self._ready_ms) > READY_REMEMBERED_MAX:
+            self._ready_ms.popitem(last=False)
+
+    def set_task_counts(self, counts: Iterable[tuple[str, str, int]]) -> None:
+        self.tasks.clear()  # states that emptied must not keep their last value
+        for queue, status, n in counts:
+            self.tasks.labels(queue, status).set(n)
+
+
+_TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+
+
+class NodeCollector(Collector):
+    """Processor lag, timer lag and log counters, read from the node when scraped."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node
+        lag = GaugeMetricFamily(
+            "conveyor_processor_lag_records",
+            "Log records appended but not yet applied, per partition",
+            labels=["partition"],
+        )
+        timer = GaugeMetricFamily(
+            "conveyor_timer_lag_seconds",
+            "How late the last due timer was proposed, per partition",
+            labels=["partition"],
+        )
+        applied = CounterMetricFamily(
+            "conveyor_processor_applied_records", "Records applied", labels=["partition"]
+        )
+        for proc in node.processors:
+            p = str(proc.partition)
+            lag.add_metric([p], max(0, node.log.end_offset(proc.partition) - proc.applied - 1))
+            timer.add_metric([p], proc.timers.lag_ms / 1000)
+            applied.add_metric([p], proc.records_applied)
+        yield from (lag, timer, applied)
+        yield from _log_counters([("records", node.log), ("events", node.events)])
+
+
+def _log_counters(logs: Iterable[tuple[str, object]]) -> Iterator[Metric]:
+    """fsyncs and records written of logs that count them (the local log does): their rates'
+    ratio is the records per fsync that group commit achieves."""
+    fsyncs = CounterMetricFamily("conveyor_log_fsyncs", "Group-commit fdatasyncs", labels=["log"])
+    written = CounterMetricFamily(
+        "conveyor_log_records_written", "Records made durable", labels=["log"]
+    )
+    for name, log_ in logs:
+        count = getattr(log_, "fsync_count", None)
+        records = getattr(log_, "records_written", None)
+        if isinstance(count, int) and isinstance(records, int):
+            fsyncs.add_metric([name], count)
+            written.add_metric([name], records)
+    yield from (fsyncs, written)
+
+
+class TimedLog:
+    """A Log that times each ``append`` (one observation per call, i.e. per batch)."""
+
+    def __init__(self, inner: Log, histogram: Histogram, name: str) -> None:
+        self.inner = inner
+        self._observe = histogram.labels(name).observe
+
+    @property
+    def partitions(self) -> int:
+        return self.inner.partitions
+
+    async def append(
+        self, partition: int, records: Sequence[bytes], epoch: int | None = None
+    ) -> list[int]:
+        started = time.perf_counter()
+        offsets = await self.inner.append(partition, records, epoch)
+        self._observe(time.perf_counter() - started)
+        return offsets
+
+    def read(
+        self, partition: int, from_offset: int, *, follow: bool = False, max_batch: int = 1024
+    ) -> AsyncIterator[list[LogRecord]]:
+        return self.inner.read(partition, from_offset, follow=follow, max_batch=max_batch)
+
+    async def seal(self, partition: int, epoch: int) -> None:
+        await self.inner.seal(partition, epoch)
+
+    async def trim(self, partition: int, up_to: int) -> None:
+        await self.inner.trim(partition, up_to)
+
+    def end_offset(self, partition: int) -> int:
+        return self.inner.end_offset(partition)
+
+    def start_offset(self, partition: int) -> int:
+        return self.inner.start_offset(partition)
+
+    def fence(self, partition: int) -> int:
+        return self.inner.fence(partition)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    @property
+    def fsync_count(self) -> int | None:
+        return getattr(self.inner, "fsync_count", None)
+
+    @property
+    def records_written(self) -> int | None:
+        return getattr(self.inner, "records_written", None)
+
+
+def time_appends(node: Node, metrics: Metrics) -> None:
+    """Route the node's record-log appends through ``TimedLog``; call before ``node.start``."""
+    timed = TimedLog(node.log, metrics.log_append, "records")
+    node.log = timed
+    for proc in node.processors:
+        proc.log = timed

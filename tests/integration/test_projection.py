@@ -1,0 +1,356 @@
+"""The Postgres projection against a real node (RocksDB, local logs) and a real PostgreSQL.
+
+A random workload runs through ``Node`` while the projector follows the events stream and is
+restarted mid-stream; afterwards every task row in Postgres must equal the processor's state,
+a full replay must change nothing, and listing through the HTTP gateway must filter and page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conveyor.schemas.types import Completion, Outcome, Task, TaskSpec
+from conveyor.store import keys
+from conveyor.streams.node import Node
+
+asyncpg = pytest.importorskip("asyncpg")
+pytestmark = pytest.mark.timeout(180)
+
+TENANTS = ("alpha", "beta")
+QUEUES = ("default", "critical")
+TYPES = ("resize", "email", "report")
+COMPARED = (
+    "tenant", "app", "task_type", "queue", "status", "attempt", "created_ms", "updated_ms",
+    "finished_ms", "error_class", "error_message", "version",
+)  # fmt: skip
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"PostgreSQL is required under CI: {reason}")
+    pytest.skip(f"PostgreSQL unavailable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    try:
+        import pgserver
+    except ImportError as exc:
+        _unavailable(f"pgserver not installed: {exc}")
+    data = tmp_path_factory.mktemp("pg")
+    try:
+        server = pgserver.get_server(data, cleanup_mode="stop")
+    except Exception as exc:
+        _unavailable(str(exc))
+    yield server
+    server.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _fresh_pool(dsn: str) -> AsyncIterator[Any]:
+    """A fresh database per test, migrated."""
+    from conveyor.store.postgres import connect_pool
+
+    name = f"t_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"CREATE DATABASE {name}")
+    await admin.close()
+    p = await connect_pool(dsn.replace("/postgres?", f"/{name}?"))
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@contextlib.asynccontextmanager
+async def _node_and_pool(home: Path, dsn: str) -> AsyncIterator[tuple[Node, Any]]:
+    n = await Node.open(home, partitions=4)
+    await n.start()
+    try:
+        async with _fresh_pool(dsn) as p:
+            yield n, p
+    finally:
+        await n.stop()
+
+
+@pytest.fixture
+def env(tmp_path: Path, pg_server: Any) -> tuple[Path, str]:
+    return tmp_path / "home", str(pg_server.get_uri())
+
+
+def _spec(node: Node, rng: random.Random, i: int) -> TaskSpec:
+    from conveyor.streams.routing import mint_task_id
+
+    return TaskSpec(
+        task_id=mint_task_id(i % node.partitions),
+        tenant=rng.choice(TENANTS),
+        app="shop",
+        task_type=rng.choice(TYPES),
+        queue=rng.choice(QUEUES),
+        attempts_max=3,
+        backoff_base_ms=1,
+        backoff_cap_ms=5,
+    )
+
+
+async def _workload(node: Node, rng: random.Random, tasks: int) -> None:
+    """Enqueue, lease and complete with random outcomes; cancel and dead-letter-retry some."""
+    specs = [_spec(node, rng, i) for i in range(tasks)]
+    for start in range(0, tasks, 50):
+        await node.enqueue(specs[start : start + 50])
+    for spec in rng.sample(specs, tasks // 10):
+        await node.cancel(spec.tenant, spec.task_id, "changed my mind")
+    for _ in range(40):
+        leases = await node.poll(
+            agent_id=f"agent-{rng.randrange(3)}", app="shop", tenants=list(TENANTS),
+            queues=list(QUEUES), capacity=64, wait_ms=200,
+        )  # fmt: skip
+        if not leases:
+            break
+        await node.complete([_outcome(rng, lease.task_id, lease.lease_id) for lease in leases])
+        await asyncio.sleep(0.01)  # let backoff timers fire
+    failed = [s for s in specs if node.get(s.tenant, s.task_id).status == "FAILED"]
+    for spec in failed[:5]:
+        await node.retry_failed(spec.tenant, [spec.task_id])
+
+
+def _outcome(rng: random.Random, task_id: str, lease_id: int) -> Completion:
+    roll = rng.random()
+    if roll < 0.6:
+        return Completion(task_id=task_id, lease_id=lease_id, outcome=Outcome.SUCCEEDED)
+    kind = Outcome.FATAL if roll > 0.9 else Outcome.FAILED
+    return Completion(
+        task_id=task_id, lease_id=lease_id, outcome=kind, error_class="IOError",
+        error_message=f"disk {rng.randrange(4)} unplugged", retry_after_ms=0,
+    )  # fmt: skip
+
+
+def _processor_rows(node: Node) -> dict[str, dict[str, Any]]:
+    rows = {}
+    for p in range(node.partitions):
+        tables = node.tables(p)
+        for key, _ in tables.scan(keys.TASKS, None):
+            task = tables.task(key[len(keys.TASKS) :].decode())
+            assert task is not None
+            rows[task.task_id] = _as_row(task)
+    return rows
+
+
+def _as_row(task: Task) -> dict[str, Any]:
+    row = {name: getattr(task, name) for name in COMPARED}
+    row["status"] = task.status.value
+    return row
+
+
+async def _pg_rows(pool: Any) -> dict[str, dict[str, Any]]:
+    records = await pool.fetch(f"SELECT task_id, {', '.join(COMPARED)} FROM tasks")
+    return {r["task_id"]: {name: r[name] for name in COMPARED} for r in records}
+
+
+async def _wait_equal(node: Node, pool: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Poll until the snapshot equals the processors' state; the last diff on timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        expected, actual = _processor_rows(node), await _pg_rows(pool)
+        if expected == actual or asyncio.get_running_loop().time() > deadline:
+            return {"expected": expected, "actual": actual}
+        await asyncio.sleep(0.05)
+
+
+def _diff(seen: dict[str, Any]) -> list[str]:
+    expected, actual = seen["expected"], seen["actual"]
+    out = [f"missing {i}" for i in expected.keys() - actual.keys()]
+    out += [f"extra {i}" for i in actual.keys() - expected.keys()]
+    for task_id in expected.keys() & actual.keys():
+        for name in COMPARED:
+            if expected[task_id][name] != actual[task_id][name]:
+                out.append(
+                    f"{task_id}.{name}: {actual[task_id][name]!r} != {expected[task_id][name]!r}"
+                )
+        if len(out) > 20:
+            break
+    return out
+
+
+async def _start(node: Node, pool: Any, metrics: Any = None) -> tuple[Any, asyncio.Task[None]]:
+    from conveyor.streams.sinks.projector import Projector
+
+    projector = Projector(node.events, pool, metrics=metrics)
+    return projector, asyncio.create_task(projector.run())
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_snapshot_equals_processor_state_across_projector_restarts(env: tuple[Path, str]) -> None:
+    asyncio.run(_run(env, _restarts))
+
+
+async def _run(env: tuple[Path, str], body: Any) -> None:
+    async with _node_and_pool(*env) as (node, pool):
+        await body(node, pool)
+
+
+async def _restarts(node: Node, pool: Any) -> None:
+    rng = random.Random(5)
+    _, task = await _start(node, pool)
+    await _workload(node, rng, 150)
+    await _stop(task)  # mid-stream: the outbox keeps shipping while no projector runs
+    await _workload(node, rng, 150)
+    _, task = await _start(node, pool)
+    await _workload(node, rng, 100)
+    seen = await _wait_equal(node, pool)
+    await _stop(task)
+    assert _diff(seen) == []
+    statuses = {row["status"] for row in seen["actual"].values()}
+    assert {"SUCCEEDED", "FAILED", "CANCELED"} <= statuses
+    attempts = await pool.fetchval("SELECT count(*) FROM attempts WHERE outcome = 'FAILED'")
+    assert attempts > 0
+
+
+def test_replaying_every_event_changes_nothing(env: tuple[Path, str]) -> None:
+    asyncio.run(_run(env, _replay))
+
+
+async def _replay(node: Node, pool: Any) -> None:
+    from conveyor.streams.sinks.projector import Projector
+
+    _, task = await _start(node, pool)
+    await _workload(node, random.Random(7), 120)
+    seen = await _wait_equal(node, pool)
+    await _stop(task)
+    assert _diff(seen) == []
+    before = await pool.fetch("SELECT * FROM tasks ORDER BY task_id")
+    attempts = await pool.fetch("SELECT * FROM attempts ORDER BY task_id, attempt")
+    await pool.execute("UPDATE watermarks SET next_offset = 0")
+    replayed = await Projector(node.events, pool).catch_up()
+    assert replayed > 0
+    assert await pool.fetch("SELECT * FROM tasks ORDER BY task_id") == before
+    assert await pool.fetch("SELECT * FROM attempts ORDER BY task_id, attempt") == attempts
+    rebuilt = await Projector(node.events, pool).rebuild()
+    assert rebuilt == replayed
+    assert await pool.fetch("SELECT * FROM tasks ORDER BY task_id") == before
+
+
+@contextlib.asynccontextmanager
+async def _gateway(node: Node, pool: Any) -> AsyncIterator[tuple[str, Any]]:
+    from conveyor.streams.gateway import KeyStore, Registry, build_app, start
+    from conveyor.streams.sinks.metrics import Metrics, time_appends
+
+    metrics = Metrics()
+    metrics.watch(node)
+    time_appends(node, metrics)
+    projector, task = await _start(node, pool, metrics)
+    ks = KeyStore({"key-alpha-0123456789": "alpha", "key-beta-0123456789": "beta"})
+    app = build_app(node, ks, Registry({}), snapshot=pool, metrics=metrics)
+    runner, url = await start(app, "127.0.0.1", 0)
+    try:
+        yield url, projector
+    finally:
+        await runner.cleanup()
+        await _stop(task)
+
+
+async def _list(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
+    reply = await client.get("/v1/tasks", params=params)
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+def test_listing_filters_and_pages_through_the_gateway(env: tuple[Path, str]) -> None:
+    asyncio.run(_run(env, _listing))
+
+
+async def _listing(node: Node, pool: Any) -> None:
+    async with _gateway(node, pool) as (url, _):
+        await _listing_checks(node, pool, url)
+
+
+async def _listing_checks(node: Node, pool: Any, url: str) -> None:
+    await _workload(node, random.Random(11), 200)
+    await _wait_equal(node, pool)
+    expected = {t: r for t, r in _processor_rows(node).items() if r["tenant"] == "alpha"}
+    headers = {"Authorization": "Bearer key-alpha-0123456789"}
+    async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = await _list(client, limit=17, **({"cursor": cursor} if cursor else {}))
+            seen += [t["task_id"] for t in page["tasks"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted(expected) and len(seen) == len(set(seen))
+        failed = await _list(client, status="FAILED", error_class="IOError", count="true")
+        want = {
+            t
+            for t, r in expected.items()
+            if r["status"] == "FAILED" and r["error_class"] == "IOError"
+        }
+        assert {t["task_id"] for t in failed["tasks"]} == want and failed["count"] == len(want)
+        disk = await _list(client, error_text="DISK 2", queue="critical", task_type="email")
+        want = {
+            t for t, r in expected.items()
+            if "disk 2" in (r["error_message"] or "") and r["queue"] == "critical"
+            and r["task_type"] == "email"
+        }  # fmt: skip
+        assert {t["task_id"] for t in disk["tasks"]} == want
+        cut = sorted(r["finished_ms"] for r in expected.values() if r["finished_ms"])[10]
+        late = await _list(client, finished_from_ms=cut, limit=1000)
+        assert {t["task_id"] for t in late["tasks"]} == {
+            t for t, r in expected.items() if (r["finished_ms"] or 0) >= cut
+        }
+        queues = (await client.get("/v1/queues")).json()["queues"]
+        assert {q["queue"] for q in queues} <= set(QUEUES)
+        bad = await client.get("/v1/tasks", params={"cursor": "nope"})
+        assert bad.status_code == 400
+
+
+def test_metrics_expose_the_named_series(env: tuple[Path, str]) -> None:
+    asyncio.run(_run(env, _metrics))
+
+
+async def _metrics(node: Node, pool: Any) -> None:
+    async with _gateway(node, pool) as (url, projector):
+        await _metrics_checks(node, pool, url, projector)
+
+
+async def _metrics_checks(node: Node, pool: Any, url: str, projector: Any) -> None:
+    await _workload(node, random.Random(13), 60)
+    await _wait_equal(node, pool)
+    projector.update_lag_gauges()
+    async with httpx.AsyncClient(base_url=url) as client:
+        text = (await client.get("/metrics")).text
+    for name in (
+        "conveyor_schedule_to_start_seconds_bucket",
+        "conveyor_dispatched_total",
+        "conveyor_processor_lag_records",
+        "conveyor_timer_lag_seconds",
+        "conveyor_log_fsyncs_total",
+        "conveyor_log_records_written_total",
+        "conveyor_projection_lag_records",
+        "conveyor_projection_lag_seconds",
+        "conveyor_projection_events_total",
+        "conveyor_tasks_finished_total",
+        "conveyor_enqueue_ack_seconds",
+        "conveyor_log_append_seconds",
+        "conveyor_tasks",
+        "conveyor_lease_expired",
+    ):
+        assert name in text, name
+    assert 'conveyor_dispatched_total{tenant="alpha"}' in text
+    assert 'conveyor_log_append_seconds_count{log="records"}' in text

@@ -1,0 +1,466 @@
+"""The codec: dataclasses match their Avro schemas, every record round-trips, and hostile bytes
+raise ``RecordDecodeError`` and nothing else (RELIABILITY.md A: hostile Avro, huge lengths)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import inspect
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conveyor.schemas import codec
+from conveyor.schemas import types as t
+
+SCHEMAS = Path(codec.__file__).parent
+I32 = st.integers(-(2**31), 2**31 - 1)
+I64 = st.integers(-(2**63), 2**63 - 1)
+TEXT = st.text(max_size=12)
+BLOB = st.binary(max_size=24)
+
+
+# -- the schemas and the dataclasses agree -----------------------------------------------------
+
+
+def _collect(node: Any, records: dict[str, dict[str, Any]], enums: dict[str, list[str]]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _collect(item, records, enums)
+    elif isinstance(node, dict):
+        if node.get("type") == "record":
+            records[node["name"]] = node
+            for f in node["fields"]:
+                _collect(f["type"], records, enums)
+        elif node.get("type") == "enum":
+            enums[node["name"]] = node["symbols"]
+        elif node.get("type") == "array":
+            _collect(node["items"], records, enums)
+
+
+def _schemas() -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    records: dict[str, dict[str, Any]] = {}
+    enums: dict[str, list[str]] = {}
+    for path in sorted(SCHEMAS.rglob("*.avsc")):
+        _collect(json.loads(path.read_text()), records, enums)
+    return records, enums
+
+
+RECORD_SCHEMAS, ENUM_SCHEMAS = _schemas()
+DATACLASSES = [
+    cls
+    for _, cls in inspect.getmembers(t, inspect.isclass)
+    if dataclasses.is_dataclass(cls) and cls.__module__ == t.__name__
+]
+ENUMS = [
+    cls
+    for _, cls in inspect.getmembers(t, inspect.isclass)
+    if issubclass(cls, enum.Enum) and cls.__module__ == t.__name__
+]
+TASK_PARTS = ("TaskHead", "TaskState", "TaskDetail")
+
+
+def _nullable(avro_type: Any) -> bool:
+    return isinstance(avro_type, list) and "null" in avro_type
+
+
+def test_every_schema_file_is_a_record_named_after_its_file() -> None:
+    for path in sorted(SCHEMAS.rglob("*.avsc")):
+        doc = json.loads(path.read_text())
+        assert doc["type"] == "record" and doc["name"] == path.stem, path
+
+
+@pytest.mark.parametrize(
+    "cls", [c for c in DATACLASSES if c is not t.Task], ids=lambda c: c.__name__
+)
+def test_dataclass_matches_its_avsc(cls: type) -> None:
+    assert cls.__name__ in RECORD_SCHEMAS, f"no .avsc defines {cls.__name__}"
+    schema = RECORD_SCHEMAS[cls.__name__]
+    fields = dataclasses.fields(cls)
+    assert [f.name for f in fields] == [f["name"] for f in schema["fields"]]
+    for f, avro in zip(fields, schema["fields"], strict=True):
+        optional = "None" in str(f.type)
+        assert optional == _nullable(avro["type"]), f"{cls.__name__}.{f.name}: nullability"
+        if "default" in avro and f.default is not dataclasses.MISSING:
+            assert f.default == avro["default"], f"{cls.__name__}.{f.name}: default"
+
+
+def test_task_is_the_union_of_head_state_and_detail() -> None:
+    parts = [[f["name"] for f in RECORD_SCHEMAS[name]["fields"]] for name in TASK_PARTS]
+    stored = [name for part in parts for name in part]
+    assert len(stored) == len(set(stored)), "a Task field is stored in two rows"
+    task_fields = [f.name for f in dataclasses.fields(t.Task) if f.name != "detail_written"]
+    assert sorted(stored) == sorted(task_fields)
+    by_name = {f.name: f for f in dataclasses.fields(t.Task)}
+    for name in TASK_PARTS:
+        for avro in RECORD_SCHEMAS[name]["fields"]:
+            assert ("None" in str(by_name[avro["name"]].type)) == _nullable(avro["type"]), avro
+
+
+@pytest.mark.parametrize(
+    "cls", [c for c in ENUMS if c is not t.CancelCause], ids=lambda c: c.__name__
+)
+def test_enums_match_their_avsc(cls: type[enum.Enum]) -> None:
+    assert ENUM_SCHEMAS[cls.__name__] == [m.value for m in cls]
+
+
+def test_cancel_cause_is_stored_as_a_plain_string() -> None:
+    (field,) = [f for f in RECORD_SCHEMAS["TaskState"]["fields"] if f["name"] == "cancel_cause"]
+    assert field["type"] == ["null", "string"]
+    assert "CancelCause" not in ENUM_SCHEMAS
+
+
+def test_every_record_kind_has_a_codec() -> None:
+    kinds = {c.__name__ for c in t.Record.__args__}  # type: ignore[attr-defined]
+    assert set(codec.RECORDS) == kinds
+
+
+# -- round trips --------------------------------------------------------------------------------
+
+ids = st.text(alphabet="0123456789abcdef", min_size=1, max_size=32)
+specs = st.builds(
+    t.TaskSpec,
+    task_id=ids,
+    tenant=TEXT,
+    app=TEXT,
+    task_type=TEXT,
+    queue=TEXT,
+    priority=I32,
+    payload=BLOB,
+    run_at_ms=st.none() | I64,
+    attempts_max=I32,
+    backoff_base_ms=I64,
+    backoff_factor=st.floats(allow_nan=False),
+    backoff_cap_ms=I64,
+    non_retryable=st.lists(TEXT, max_size=3),
+    schedule_to_start_ms=st.none() | I64,
+    start_to_close_ms=st.none() | I64,
+    schedule_to_close_ms=st.none() | I64,
+    cancel_grace_ms=I64,
+    idempotency_key=st.none() | TEXT,
+    idempotency_window_ms=I64,
+)
+opt_text = st.none() | TEXT
+RECORDS: dict[type, st.SearchStrategy[Any]] = {
+    t.EnqueueTasks: st.builds(
+        t.EnqueueTasks, tasks=st.lists(specs.map(codec.TASK_SPEC.encode), max_size=3)
+    ),
+    t.CancelTasks: st.builds(t.CancelTasks, tenant=TEXT, task_ids=st.lists(ids), reason=TEXT),
+    t.RetryFailed: st.builds(t.RetryFailed, tenant=TEXT, task_ids=st.lists(ids)),
+    t.GrantLeases: st.builds(
+        t.GrantLeases,
+        requests=st.lists(
+            st.builds(
+                t.LeaseRequest,
+                request_id=TEXT,
+                agent_id=TEXT,
+                app=TEXT,
+                tenants=st.lists(TEXT, max_size=3),
+                queues=st.lists(TEXT, max_size=3),
+                capacity=I32,
+                lease_ms=I64,
+            ),
+            max_size=3,
+        ),
+    ),
+    t.CompleteAttempts: st.builds(
+        t.CompleteAttempts,
+        items=st.lists(
+            st.builds(
+                t.Completion,
+                task_id=ids,
+                lease_id=I64,
+                outcome=st.sampled_from(t.Outcome),
+                result=st.none() | BLOB,
+                error_class=opt_text,
+                error_message=opt_text,
+                error_stack=opt_text,
+                retry_after_ms=st.none() | I64,
+                sleep=st.none()
+                | st.builds(
+                    t.SleepStep,
+                    identity=TEXT,
+                    position=I32,
+                    sleep_ms=st.none() | I64,
+                    wake_at_ms=st.none() | I64,
+                ),
+            ),
+            max_size=3,
+        ),
+    ),
+    t.RecordSteps: st.builds(
+        t.RecordSteps,
+        items=st.lists(
+            st.builds(
+                t.StepWrite,
+                task_id=ids,
+                lease_id=I64,
+                op=st.sampled_from(t.StepOp),
+                identity=TEXT,
+                position=I32,
+                value=st.none() | BLOB,
+            ),
+            max_size=3,
+        ),
+    ),
+    t.SaveCheckpoints: st.builds(
+        t.SaveCheckpoints,
+        items=st.lists(st.builds(t.Checkpoint, task_id=ids, lease_id=I64, value=BLOB), max_size=3),
+    ),
+    t.ExpireLeases: st.builds(
+        t.ExpireLeases,
+        items=st.lists(st.builds(t.LeaseRef, task_id=ids, lease_id=I64), max_size=3),
+    ),
+    t.FireTimers: st.builds(
+        t.FireTimers,
+        timers=st.lists(
+            st.builds(
+                t.TimerRef,
+                fire_at_ms=I64,
+                task_id=ids,
+                kind=st.sampled_from(t.TimerKind),
+                token=I64,
+            ),
+            max_size=3,
+        ),
+    ),
+    t.AnnounceEpoch: st.builds(t.AnnounceEpoch, leader_id=TEXT),
+}
+records = st.one_of(*RECORDS.values())
+
+
+def test_every_record_type_has_a_strategy() -> None:
+    assert set(RECORDS) == set(t.Record.__args__)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(record=records, epoch=I64, ts_ms=I64, key=TEXT)
+def test_records_round_trip(record: t.Record, epoch: int, ts_ms: int, key: str) -> None:
+    raw = codec.encode_record(record, epoch=epoch, ts_ms=ts_ms, key=key)
+    envelope = codec.decode_envelope(raw)
+    assert (envelope.kind, envelope.epoch, envelope.ts_ms, envelope.key) == (
+        type(record).__name__,
+        epoch,
+        ts_ms,
+        key,
+    )
+    decoded = codec.decode_body(envelope)
+    assert decoded == record
+    assert type(decoded) is type(record)
+    for name in ("outcome", "kind"):  # enums come back as enums, not bare strings
+        for item in getattr(decoded, "items", []) + getattr(decoded, "timers", []):
+            if hasattr(item, name):
+                assert isinstance(getattr(item, name), enum.Enum)
+
+
+@settings(max_examples=100)
+@given(spec=specs)
+def test_task_spec_round_trips(spec: t.TaskSpec) -> None:
+    assert codec.TASK_SPEC.decode(codec.TASK_SPEC.encode(spec)) == spec
+
+
+tasks = st.builds(
+    t.Task,
+    task_id=ids,
+    tenant=TEXT,
+    app=TEXT,
+    task_type=TEXT,
+    queue=TEXT,
+    priority=I32,
+    status=st.sampled_from(t.TaskStatus),
+    attempt=I32,
+    budget_base=I32,
+    lease_id=I64,
+    created_ms=I64,
+    run_at_ms=I64,
+    updated_ms=I64,
+    ready_seq=I64,
+    version=I64,
+    cancel_grace_ms=I64,
+    start_to_close_ms=st.none() | I64,
+    start_by_ms=st.none() | I64,
+    close_by_ms=st.none() | I64,
+    grace_until_ms=st.none() | I64,
+    agent_id=opt_text,
+    leased_ms=st.none() | I64,
+    cancel_cause=st.none() | st.sampled_from([c.value for c in t.CancelCause]),
+    cancel_reason=opt_text,
+    checkpoint=st.none() | BLOB,
+    result=st.none() | BLOB,
+    error_class=opt_text,
+    error_message=opt_text,
+    error_stack=opt_text,
+    finished_ms=st.none() | I64,
+)
+
+
+@settings(max_examples=150)
+@given(task=tasks)
+def test_task_round_trips_through_its_three_rows(task: t.Task) -> None:
+    c = codec.TASK
+    detail = c.encode_detail(task) if any(v is not None for v in c.detail_of(task)) else None
+    back = c.decode(c.encode_head(task), c.encode_state(task), detail)
+    assert back == task  # detail_written does not take part in ==
+    assert back.detail_written == c.detail_of(task)
+
+
+@settings(max_examples=100)
+@given(
+    events=st.lists(
+        st.builds(
+            t.TaskEvent,
+            kind=st.sampled_from(t.EventKind),
+            task_id=ids,
+            tenant=TEXT,
+            app=TEXT,
+            task_type=TEXT,
+            queue=TEXT,
+            status=st.sampled_from([s.value for s in t.TaskStatus]),
+            attempt=I32,
+            ts_ms=I64,
+            version=I64,
+            agent_id=opt_text,
+            error_class=opt_text,
+            error_message=opt_text,
+        ),
+        max_size=4,
+    ),
+    partition=I32,
+    offset=I64,
+)
+def test_event_batches_round_trip(events: list[t.TaskEvent], partition: int, offset: int) -> None:
+    batch = t.EventBatch(partition=partition, offset=offset, events=events)
+    assert codec.EVENT_BATCH.decode(codec.EVENT_BATCH.encode(batch)) == batch
+
+
+def test_state_rows_round_trip() -> None:
+    attempt = t.Attempt(
+        task_id="x",
+        attempt=2,
+        lease_id=3,
+        agent_id="a",
+        started_ms=1,
+        finished_ms=2,
+        outcome="FAILED",
+        error_class="E",
+        error_message=None,
+        error_stack="tb",
+    )
+    assert codec.ATTEMPT.decode(codec.ATTEMPT.encode(attempt)) == attempt
+    entry = t.IdempotencyEntry(task_id="x", expires_ms=2**62)
+    assert codec.IDEMPOTENCY.decode(codec.IDEMPOTENCY.encode(entry)) == entry
+
+
+# -- hostile input ------------------------------------------------------------------------------
+
+ALLOCATION_MAX = 4 << 20  # bytes: decoding a small hostile input must not allocate more
+
+
+def _decode(data: bytes) -> t.Record:
+    """decode_envelope + decode_body, with a bound on what decoding may allocate."""
+    tracemalloc.start()
+    try:
+        return codec.decode_body(codec.decode_envelope(data))
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < ALLOCATION_MAX + 4 * len(data), f"decoding allocated {peak} bytes"
+
+
+def _refused_or_decoded(data: bytes) -> None:
+    """Hostile input may happen to decode; anything but RecordDecodeError fails the test."""
+    with contextlib.suppress(codec.RecordDecodeError):
+        _decode(data)
+
+
+def _varint(n: int) -> bytes:
+    """Avro's zig-zag varint of a long."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        low, z = z & 0x7F, z >> 7
+        out.append(low | (0x80 if z else 0))
+        if not z:
+            return bytes(out)
+
+
+def _string(s: str | bytes) -> bytes:
+    raw = s.encode() if isinstance(s, str) else s
+    return _varint(len(raw)) + raw
+
+
+def _envelope(kind: str, body: bytes, *, epoch: int = 0, ts_ms: int = 0, key: str = "") -> bytes:
+    return _string(kind) + _varint(epoch) + _varint(ts_ms) + _string(key) + _string(body)
+
+
+def test_the_hand_made_envelope_is_the_codec_s() -> None:
+    record = t.AnnounceEpoch(leader_id="n1")
+    raw = codec.encode_record(record, epoch=4, ts_ms=9, key="k")
+    assert raw == _envelope("AnnounceEpoch", _string("n1"), epoch=4, ts_ms=9, key="k")
+
+
+@settings(max_examples=500)
+@given(data=st.binary(max_size=256))
+def test_random_bytes_are_refused_or_decoded(data: bytes) -> None:
+    _refused_or_decoded(data)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(record=records, cut=st.integers(min_value=0), flip=st.integers(min_value=0))
+def test_truncated_and_bit_flipped_records_raise_record_decode_error(
+    record: t.Record, cut: int, flip: int
+) -> None:
+    raw = codec.encode_record(record, epoch=1, ts_ms=2, key="k")
+    truncated = raw[: cut % len(raw)]
+    with pytest.raises(codec.RecordDecodeError):
+        _decode(truncated)
+    flipped = bytearray(raw)
+    flipped[flip % len(raw)] ^= 1 << (flip % 8)
+    _refused_or_decoded(bytes(flipped))  # may decode into something else; must not blow up
+
+
+@pytest.mark.parametrize("length", [2**31, 2**62, 2**63 - 1, -1, -(2**62)])
+def test_huge_or_negative_length_prefixes_are_refused(length: int) -> None:
+    cases = [
+        _varint(length) + b"Cancel",  # the envelope's kind string
+        _string("CancelTasks") + _varint(0) + _varint(0) + _string("") + _varint(length),  # body
+        _envelope("CancelTasks", _string("t") + _varint(length)),  # task_ids array count
+        _envelope("CancelTasks", _string("t") + _varint(1) + _varint(length)),  # one task id
+        _envelope("EnqueueTasks", _varint(length) + _varint(2**40)),  # tasks array + a bytes
+    ]
+    for data in cases:
+        with pytest.raises(codec.RecordDecodeError):
+            _decode(data)
+
+
+@settings(max_examples=300)
+@given(
+    kind=st.sampled_from(sorted(codec.RECORDS)),
+    body=st.binary(max_size=64)
+    | st.lists(st.integers(-(2**63), 2**63 - 1).map(_varint), max_size=8).map(b"".join),
+)
+def test_hostile_bodies_are_refused_or_decoded(kind: str, body: bytes) -> None:
+    _refused_or_decoded(_envelope(kind, body))
+
+
+def test_unknown_kind_is_refused() -> None:
+    with pytest.raises(codec.RecordDecodeError, match="unknown record kind"):
+        _decode(_envelope("DropTables", b""))
+    with pytest.raises(codec.RecordDecodeError):
+        _decode(_envelope("Envelope", b""))  # a schema, but not a record kind
+
+
+def test_bad_enum_index_and_bad_utf8_are_refused() -> None:
+    timer = _varint(0) + _string("x") + _varint(99) + _varint(0)  # TimerKind #99
+    with pytest.raises(codec.RecordDecodeError):
+        _decode(_envelope("FireTimers", _varint(1) + timer + _varint(0)))
+    with pytest.raises(codec.RecordDecodeError):
+        _decode(_envelope("AnnounceEpoch", _string(b"\xff\xfe")))
+    with pytest.raises(codec.RecordDecodeError):
+        _decode(_string(b"\xc3\x28") + b"\x00" * 8)  # kind is not UTF-8
