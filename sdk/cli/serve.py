@@ -191,7 +191,8 @@ async def _run_node(
             if run_agent is None:
                 await stop.wait()
             else:
-                await _until_stopped(stop, run_agent(url, key, app_ref, concurrency=concurrency))
+                work = run_agent(url, key, app_ref, concurrency=concurrency, prefetch=concurrency)
+                await _until_stopped(stop, work)
         finally:
             await runner.cleanup()
     finally:
@@ -255,7 +256,7 @@ def agent(
     api_key: KeyOpt = None,
     home: HomeOpt = None,
     concurrency: ConcurrencyOpt = 8,
-    prefetch: PrefetchOpt = 0,
+    prefetch: PrefetchOpt = 8,
     log_level: LogLevelOpt = "warning",
 ) -> None:
     """Run a host agent that polls a node and runs the app's handlers."""

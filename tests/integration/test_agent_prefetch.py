@@ -1,0 +1,84 @@
+"""The host agent's ``prefetch``: leases held beyond the guests wait for a guest, and a lease
+canceled while it waits ends CANCELED without ever starting (real guests, in-process Node)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import agent_app
+import pytest
+
+from conveyor.agents.host import HostAgent
+from conveyor.streams.node import Node
+from conveyor.testing_node import NodeWorkerAPI, spec_from_body
+from conveyor.wire import Enqueue, enqueue_body
+
+pytestmark = pytest.mark.timeout(120)
+
+TENANT = "default"
+DEADLINE_S = 30.0
+
+
+async def until(what: str, check: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + DEADLINE_S
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_they_start(
+    tmp_path: Path,
+) -> None:
+    markers = [tmp_path / f"wait_cancel_{i}" for i in range(3)]
+
+    async def main() -> None:
+        node = Node.in_memory(2)
+        await node.start()
+        api = NodeWorkerAPI(node, tenant=TENANT)
+        agent = HostAgent(
+            api,
+            "agent_app:app",
+            concurrency=1,
+            prefetch=2,
+            heartbeat_s=0.2,
+            poll_wait_s=1.0,
+            log_dir=tmp_path / "logs",
+        )
+        running = asyncio.create_task(agent.run())
+        try:
+            await until("the agent to register", lambda: agent_app.app.name in api.known)
+            ids = []
+            for marker in markers:
+                body = enqueue_body(Enqueue(agent_app.wait_cancel, {"marker": str(marker)}), None)
+                spec = spec_from_body(
+                    body,
+                    tenant=TENANT,
+                    partitions=node.partitions,
+                    now_ms=node.clock.now_ms(),
+                    known=api.known,
+                )
+                ids.append((await node.enqueue([spec]))[0].task_id)
+            await until("three leases held", lambda: len(agent.running) == 3)
+            await until("one handler to start", lambda: any(lines(m) for m in markers))
+            assert sum(bool(lines(m)) for m in markers) == 1  # one guest: one at a time
+            for task_id in ids:
+                await node.cancel(TENANT, task_id, "the test is done")
+            await until(
+                "every task to end",
+                lambda: all(node.get(TENANT, t).finished_ms is not None for t in ids),
+            )
+            assert {node.get(TENANT, t).status for t in ids} == {"CANCELED"}
+            assert sum(bool(lines(m)) for m in markers) == 1  # the waiting two never started
+        finally:
+            agent.stop()
+            await asyncio.wait_for(running, DEADLINE_S)
+            await node.stop()
+
+    asyncio.run(main())
