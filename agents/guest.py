@@ -144,19 +144,32 @@ class Guest:
                 self._cancelled.discard(task_id)
                 ctx.request_cancel()
         task = self.app.tasks.get(ctx.task_type)
+        start = _log_size()
         with _captured(fd), _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
             if task is None:
                 result = unknown_type(self.app, ctx.task_type)
             else:
                 result = run_sync(task, ctx, frame.get("payload"))
+        log_range = [start, _log_size()]
         with self._lock:
             self._current = None
             self._channel = None
         # After a MemoryError the heap may be half-built: do not run anything else here.
         reuse = result.error_class != "MemoryError"
         report = {k: v for k, v in asdict(result).items() if k not in ("log_ref", "crashed")}
-        self.frames.send({"op": "done", "task_id": task_id, "reuse": reuse, **report})
+        done = {"op": "done", "task_id": task_id, "reuse": reuse, "log_range": log_range}
+        self.frames.send({**done, **report})
         return reuse
+
+
+def _log_size() -> int:
+    """End of this guest's log (its stdout and stderr are that file, opened for append)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        return os.fstat(1).st_size
+    except OSError:
+        return 0
 
 
 @contextlib.contextmanager

@@ -38,7 +38,10 @@ class GuestStartError(Exception):
 
 
 class GuestProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, frames: AsyncFrames, serial: int) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, frames: AsyncFrames, serial: int, log_path: Path
+    ) -> None:
+        self.log_path = str(log_path)  # the guest's stdout/stderr, every attempt appended
         self.proc = proc
         self.frames = frames
         self.pid = proc.pid
@@ -124,21 +127,15 @@ class GuestSandbox:
         }
 
     async def _run(self) -> AttemptResult:
-        job = self.job
-        fd = None
-        if job.log_path is not None:
-            fd = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # The attempt's output lands in the guest's own log file; the guest reports the byte
+        # range it wrote. No file is opened and no descriptor passed per attempt.
         try:
-            try:
-                await self.guest.frames.send(self._run_frame(), fd)
-            finally:
-                if fd is not None:
-                    os.close(fd)
+            await self.guest.frames.send(self._run_frame())
             self.guest.tasks_run += 1
             return await self._follow()
         except FrameError as exc:
             self.guest.kill()
-            return crashed(f"the guest broke the frame protocol: {exc}", job.log_path)
+            return crashed(f"the guest broke the frame protocol: {exc}", self.guest.log_path)
         except OSError:
             return await self._died()
 
@@ -178,7 +175,7 @@ class GuestSandbox:
     def _result(self, frame: dict[str, Any]) -> AttemptResult:
         outcome = frame.get("outcome")
         if outcome not in OUTCOMES:
-            return crashed(f"the guest reported outcome {outcome!r}", self.job.log_path)
+            return crashed(f"the guest reported outcome {outcome!r}", self.guest.log_path)
         retry_after = frame.get("retry_after_ms")
         return AttemptResult(
             outcome=str(outcome),
@@ -187,7 +184,7 @@ class GuestSandbox:
             error_message=_str_or_none(frame.get("error_message")),
             error_stack=_str_or_none(frame.get("error_stack")),
             retry_after_ms=int(retry_after) if isinstance(retry_after, int | float) else None,
-            log_ref=self.job.log_path,
+            log_ref=_log_ref(self.guest.log_path, frame.get("log_range")),
             sleep=_sleep_of(frame.get("sleep")) if outcome == "SLEEP" else None,
         )
 
@@ -204,9 +201,17 @@ class GuestSandbox:
                 outcome="FAILED",
                 error_class="Killed",
                 error_message=f"{self._killed}; {describe_exit(code)}",
-                log_ref=self.job.log_path,
+                log_ref=self.guest.log_path,
             )
-        return crashed(describe_exit(code), self.job.log_path)
+        return crashed(describe_exit(code), self.guest.log_path)
+
+
+def _log_ref(path: str, raw: Any) -> str | None:
+    """``path#start-end`` for the bytes an attempt wrote, None when it wrote nothing."""
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(n, int) for n in raw)):
+        return None
+    start, end = raw
+    return f"{path}#{start}-{end}" if 0 <= start < end else None
 
 
 def _sleep_of(raw: Any) -> dict[str, Any] | None:
@@ -267,8 +272,7 @@ class GuestPool:
 
     async def launch(self, job: Job, hooks: Hooks) -> GuestSandbox:
         guest = await self._take()
-        log_path = str(self.log_dir / f"{job.task_id}.{job.attempt}.log")
-        job = dataclasses.replace(job, log_path=log_path, cpu_s=self.cpu_s)
+        job = dataclasses.replace(job, cpu_s=self.cpu_s)
         return GuestSandbox(self, guest, job, hooks)
 
     async def _take(self) -> GuestProcess:
@@ -334,7 +338,7 @@ class GuestPool:
                 )
             finally:
                 child.close()
-        guest = GuestProcess(proc, AsyncFrames(parent), serial)
+        guest = GuestProcess(proc, AsyncFrames(parent), serial, out_path)
         self.guests[guest.pid] = guest
         self.spawned += 1
         await self._hello(guest, out_path)

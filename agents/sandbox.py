@@ -25,7 +25,6 @@ class Job:
     steps: list[dict[str, Any]] = field(default_factory=list)  # the lease's step snapshot
     started_ms: int = 0  # when the lease was granted (platform time)
     run_key: str | None = None
-    log_path: str | None = None  # where the attempt's stdout/stderr go (guests only)
     cpu_s: float | None = None  # CPU seconds this attempt may use (guests only)
 
 
@@ -40,6 +39,17 @@ class AttemptResult:
     log_ref: str | None = None
     crashed: bool = False  # the sandbox died on its own (counts for the circuit breaker)
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
+
+
+def read_log(log_ref: str) -> str:
+    """The output of one attempt from its ``log_ref`` (``path`` or ``path#start-end``)."""
+    path, _, span = log_ref.partition("#")
+    with open(path, "rb") as fh:
+        if not span:
+            return fh.read().decode(errors="replace")
+        start, end = (int(n) for n in span.split("-"))
+        fh.seek(start)
+        return fh.read(end - start).decode(errors="replace")
 
 
 def crashed(message: str, log_ref: str | None = None) -> AttemptResult:

@@ -100,16 +100,21 @@ async def _measure(
             await asyncio.sleep(0.002)
 
     async def agent() -> None:
+        # Like a real agent: a slot that frees up is offered at once in a new long-poll, even
+        # while an earlier poll is still in flight (several pollers share the free slots).
         nonlocal free
         while not stop.is_set():
             if free == 0:
                 freed.clear()
                 await freed.wait()
                 continue
+            want, free = free, 0
             leases = await node.poll(
-                agent_id="fair", app="fair", tenants=[], queues=[], capacity=free, wait_ms=50
+                agent_id="fair", app="fair", tenants=[], queues=[], capacity=want, wait_ms=50
             )
-            free -= len(leases)
+            free += want - len(leases)
+            if free:
+                freed.set()
             for lease in leases:
                 if lease.tenant == "B":
                     started[lease.task_id] = time.perf_counter()
@@ -119,7 +124,8 @@ async def _measure(
                 running.add(job)
                 job.add_done_callback(running.discard)
 
-    agents = [asyncio.create_task(agent()), asyncio.create_task(reporter())]
+    agents = [asyncio.create_task(agent()) for _ in range(4)]
+    agents.append(asyncio.create_task(reporter()))
     for i in range(b_tasks):
         task_id = mint_task_id(i % partitions)
         t0 = time.perf_counter()

@@ -28,6 +28,7 @@ import pytest
 import conveyor
 from conveyor.agents.breaker import BreakerPolicy, BreakerState
 from conveyor.agents.host import HostAgent
+from conveyor.agents.sandbox import read_log
 from conveyor.agents.worker_api import HttpWorkerAPI
 from conveyor.schemas.types import Task
 from conveyor.streams.node import Node
@@ -110,14 +111,25 @@ def test_a_task_runs_in_a_warm_guest_with_its_output_captured(
 
     async def main() -> None:
         async with rig(tmp_path) as r:
+            log_refs: dict[str, str | None] = {}
+            report = r.api.complete
+
+            async def capture(items: Any) -> Any:
+                log_refs.update((item.task_id, item.log_ref) for item in items)
+                return await report(items)
+
+            r.api.complete = capture  # type: ignore[method-assign]
             first = await r.finished(await r.enqueue(agent_app.echo, "one"))
             second = await r.finished(await r.enqueue(agent_app.echo, "two"))
             assert first.status == second.status == "SUCCEEDED"
             one, two = (result_of(t) for t in (first, second))
             assert one["payload"] == "one" and one["key"] is None  # no credentials in guests
             assert one["pid"] == two["pid"]  # the same warm guest served both
-            log = (r.log_dir / f"{first.task_id}.1.log").read_text()
-            assert "echo of 'one' in attempt 1" in log
+            # Each attempt's output is its own byte range of the guest's log.
+            one_log = read_log(str(log_refs[first.task_id]))
+            two_log = read_log(str(log_refs[second.task_id]))
+            assert "echo of 'one' in attempt 1" in one_log and "'two'" not in one_log
+            assert "echo of 'two' in attempt 1" in two_log and "'one'" not in two_log
 
     run(main)
 
