@@ -45,7 +45,6 @@ _NESTED: dict[type, dict[str, type]] = {
     t.RecordSteps: {"items": t.StepWrite},
     t.ExpireLeases: {"items": t.LeaseRef},
     t.FireTimers: {"timers": t.TimerRef},
-    t.EventBatch: {"events": t.TaskEvent},
 }
 # Optional nested records (a union of null and a record) per class.
 _OPTIONAL: dict[type, dict[str, type]] = {t.Completion: {"sleep": t.SleepStep}}
@@ -120,6 +119,31 @@ class TaskCodec:
         return task
 
 
+class EventBatchCodec:
+    """``EventBatch`` <-> its columnar Avro form (see events/EventBatch.avsc)."""
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+        self.columns = [f.name for f in dataclasses.fields(t.TaskEvent)]
+
+    def encode(self, batch: t.EventBatch) -> bytes:
+        datum: dict[str, Any] = {"partition": batch.partition, "offset": batch.offset}
+        events = batch.events
+        for name in self.columns:
+            datum[name] = [getattr(e, name) for e in events]
+        buf = io.BytesIO()
+        schemaless_writer(buf, self.schema, datum)
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> t.EventBatch:
+        datum = _read(data, self.schema)
+        datum["kind"] = [t.EventKind(kind) for kind in datum["kind"]]
+        names = self.columns
+        rows = zip(*(datum[name] for name in names), strict=True)
+        events = [t.TaskEvent(**dict(zip(names, row, strict=True))) for row in rows]
+        return t.EventBatch(partition=datum["partition"], offset=datum["offset"], events=events)
+
+
 def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
     names = [f.name for f in dataclasses.fields(cls)]
     nested = {name: _make_to_dict(sub) for name, sub in _NESTED.get(cls, {}).items()}
@@ -183,7 +207,7 @@ IDEMPOTENCY = Codec(t.IdempotencyEntry, _load("state/IdempotencyEntry.avsc"))
 STEP_ROW = Codec(t.StepRow, _load("state/StepRow.avsc"))
 STEP_TOTALS = Codec(t.StepTotals, _load("state/StepTotals.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
-EVENT_BATCH = Codec(t.EventBatch, _load("events/EventBatch.avsc"))
+EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"))
 
 
 class RecordDecodeError(Exception):

@@ -28,7 +28,9 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
 
 from __future__ import annotations
 
+import functools
 import struct
+from dataclasses import dataclass
 
 from conveyor.schemas.types import TimerKind, TimerRef
 
@@ -145,6 +147,30 @@ def queue_count_of(app: str, tenant: str) -> bytes:
 
 def queue_head(app: str, tenant: str, queue: str) -> bytes:
     return META + b"head/" + lp(app) + lp(tenant) + lp(queue)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """Every key of one (app, tenant, queue) ready queue, built once: dispatch touches them
+    for every task."""
+
+    prefix: bytes
+    tenant_count: bytes
+    queue_count: bytes
+    head: bytes
+
+    def ready(self, priority: int, seq: int) -> bytes:
+        return self.prefix + bytes((255 - priority,)) + _U64.pack(seq)
+
+
+@functools.lru_cache(maxsize=4_096)
+def queue_keys(app: str, tenant: str, queue: str) -> QueueKeys:
+    return QueueKeys(
+        prefix=ready_queue(app, tenant, queue),
+        tenant_count=ready_count(app, tenant),
+        queue_count=queue_count(app, tenant, queue),
+        head=queue_head(app, tenant, queue),
+    )
 
 
 def ready_order(key: bytes) -> bytes:

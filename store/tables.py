@@ -215,23 +215,24 @@ class Tables:
         self._put(key, keys.u64(n) if n else None)
 
     def add_ready(self, task: Task) -> None:
-        key = keys.ready(task.app, task.tenant, task.queue, task.priority, task.ready_seq)
+        queue = keys.queue_keys(task.app, task.tenant, task.queue)
+        key = queue.ready(task.priority, task.ready_seq)
         self._put(key, task.task_id.encode())
-        self._bump(keys.ready_count(task.app, task.tenant), 1)
-        self._bump(keys.queue_count(task.app, task.tenant, task.queue), 1)
-        head = keys.queue_head(task.app, task.tenant, task.queue)
-        cursor = self._get(head)
+        self._bump(queue.tenant_count, 1)
+        self._bump(queue.queue_count, 1)
+        cursor = self._get(queue.head)
         if cursor is not None and key < cursor:
-            self._put(head, key)
+            self._put(queue.head, key)
 
     def remove_ready(self, task: Task, *, taken: bool = False) -> None:
         """Drop a task from its ready queue; ``taken`` when dispatch took it from the head."""
-        key = keys.ready(task.app, task.tenant, task.queue, task.priority, task.ready_seq)
+        queue = keys.queue_keys(task.app, task.tenant, task.queue)
+        key = queue.ready(task.priority, task.ready_seq)
         self._put(key, None)
-        self._bump(keys.ready_count(task.app, task.tenant), -1)
-        self._bump(keys.queue_count(task.app, task.tenant, task.queue), -1)
+        self._bump(queue.tenant_count, -1)
+        self._bump(queue.queue_count, -1)
         if taken:
-            head = keys.queue_head(task.app, task.tenant, task.queue)
+            head = queue.head
             cursor = self._get(head)
             if cursor is None or key > cursor:
                 self._put(head, key)

@@ -266,7 +266,8 @@ class Dispatcher:
             payload=payload,
             checkpoint=task.checkpoint,
             start_to_close_ms=task.start_to_close_ms,
-            steps=tables.steps(grant.task_id),
+            # A first attempt has no committed steps yet: skip the scan on the hot path.
+            steps=tables.steps(grant.task_id) if task.attempt > 1 else [],
             started_ms=task.leased_ms or 0,
             run_key=task.run_key or task.task_id,
         )

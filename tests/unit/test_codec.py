@@ -77,7 +77,9 @@ def test_every_schema_file_is_a_record_named_after_its_file() -> None:
 
 
 @pytest.mark.parametrize(
-    "cls", [c for c in DATACLASSES if c is not t.Task], ids=lambda c: c.__name__
+    "cls",
+    [c for c in DATACLASSES if c not in (t.Task, t.EventBatch)],
+    ids=lambda c: c.__name__,
 )
 def test_dataclass_matches_its_avsc(cls: type) -> None:
     assert cls.__name__ in RECORD_SCHEMAS, f"no .avsc defines {cls.__name__}"
@@ -89,6 +91,20 @@ def test_dataclass_matches_its_avsc(cls: type) -> None:
         assert optional == _nullable(avro["type"]), f"{cls.__name__}.{f.name}: nullability"
         if "default" in avro and f.default is not dataclasses.MISSING:
             assert f.default == avro["default"], f"{cls.__name__}.{f.name}: default"
+
+
+def test_event_batch_stores_one_column_per_event_field() -> None:
+    schema = RECORD_SCHEMAS["EventBatch"]
+    columns = [f["name"] for f in schema["fields"]][2:]
+    assert [f["name"] for f in schema["fields"]][:2] == ["partition", "offset"]
+    assert columns == [f.name for f in dataclasses.fields(t.TaskEvent)]
+    event_types = {f["name"]: f["type"] for f in RECORD_SCHEMAS["TaskEvent"]["fields"]}
+    for f in schema["fields"][2:]:
+        items = f["type"]["items"]
+        expected = event_types[f["name"]]
+        if isinstance(expected, dict):  # a named enum, referenced by name in the batch
+            expected = f"conveyor.{expected['name']}"
+        assert items == expected, f["name"]
 
 
 def test_task_is_the_union_of_head_state_and_detail() -> None:
