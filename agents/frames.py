@@ -1,11 +1,11 @@
 """Frames on the guest socket: a 4-byte big-endian length, then one JSON object.
 
-The agent passes a per-attempt log file descriptor to the guest with the "run" frame, as
-SCM_RIGHTS ancillary data on its first bytes, so the guest never needs a path it could abuse.
-``BlockingFrames`` is the guest's side (threads, blocking socket); ``AsyncFrames`` the agent's.
+A guest's stdout and stderr are its own log file, set up when the agent starts it; a "done"
+frame reports the byte range the attempt wrote (``log_range``). ``BlockingFrames`` is the
+guest's side (threads, blocking socket); ``AsyncFrames`` the agent's.
 
     agent -> guest   {"op": "run", "task_id", "task_type", "attempt", "payload", "checkpoint",
-                      "steps", "started_ms", "run_key", "cpu_s"}  + the log fd
+                      "steps", "started_ms", "run_key", "cpu_s"}
                      {"op": "cancel", "task_id"}        {"op": "exit"}
                      {"op": "step_ack", "task_id", "seq", "ok", "lost", "transient", "reason"}
     guest -> agent   {"op": "hello", "ok", "pid", "error"}
@@ -13,12 +13,11 @@ SCM_RIGHTS ancillary data on its first bytes, so the guest never needs a path it
                      {"op": "checkpoint", "task_id", "value"}
                      {"op": "step", "task_id", "seq", "step_op", "identity", "position",
                       "value"}   (the guest blocks until its step_ack)
-                     {"op": "done", "task_id", "outcome", "result", "error_class", ...}
+                     {"op": "done", "task_id", "log_range", "outcome", "result", ...}
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import json
 import socket
@@ -68,7 +67,6 @@ class BlockingFrames:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buf = bytearray()
-        self._fds: list[int] = []
         self._lock = threading.Lock()
 
     def send(self, obj: dict[str, Any]) -> None:
@@ -76,17 +74,15 @@ class BlockingFrames:
         with self._lock:
             self.sock.sendall(data)
 
-    def recv(self) -> tuple[dict[str, Any] | None, int | None]:
-        """The next frame and, for a "run" frame, the fd that came with it; None at EOF."""
+    def recv(self) -> dict[str, Any] | None:
+        """The next frame; None at EOF."""
         while True:
             frame = _take(self._buf)
             if frame is not None:
-                fd = self._fds.pop(0) if frame.get("op") == "run" and self._fds else None
-                return frame, fd
-            data, fds, _, _ = socket.recv_fds(self.sock, _RECV_BYTES, 4)
-            self._fds.extend(fds)
+                return frame
+            data = self.sock.recv(_RECV_BYTES)
             if not data:
-                return None, None
+                return None
             self._buf.extend(data)
 
 
@@ -113,23 +109,10 @@ class AsyncFrames:
                 return None
             self._buf.extend(data)
 
-    async def send(self, obj: dict[str, Any], fd: int | None = None) -> None:
+    async def send(self, obj: dict[str, Any]) -> None:
         data = encode(obj)
-        loop = asyncio.get_running_loop()
         async with self._send_lock:
-            if fd is not None:
-                data = data[await self._send_with_fd(data, fd) :]
-            if data:
-                await loop.sock_sendall(self.sock, data)
-
-    async def _send_with_fd(self, data: bytes, fd: int) -> int:
-        # asyncio has no sendmsg; the socket is idle between attempts, so this rarely waits.
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-        while True:
-            try:
-                return self.sock.sendmsg([data], ancillary)
-            except BlockingIOError:
-                await asyncio.sleep(0.001)
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
 
     def close(self) -> None:
         self.sock.close()

@@ -35,7 +35,7 @@ from conveyor.app import App
 from conveyor.context import Context
 from conveyor.steps import StepAck
 
-Run = tuple[dict[str, Any], int | None]
+Run = dict[str, Any]  # a "run" frame
 
 
 LOST_AGENT = StepAck(ok=False, lost=True, reason="the agent went away")
@@ -89,18 +89,18 @@ class Guest:
     def serve(self) -> None:
         threading.Thread(target=self._read, name="guest-reader", daemon=True).start()
         while (job := self.jobs.get()) is not None:
-            if not self.run(*job):
+            if not self.run(job):
                 return
 
     def _read(self) -> None:
         while True:
             try:
-                frame, fd = self.frames.recv()
+                frame = self.frames.recv()
             except (FrameError, OSError):
-                frame, fd = None, None
+                frame = None
             op = frame.get("op") if frame else "exit"
             if op == "run" and frame is not None:
-                self.jobs.put((frame, fd))
+                self.jobs.put(frame)
             elif op == "cancel" and frame is not None:
                 self._cancel(str(frame.get("task_id")))
             elif op == "step_ack" and frame is not None:
@@ -123,7 +123,7 @@ class Guest:
         if channel is not None and (frame is None or frame.get("task_id") == channel.task_id):
             channel.acks.put(frame)
 
-    def run(self, frame: dict[str, Any], fd: int | None) -> bool:
+    def run(self, frame: dict[str, Any]) -> bool:
         """Run one attempt and report it; False when this process must not be reused."""
         task_id = str(frame["task_id"])
         channel = GuestChannel(self.frames, task_id)
@@ -145,7 +145,7 @@ class Guest:
                 ctx.request_cancel()
         task = self.app.tasks.get(ctx.task_type)
         start = _log_size()
-        with _captured(fd), _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
+        with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
             if task is None:
                 result = unknown_type(self.app, ctx.task_type)
             else:
@@ -170,29 +170,6 @@ def _log_size() -> int:
         return os.fstat(1).st_size
     except OSError:
         return 0
-
-
-@contextlib.contextmanager
-def _captured(fd: int | None) -> Iterator[None]:
-    """Point fds 1 and 2 (and so print, logging, child processes) at ``fd``, then back."""
-    if fd is None:
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
 
 
 @contextlib.contextmanager

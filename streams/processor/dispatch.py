@@ -147,11 +147,11 @@ class WaitingPool:
     def deal(self) -> None:
         woken: set[int] = set()
         for entry in self.entries.values():
-            while entry.remaining > 0 and not (entry.closed or entry.future.done()):
-                target = self._next(entry)
-                if target is None:
-                    break
-                dispatcher, tenant = target
+            if entry.remaining <= 0 or entry.closed or entry.future.done():
+                continue
+            holders = self._holders(entry)
+            while entry.remaining > 0 and holders:
+                dispatcher, tenant = self._next(entry.app, holders)
                 dispatcher.assign(entry, tenant)
                 entry.remaining -= 1
                 woken.add(id(dispatcher))
@@ -159,8 +159,8 @@ class WaitingPool:
             if id(dispatcher) in woken:
                 dispatcher.wake()
 
-    def _next(self, entry: Entry) -> tuple[Dispatcher, str] | None:
-        """The tenant after the last one served for this app, and a partition holding it."""
+    def _holders(self, entry: Entry) -> dict[str, list[Dispatcher]]:
+        """Tenant -> the leading partitions with ready work of it for this entry."""
         holders: dict[str, list[Dispatcher]] = {}
         for d in self.dispatchers:
             if not d.leading:
@@ -168,16 +168,23 @@ class WaitingPool:
             for tenant, count in d.ready.get(entry.app, {}).items():
                 if count > 0 and (not entry.tenants or tenant in entry.tenants):
                     holders.setdefault(tenant, []).append(d)
-        if not holders:
-            return None
-        tenants = sorted(holders)
-        last = self._last_tenant.get(entry.app)
-        tenant = next((t for t in tenants if last is None or t > last), tenants[0])
-        self._last_tenant[entry.app] = tenant
+        return holders
+
+    def _next(self, app: str, holders: dict[str, list[Dispatcher]]) -> tuple[Dispatcher, str]:
+        """The tenant after the last one served for this app, and a partition holding it;
+        takes one ready task off the counts (and off ``holders`` when none is left)."""
+        last = self._last_tenant.get(app)
+        tenant = min((t for t in holders if last is None or t > last), default=min(holders))
+        self._last_tenant[app] = tenant
         choices = holders[tenant]
         self._turn += 1
         dispatcher = choices[self._turn % len(choices)]
-        dispatcher.ready[entry.app][tenant] -= 1
+        counts = dispatcher.ready[app]
+        counts[tenant] -= 1
+        if counts[tenant] <= 0:
+            choices.remove(dispatcher)
+            if not choices:
+                del holders[tenant]
         return dispatcher, tenant
 
 
