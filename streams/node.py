@@ -48,7 +48,7 @@ from conveyor.streams.processor.loop import PartitionProcessor, Settings
 from conveyor.streams.routing import partition_for_key, partition_of
 
 DEFAULT_PARTITIONS = 8
-TASK_CACHE_MAX = 131_072
+TASK_CACHE_MAX = 262_144
 
 
 class Node:
