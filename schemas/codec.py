@@ -53,6 +53,7 @@ _ENUMS: dict[type, dict[str, type[StrEnum]]] = {
     t.StepWrite: {"op": t.StepOp},
     t.TimerRef: {"kind": t.TimerKind},
     t.TaskEvent: {"kind": t.EventKind},
+    t.UpsertSchedule: {"overlap": t.OverlapPolicy, "catch_up": t.CatchUp},
 }
 
 
@@ -196,6 +197,8 @@ RECORDS: dict[str, Codec[Any]] = {
         t.ExpireLeases,
         t.FireTimers,
         t.AnnounceEpoch,
+        t.UpsertSchedule,
+        t.DeleteSchedule,
     )
 }
 TASK_HEAD = _load("state/TaskHead.avsc")
@@ -205,6 +208,7 @@ TASK = TaskCodec()
 ATTEMPT = Codec(t.Attempt, _load("state/Attempt.avsc"))
 IDEMPOTENCY = Codec(t.IdempotencyEntry, _load("state/IdempotencyEntry.avsc"))
 STEP_ROW = Codec(t.StepRow, _load("state/StepRow.avsc"))
+SCHEDULE = Codec(t.Schedule, _load("state/Schedule.avsc"))
 STEP_TOTALS = Codec(t.StepTotals, _load("state/StepTotals.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
 EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"))

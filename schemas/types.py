@@ -166,6 +166,8 @@ class TimerKind(StrEnum):
     SCHEDULE_TO_CLOSE = "SCHEDULE_TO_CLOSE"
     START_TO_CLOSE = "START_TO_CLOSE"
     CANCEL_GRACE = "CANCEL_GRACE"
+    # Appended last: ``keys.timer`` stores a kind by its index, so existing keys keep meaning.
+    SCHEDULE = "SCHEDULE"  # a cron occurrence; task_id is the schedule key, token its generation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +188,38 @@ class AnnounceEpoch:
     leader_id: str
 
 
+class OverlapPolicy(StrEnum):
+    """What a firing does while the schedule's previous task has not finished."""
+
+    ALLOW = "ALLOW"  # enqueue anyway
+    SKIP = "SKIP"  # drop this firing
+    CANCEL_PREVIOUS = "CANCEL_PREVIOUS"  # cancel the previous task, then enqueue
+
+
+class CatchUp(StrEnum):
+    """What a firing does when its occurrence was missed (the node was down)."""
+
+    ONCE = "ONCE"  # one task for the whole missed window, at its latest occurrence
+    NONE = "NONE"  # nothing for the missed window; wait for the next occurrence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpsertSchedule:
+    tenant: str
+    schedule_id: str
+    cron: str
+    timezone: str
+    template: bytes  # an encoded TaskSpec; id, run_at and key are set per firing
+    overlap: OverlapPolicy
+    catch_up: CatchUp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteSchedule:
+    tenant: str
+    schedule_id: str
+
+
 Record = (
     EnqueueTasks
     | CancelTasks
@@ -197,6 +231,8 @@ Record = (
     | ExpireLeases
     | FireTimers
     | AnnounceEpoch
+    | UpsertSchedule
+    | DeleteSchedule
 )
 
 # Records only the partition leader proposes; the machine ignores them from a stale epoch.
@@ -293,6 +329,27 @@ class StepRow:
 class StepTotals:
     count: int
     bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A cron schedule row. Only ``next_fire_ms`` is armed, as one SCHEDULE timer."""
+
+    tenant: str
+    schedule_id: str
+    cron: str
+    timezone: str
+    template: bytes
+    overlap: str  # an OverlapPolicy value
+    catch_up: str  # a CatchUp value
+    generation: int
+    created_ms: int
+    updated_ms: int
+    next_fire_ms: int | None = None
+    last_fire_ms: int | None = None
+    last_task_id: str | None = None
+    fired: int = 0
+    skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
@@ -27,11 +28,14 @@ from conveyor.wire import (
     UNSET,
     Enqueue,
     MaybeDuration,
+    ScheduleInfo,
+    ScheduleList,
     TaskInfo,
     TaskPage,
     chunks,
     enqueue_body,
     error_from_reply,
+    schedule_body,
 )
 
 DEFAULT_URL = "http://127.0.0.1:7400"
@@ -292,6 +296,48 @@ class Client:
             idempotent=False,
         )
         return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}
+
+    # -- schedules --------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        task: TaskType[Any, Any] | str,
+        payload: Any = None,
+        *,
+        cron: str,
+        schedule_id: str | None = None,
+        timezone: str = "UTC",
+        overlap: str = "allow",
+        catch_up: str = "once",
+        app: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        retry: Retry | None = None,
+        timeout: MaybeDuration = UNSET,
+    ) -> ScheduleInfo:
+        """Run ``task`` with ``payload`` on a cron schedule (five fields, read in ``timezone``);
+        creates or replaces the schedule ``schedule_id`` (default: the task type's name)."""
+        req = Enqueue(
+            task, payload, app=app, queue=queue, priority=priority, retry=retry, timeout=timeout
+        )
+        body = schedule_body(
+            req,
+            self.app,
+            cron=cron,
+            schedule_id=schedule_id,
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+        )
+        return ScheduleInfo.from_json(self._send("POST", "/v1/schedules", body=body))
+
+    def schedules(self) -> ScheduleList:
+        reply = self._send("GET", "/v1/schedules")
+        return [ScheduleInfo.from_json(s) for s in reply.get("schedules", [])]
+
+    def unschedule(self, schedule_id: str) -> None:
+        """Delete a schedule; ``NotFound`` if there is none. Tasks it enqueued are untouched."""
+        self._send("DELETE", f"/v1/schedules/{quote(schedule_id, safe='')}")
 
 
 def retry_body(

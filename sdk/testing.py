@@ -17,6 +17,7 @@ uses it too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -31,13 +32,28 @@ from conveyor.agents.inline import InlineExecutor
 from conveyor.app import App, Retry, TaskType
 from conveyor.client import EnqueueClient, TaskHandle, items_of, set_default_client
 from conveyor.durations import Duration, to_ms
-from conveyor.schemas.types import TaskStatus
+from conveyor.errors import ContractError
+from conveyor.schemas import codec
+from conveyor.schemas.types import CatchUp, OverlapPolicy, TaskStatus, TimerKind, UpsertSchedule
 from conveyor.store import keys
+from conveyor.store.tables import Tables
+from conveyor.streams import cron as cron_rules
 from conveyor.streams.clock import FakeClock
+from conveyor.streams.gateway.schedules import schedule_json
 from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.node import Node
 from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_info
-from conveyor.wire import UNSET, Enqueue, MaybeDuration, TaskInfo, TaskPage, enqueue_body
+from conveyor.wire import (
+    UNSET,
+    Enqueue,
+    MaybeDuration,
+    ScheduleInfo,
+    ScheduleList,
+    TaskInfo,
+    TaskPage,
+    enqueue_body,
+    schedule_body,
+)
 
 T = TypeVar("T")
 
@@ -213,9 +229,19 @@ class Engine:
         return None
 
     async def _next_timer_ms(self) -> int | None:
-        times = [self.node.tables(p).next_timer_ms() for p in range(self.node.partitions)]
+        """The next timer of a task. Schedules re-arm forever, so ``drain`` leaves them to
+        ``advance``: it plays out what is pending, not an endless calendar."""
+        times = [_next_task_timer_ms(self.node.tables(p)) for p in range(self.node.partitions)]
         known = [t for t in times if t is not None]
         return min(known) if known else None
+
+
+def _next_task_timer_ms(tables: Tables) -> int | None:
+    for key, _ in tables.scan(keys.TIMERS):
+        ref = keys.parse_timer(key)
+        if ref.kind != TimerKind.SCHEDULE:
+            return ref.fire_at_ms
+    return None
 
 
 class EngineClient:
@@ -391,3 +417,84 @@ class EngineClient:
             return {old: new for old, new in pairs if new in created}
 
         return engine.call(go())
+
+    # -- schedules ----------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        task: TaskType[Any, Any] | str,
+        payload: Any = None,
+        *,
+        cron: str,
+        schedule_id: str | None = None,
+        timezone: str = "UTC",
+        overlap: str = "allow",
+        catch_up: str = "once",
+        app: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        retry: Retry | None = None,
+        timeout: MaybeDuration = UNSET,
+    ) -> ScheduleInfo:
+        """``Client.schedule`` on the engine: firings come as ``engine.advance`` moves time."""
+        engine = self._engine
+        req = Enqueue(
+            task, payload, app=app, queue=queue, priority=priority, retry=retry, timeout=timeout
+        )
+        body = schedule_body(
+            req,
+            engine.app.name,
+            cron=cron,
+            schedule_id=schedule_id,
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+        )
+        problem = cron_rules.problem(cron, timezone)
+        if problem is not None:
+            raise ContractError(problem, field="cron")
+
+        async def go() -> ScheduleInfo:
+            node = engine.node
+            template = spec_from_body(
+                {**body["task"], "idempotency_key": "template"},
+                tenant=engine.tenant,
+                partitions=node.partitions,
+                now_ms=engine.clock.now_ms(),
+                known=engine.known,
+            )
+            template = dataclasses.replace(template, task_id="", idempotency_key=None)
+            record = UpsertSchedule(
+                tenant=engine.tenant,
+                schedule_id=body["schedule_id"],
+                cron=cron,
+                timezone=timezone,
+                template=codec.TASK_SPEC.encode(template),
+                overlap=OverlapPolicy(overlap.upper()),
+                catch_up=CatchUp(catch_up.upper()),
+            )
+            reply = await node.upsert_schedule(record)
+            if not reply.ok:
+                raise ContractError(f"schedule refused: {reply.reason}", field="cron")
+            row = node.get_schedule(engine.tenant, record.schedule_id)
+            return ScheduleInfo.from_json(schedule_json(row, payload=None))
+
+        return engine.call(go())
+
+    def schedules(self) -> ScheduleList:
+        engine = self._engine
+
+        async def go() -> list[ScheduleInfo]:
+            rows = engine.node.list_schedules(engine.tenant)
+            return [ScheduleInfo.from_json(schedule_json(r, payload=None)) for r in rows]
+
+        return engine.call(go())
+
+    def unschedule(self, schedule_id: str) -> None:
+        engine = self._engine
+
+        async def go() -> None:
+            engine.node.get_schedule(engine.tenant, schedule_id)  # NotFound, as over HTTP
+            await engine.node.delete_schedule(engine.tenant, schedule_id)
+
+        engine.call(go())

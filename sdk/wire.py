@@ -264,3 +264,76 @@ def error_from_reply(status: int, body: Any, retry_after_ms: int | None = None) 
     if code:
         exc.code = code
     return exc
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+OVERLAP_POLICIES: Final = ("allow", "skip", "cancel_previous")
+CATCH_UP_POLICIES: Final = ("once", "none")
+
+
+def schedule_body(
+    req: Enqueue,
+    default_app: str | None,
+    *,
+    cron: str,
+    schedule_id: str | None,
+    timezone: str,
+    overlap: str,
+    catch_up: str,
+) -> dict[str, Any]:
+    """The ``POST /v1/schedules`` body: ``req`` is the task each firing enqueues. Without a
+    ``schedule_id`` the task type's name is the id, so scheduling the same task again replaces
+    its schedule instead of adding a second one."""
+    task = enqueue_body(req, default_app)
+    for per_firing in ("idempotency_key", "delay_ms", "run_at"):
+        task.pop(per_firing, None)
+    if overlap not in OVERLAP_POLICIES:
+        raise ContractError(f"overlap must be one of {OVERLAP_POLICIES}", field="overlap")
+    if catch_up not in CATCH_UP_POLICIES:
+        raise ContractError(f"catch_up must be one of {CATCH_UP_POLICIES}", field="catch_up")
+    return {
+        "schedule_id": schedule_id or task["task_type"],
+        "cron": cron,
+        "timezone": timezone,
+        "overlap": overlap,
+        "catch_up": catch_up,
+        "task": task,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    schedule_id: str
+    cron: str
+    timezone: str
+    overlap: str
+    catch_up: str
+    task_type: str
+    app: str
+    next_fire_ms: int | None
+    last_fire_ms: int | None
+    last_task_id: str | None
+    fired: int
+    skipped: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScheduleInfo:
+        task = data.get("task") or {}
+        return cls(
+            schedule_id=str(data["schedule_id"]),
+            cron=str(data["cron"]),
+            timezone=str(data["timezone"]),
+            overlap=str(data["overlap"]),
+            catch_up=str(data["catch_up"]),
+            task_type=str(task.get("task_type", "")),
+            app=str(task.get("app", "")),
+            next_fire_ms=data.get("next_fire_ms"),
+            last_fire_ms=data.get("last_fire_ms"),
+            last_task_id=data.get("last_task_id"),
+            fired=int(data.get("fired", 0)),
+            skipped=int(data.get("skipped", 0)),
+        )
+
+
+ScheduleList = list[ScheduleInfo]  # for clients whose own ``list`` method shadows the builtin

@@ -22,6 +22,7 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
     dead         d lp:tenant task_id                              b""
     steps        S lp:task_id identity                            StepRow (Avro)
     step totals  S lp:task_id  (the bare prefix, sorts first)     StepTotals (Avro)
+    schedules    C lp:tenant schedule_id                          Schedule (Avro)
     outbox       o u64:offset                                     EventBatch (Avro)
     meta         m name                                           per name
 """
@@ -48,6 +49,7 @@ TIMERS = b"T"
 LEASED = b"l"
 DEAD = b"d"
 STEPS = b"S"
+SCHEDULES = b"C"
 OUTBOX = b"o"
 META = b"m"
 
@@ -231,3 +233,25 @@ def steps_of(task_id: str) -> bytes:
 
 def step(task_id: str, identity: str) -> bytes:
     return STEPS + lp(task_id) + b"/" + identity.encode()
+
+
+def schedule(tenant: str, schedule_id: str) -> bytes:
+    return SCHEDULES + lp(tenant) + schedule_id.encode()
+
+
+def schedules_of(tenant: str) -> bytes:
+    return SCHEDULES + lp(tenant)
+
+
+# A SCHEDULE timer names its schedule in the timer's task_id slot. NUL cannot occur in a
+# tenant name (names have no control characters), so the split is unambiguous.
+_SCHEDULE_SEP = "\x00"
+
+
+def schedule_ref(tenant: str, schedule_id: str) -> str:
+    return tenant + _SCHEDULE_SEP + schedule_id
+
+
+def parse_schedule_ref(ref: str) -> tuple[str, str] | None:
+    tenant, sep, schedule_id = ref.partition(_SCHEDULE_SEP)
+    return (tenant, schedule_id) if sep else None

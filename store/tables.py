@@ -15,6 +15,7 @@ from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Attempt,
     IdempotencyEntry,
+    Schedule,
     StepRow,
     StepTotals,
     Task,
@@ -199,6 +200,23 @@ class Tables:
 
     def put_idempotency(self, tenant: str, app: str, key: str, entry: IdempotencyEntry) -> None:
         self._put(keys.idempotency(tenant, app, key), codec.IDEMPOTENCY.encode(entry))
+
+    # -- schedules ---------------------------------------------------------------------------
+
+    def schedule(self, tenant: str, schedule_id: str) -> Schedule | None:
+        raw = self._get(keys.schedule(tenant, schedule_id))
+        return None if raw is None else codec.SCHEDULE.decode(raw)
+
+    def put_schedule(self, row: Schedule) -> None:
+        self._put(keys.schedule(row.tenant, row.schedule_id), codec.SCHEDULE.encode(row))
+
+    def delete_schedule(self, tenant: str, schedule_id: str) -> None:
+        self._put(keys.schedule(tenant, schedule_id), None)
+
+    def schedules(self, tenant: str) -> Iterator[Schedule]:
+        """A tenant's schedules on this partition, in schedule id order."""
+        for _, value in self.scan(keys.schedules_of(tenant)):
+            yield codec.SCHEDULE.decode(value)
 
     # -- ready queues -----------------------------------------------------------------------
     #

@@ -26,13 +26,16 @@ from conveyor.schemas.types import (
     Checkpoint,
     CompleteAttempts,
     Completion,
+    DeleteSchedule,
     EnqueueTasks,
     RecordSteps,
     RetryFailed,
     SaveCheckpoints,
+    Schedule,
     StepWrite,
     Task,
     TaskSpec,
+    UpsertSchedule,
 )
 from conveyor.store.api import KV
 from conveyor.store.memory import MemoryKV
@@ -45,7 +48,7 @@ from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.machine import Reply
 from conveyor.streams.processor.dispatch import Lease, WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor, Settings
-from conveyor.streams.routing import partition_for_key, partition_of
+from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
 DEFAULT_PARTITIONS = 8
 TASK_CACHE_MAX = 262_144
@@ -200,6 +203,34 @@ class Node:
         task = await self.processors[self.partition_of(task_id)].wait_finished(task_id, timeout_ms)
         assert task is not None
         return task
+
+    # -- schedules --------------------------------------------------------------------------
+
+    def partition_of_schedule(self, tenant: str, schedule_id: str) -> int:
+        return partition_for_schedule(tenant, schedule_id, self.partitions)
+
+    async def upsert_schedule(self, record: UpsertSchedule) -> Reply:
+        p = self.partition_of_schedule(record.tenant, record.schedule_id)
+        (reply,) = await self.processors[p].submit(record, f"schedule/{record.schedule_id}")
+        return reply
+
+    async def delete_schedule(self, tenant: str, schedule_id: str) -> Reply:
+        p = self.partition_of_schedule(tenant, schedule_id)
+        record = DeleteSchedule(tenant=tenant, schedule_id=schedule_id)
+        (reply,) = await self.processors[p].submit(record, f"schedule/{schedule_id}")
+        return reply
+
+    def get_schedule(self, tenant: str, schedule_id: str) -> Schedule:
+        p = self.partition_of_schedule(tenant, schedule_id)
+        row = self.processors[p].reader().schedule(tenant, schedule_id)
+        if row is None:
+            raise NotFound(f"no schedule {schedule_id!r}", field="schedule_id")
+        return row
+
+    def list_schedules(self, tenant: str) -> list[Schedule]:
+        """A tenant's schedules, by id. Schedules are few: every partition is scanned."""
+        rows = [row for p in self.processors for row in p.reader().schedules(tenant)]
+        return sorted(rows, key=lambda row: row.schedule_id)
 
     # -- agent operations -------------------------------------------------------------------
 

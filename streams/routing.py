@@ -36,3 +36,8 @@ def partition_of(task_id: str, partitions: int) -> int:
 def partition_for_key(tenant: str, key: str, partitions: int) -> int:
     digest = hashlib.blake2b(f"{tenant}\x00{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
+
+
+def partition_for_schedule(tenant: str, schedule_id: str, partitions: int) -> int:
+    """The partition that owns a schedule, its timer and every task it enqueues."""
+    return partition_for_key(tenant, "\x00schedule\x00" + schedule_id, partitions)

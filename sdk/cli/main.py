@@ -4,6 +4,7 @@ node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
+chaos kill9                       fault-injection runs (tools.py, streams/chaos)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=T
 bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
 projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
+chaos_app = typer.Typer(help="Fault-injection runs (issue 6).", no_args_is_help=True)
 
 app.command()(serve.node)
 app.command()(serve.dev)
@@ -41,10 +43,12 @@ bench_app.command("e2e")(tools.bench_e2e)
 bench_app.command("projection")(tools.bench_projection)
 projection_app.command("rebuild")(tools.projection_rebuild)
 docs_app.command("lifecycle")(tools.docs_lifecycle)
+chaos_app.command("kill9")(tools.chaos_kill9)
 app.add_typer(log_app, name="log")
 app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")
 app.add_typer(projection_app, name="projection")
+app.add_typer(chaos_app, name="chaos")
 
 
 def main() -> None:

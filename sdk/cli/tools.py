@@ -52,9 +52,16 @@ def _summary(body: bytes, kind: str) -> str:
         case types.ExpireLeases():
             text = ", ".join(f"{i.task_id}#{i.lease_id}" for i in record.items)
         case types.FireTimers():
-            text = ", ".join(f"{t.kind.value}:{t.task_id}" for t in record.timers)
+            # A SCHEDULE timer names "tenant NUL schedule id": show the NUL as a slash.
+            text = ", ".join(
+                f"{t.kind.value}:{t.task_id.replace(chr(0), '/')}" for t in record.timers
+            )
         case types.AnnounceEpoch():
             text = f"leader {record.leader_id}"
+        case types.UpsertSchedule():
+            text = f"tenant {record.tenant}: {record.schedule_id} {record.cron!r} {record.timezone}"
+        case types.DeleteSchedule():
+            text = f"tenant {record.tenant}: {record.schedule_id}"
         case _:
             assert_never(record)
     return text if len(text) <= SUMMARY_CHARS_MAX else text[: SUMMARY_CHARS_MAX - 3] + "..."
@@ -284,3 +291,32 @@ def projection_rebuild(
 
     count = asyncio.run(main())
     console.print(f"[green]rebuilt[/]: {count} events projected")
+
+
+def chaos_kill9(
+    seconds: Annotated[float, typer.Option("--seconds", min=1, help="Load under faults")] = 90.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    clients: Annotated[int, typer.Option("--clients", min=1)] = 6,
+    rate: Annotated[float, typer.Option("--rate", min=1, help="Enqueues/s, all clients")] = 80.0,
+    agents: Annotated[int, typer.Option("--agents", min=1)] = 1,
+    home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """P1: kill -9 the node, agents and guests under load; check no lost acks, no phantoms,
+    one terminal state. Prints the run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    import random
+
+    from conveyor.streams.chaos.runner import Config, run_kill9
+
+    config = Config(
+        seconds=seconds,
+        seed=random.randrange(2**31) if seed is None else seed,
+        clients=clients,
+        rate=rate,
+        agents=agents,
+        home=home,
+    )
+    result = asyncio.run(run_kill9(config))
+    _print_result(result, as_json)
+    if result["valid"] is not True:
+        raise typer.Exit(1)

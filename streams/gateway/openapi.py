@@ -247,6 +247,44 @@ def _worker_shapes() -> dict[str, Schema]:
     }
 
 
+def _schedule_shapes() -> dict[str, Schema]:
+    template = {
+        k: v
+        for k, v in _task_request()["properties"].items()
+        if k not in ("delay_ms", "run_at", "idempotency_key")
+    }
+    common = {
+        "schedule_id": NAME,
+        "cron": {
+            "type": "string",
+            "description": "five fields (minute hour day-of-month month day-of-week) or @daily"
+            " etc.; minute resolution, so at most one firing a minute",
+        },
+        "timezone": {"type": "string", "description": "IANA zone name; default UTC"},
+        "overlap": {"enum": ["allow", "skip", "cancel_previous"]},
+        "catch_up": {"enum": ["once", "none"]},
+    }
+    shown = {"task_type": NAME, "app": NAME, "queue": NAME, "priority": integer(0), "payload": ANY}
+    return {
+        "ScheduleRequest": obj(
+            {**common, "task": obj(template, "task_type", "app")}, "schedule_id", "cron", "task"
+        ),
+        "Schedule": obj(
+            {
+                **common,
+                "task": obj(shown),
+                "next_fire_ms": nullable(integer()),
+                "last_fire_ms": nullable(integer()),
+                "last_task_id": nullable(TASK_ID),
+                "fired": integer(0),
+                "skipped": integer(0),
+                "created_ms": integer(),
+                "updated_ms": integer(),
+            }
+        ),
+    }
+
+
 def _param(name: str, schema: Schema, where: str = "query") -> Schema:
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
@@ -256,6 +294,7 @@ def _wrap(name: str, item: Schema, lo: int = 1) -> Schema:
 
 
 _ID = _param("task_id", TASK_ID, "path")
+_SCHEDULE_ID = _param("schedule_id", NAME, "path")
 _LIST = [
     _param("status", {"type": "string", "description": "comma-separated statuses"}),
     _param("queue", NAME),
@@ -323,6 +362,31 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         [_ID],
     ),
     ("post", "/v1/tasks:retry", "Re-enqueue FAILED tasks as new tasks", _RETRY, _RETRIED, []),
+    (
+        "post",
+        "/v1/schedules",
+        "Create (201) or replace (200) a cron schedule; a bad cron or timezone is a 400",
+        ref("ScheduleRequest"),
+        ref("Schedule"),
+        [],
+    ),
+    (
+        "get",
+        "/v1/schedules",
+        "The tenant's schedules",
+        None,
+        _wrap("schedules", ref("Schedule"), 0),
+        [],
+    ),
+    ("get", "/v1/schedules/{schedule_id}", "A schedule", None, ref("Schedule"), [_SCHEDULE_ID]),
+    (
+        "delete",
+        "/v1/schedules/{schedule_id}",
+        "Delete a schedule and disarm its next firing; tasks it enqueued are untouched",
+        None,
+        obj({"schedule_id": NAME, "deleted": {"type": "boolean"}}),
+        [_SCHEDULE_ID],
+    ),
     ("post", "/worker/register", "Declare an app's task types", ref("Register"), obj({}), []),
     (
         "post",
@@ -407,7 +471,7 @@ def document() -> Schema:
             f"Request bodies up to {fields.BODY_BYTES_MAX} bytes.",
         },
         "components": {
-            "schemas": {**_task_shapes(), **_worker_shapes()},
+            "schemas": {**_task_shapes(), **_schedule_shapes(), **_worker_shapes()},
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"apiKey": []}],

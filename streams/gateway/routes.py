@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from conveyor.streams.gateway import render, validation, worker_requests
+from conveyor.streams.gateway import render, schedules, validation, worker_requests
 from conveyor.streams.gateway.errors import PayloadTooLarge, dumps
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
 from conveyor.streams.gateway.service import Gateway
@@ -81,6 +81,31 @@ async def retry(request: web.Request) -> web.Response:
     return reply({"retried": await gw.retry(tenant, req)})
 
 
+# -- schedules -----------------------------------------------------------------------------
+
+
+async def upsert_schedule(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    req = schedules.parse_schedule(await read_body(request))
+    created, body = await gw.upsert_schedule(tenant, req)
+    return reply(body, 201 if created else 200)
+
+
+async def list_schedules(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    return reply(await gw.schedules(tenant))
+
+
+async def get_schedule(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    return reply(await gw.schedule(tenant, request.match_info["schedule_id"]))
+
+
+async def delete_schedule(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    return reply(await gw.delete_schedule(tenant, request.match_info["schedule_id"]))
+
+
 # -- worker API ----------------------------------------------------------------------------
 
 
@@ -128,6 +153,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/tasks/{task_id}", get_task, allow_head=False)
     app.router.add_get("/v1/queues", list_queues, allow_head=False)
     app.router.add_post("/v1/tasks/{task_id}/cancel", cancel)
+    app.router.add_post("/v1/schedules", upsert_schedule)
+    app.router.add_get("/v1/schedules", list_schedules, allow_head=False)
+    app.router.add_get("/v1/schedules/{schedule_id}", get_schedule, allow_head=False)
+    app.router.add_delete("/v1/schedules/{schedule_id}", delete_schedule)
     app.router.add_post("/worker/register", register)
     app.router.add_post("/worker/poll", poll)
     app.router.add_post("/worker/heartbeat", heartbeat)

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from conveyor.errors import Conflict, ContractError, NotFound
+from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Checkpoint,
     Completion,
@@ -32,6 +33,7 @@ from conveyor.streams.gateway.auth import KeyStore
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.payloads import Payloads
 from conveyor.streams.gateway.registry import Registry
+from conveyor.streams.gateway.schedules import ScheduleRequest, schedule_json, to_record
 from conveyor.streams.gateway.validation import EnqueueRequest, ListQuery, RetryRequest, to_spec
 from conveyor.streams.gateway.worker_requests import (
     CheckpointRequest,
@@ -183,6 +185,41 @@ class Gateway:
                     out.append({"task_id": old, "new_task_id": reply.task_id})
                     break
         return out
+
+    # -- schedules ----------------------------------------------------------------------------
+
+    async def upsert_schedule(
+        self, tenant: str, req: ScheduleRequest
+    ) -> tuple[bool, dict[str, Any]]:
+        """Create or replace a schedule; (created, the schedule as stored)."""
+        task = req.task
+        self.registry.require(tenant, task.app, task.task_type, task.field("task_type"))
+        payload = await self.payloads.pack(task.payload, task.field("payload"))
+        # The firing sets id, time and key; the template keeps everything else of the body.
+        spec = to_spec(task, task_id="", tenant=tenant, payload=payload, now_ms=0)
+        record = to_record(req, tenant=tenant, template=codec.TASK_SPEC.encode(spec))
+        reply = await self.node.upsert_schedule(record)
+        if not reply.ok:  # validated above: only a record changed underneath us gets here
+            raise ContractError(f"schedule refused: {reply.reason}", field="cron")
+        return reply.created, await self.schedule(tenant, req.schedule_id)
+
+    async def schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+        row = self.node.get_schedule(tenant, schedule_id)
+        payload = await self.payloads.value(codec.TASK_SPEC.decode(row.template).payload)
+        return schedule_json(row, payload=payload)
+
+    async def schedules(self, tenant: str) -> dict[str, Any]:
+        out = []
+        for row in self.node.list_schedules(tenant):
+            payload = await self.payloads.value(codec.TASK_SPEC.decode(row.template).payload)
+            out.append(schedule_json(row, payload=payload))
+        return {"schedules": out}
+
+    async def delete_schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+        reply = await self.node.delete_schedule(tenant, schedule_id)
+        if not reply.ok:
+            raise NotFound(f"no schedule {schedule_id!r}", field="schedule_id")
+        return {"schedule_id": schedule_id, "deleted": True}
 
     # -- worker API ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from conveyor.schemas.types import (
     AnnounceEpoch,
     CancelTasks,
     CompleteAttempts,
+    DeleteSchedule,
     EnqueueTasks,
     ExpireLeases,
     FireTimers,
@@ -26,6 +27,7 @@ from conveyor.schemas.types import (
     RecordSteps,
     RetryFailed,
     SaveCheckpoints,
+    UpsertSchedule,
 )
 from conveyor.store import keys
 from conveyor.store.tables import Tables
@@ -37,6 +39,10 @@ from conveyor.streams.machine.handlers.complete import (
 )
 from conveyor.streams.machine.handlers.dispatch import apply_grant
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
+from conveyor.streams.machine.handlers.schedules import (
+    apply_delete_schedule,
+    apply_upsert_schedule,
+)
 from conveyor.streams.machine.handlers.steps import apply_steps
 from conveyor.streams.machine.handlers.timers import apply_timers
 from conveyor.streams.machine.outcome import Meta, Outcome
@@ -74,6 +80,10 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             apply_timers(tables, record, meta, out)
         case AnnounceEpoch():
             tables.put_meta_int(keys.META_EPOCH, meta.epoch)
+        case UpsertSchedule():
+            apply_upsert_schedule(tables, record, meta, out)
+        case DeleteSchedule():
+            apply_delete_schedule(tables, record, meta, out)
         case _:
             assert_never(record)
     return out

@@ -787,3 +787,64 @@ def test_dev_runs_node_gateway_and_agent(tmp_path: Path) -> None:
         assert (task["status"], task["result"]) == ("SUCCEEDED", {"twice": 42}), task
     finally:
         assert dev.stop(signal.SIGINT) == 0, dev.logs()
+
+
+# -- cron schedules ---------------------------------------------------------------------------
+
+
+def test_schedules_crud_is_tenant_scoped_and_validated(node: NodeProcess) -> None:
+    base = node.base
+    body = {
+        "schedule_id": "nightly",
+        "cron": "30 2 * * *",
+        "timezone": "Europe/Paris",
+        "overlap": "skip",
+        "task": {"task_type": "echo", "app": "shop", "payload": {"n": 1}},
+    }
+    status, created = call(base, "POST", "/v1/schedules", body)
+    assert status == 201, created
+    assert created["schedule_id"] == "nightly" and created["overlap"] == "skip"
+    assert created["catch_up"] == "once" and created["task"]["payload"] == {"n": 1}
+    assert created["next_fire_ms"] > int(time.time() * 1000)
+    status, replaced = call(base, "POST", "/v1/schedules", {**body, "cron": "0 * * * *"})
+    assert status == 200 and replaced["cron"] == "0 * * * *"
+    assert call(base, "GET", "/v1/schedules/nightly")[1]["cron"] == "0 * * * *"
+    assert [s["schedule_id"] for s in call(base, "GET", "/v1/schedules")[1]["schedules"]] == [
+        "nightly"
+    ]
+    # Another tenant sees nothing and can delete nothing.
+    assert call(base, "GET", "/v1/schedules", key=KEY_B) == (200, {"schedules": []})
+    assert call(base, "GET", "/v1/schedules/nightly", key=KEY_B)[0] == 404
+    assert call(base, "DELETE", "/v1/schedules/nightly", key=KEY_B)[0] == 404
+    assert call(base, "DELETE", "/v1/schedules/nightly") == (
+        200,
+        {"schedule_id": "nightly", "deleted": True},
+    )
+    assert call(base, "GET", "/v1/schedules/nightly")[0] == 404
+    assert call(base, "DELETE", "/v1/schedules/nightly")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        ({"cron": "61 * * * *"}, "cron", "invalid cron expression '61 * * * *': "),
+        ({"cron": "* * * * * *"}, "cron", "expected 5 fields"),
+        ({"cron": "0 0 30 2 *"}, "cron", "never fires"),
+        ({"timezone": "Mars/Olympus"}, "timezone", "unknown timezone 'Mars/Olympus'"),
+        ({"overlap": "sometimes"}, "overlap", "allow, skip, cancel_previous"),
+        ({"task": {"task_type": "echo", "app": "shop", "delay_ms": 5}}, "task.delay_ms", "firing"),
+    ],
+)
+def test_bad_schedules_are_a_400_naming_the_problem(
+    node: NodeProcess, change: dict[str, Any], field: str, message: str
+) -> None:
+    body = {
+        "schedule_id": "bad",
+        "cron": "* * * * *",
+        "task": {"task_type": "echo", "app": "shop"},
+        **change,
+    }
+    status, reply = call(node.base, "POST", "/v1/schedules", body)
+    assert status == 400, reply
+    assert reply["error"]["field"] == field and message in reply["error"]["message"]
+    assert call(node.base, "GET", "/v1/schedules/bad")[0] == 404

@@ -247,6 +247,17 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
         ),
     ),
     t.AnnounceEpoch: st.builds(t.AnnounceEpoch, leader_id=TEXT),
+    t.UpsertSchedule: st.builds(
+        t.UpsertSchedule,
+        tenant=TEXT,
+        schedule_id=TEXT,
+        cron=TEXT,
+        timezone=TEXT,
+        template=BLOB,
+        overlap=st.sampled_from(t.OverlapPolicy),
+        catch_up=st.sampled_from(t.CatchUp),
+    ),
+    t.DeleteSchedule: st.builds(t.DeleteSchedule, tenant=TEXT, schedule_id=TEXT),
 }
 records = st.one_of(*RECORDS.values())
 
@@ -371,6 +382,22 @@ def test_state_rows_round_trip() -> None:
     assert codec.ATTEMPT.decode(codec.ATTEMPT.encode(attempt)) == attempt
     entry = t.IdempotencyEntry(task_id="x", expires_ms=2**62)
     assert codec.IDEMPOTENCY.decode(codec.IDEMPOTENCY.encode(entry)) == entry
+    schedule = t.Schedule(
+        tenant="a",
+        schedule_id="s",
+        cron="* * * * *",
+        timezone="UTC",
+        template=b"\x00",
+        overlap="SKIP",
+        catch_up="ONCE",
+        generation=2,
+        created_ms=1,
+        updated_ms=2,
+        next_fire_ms=3,
+        last_task_id="x",
+        fired=4,
+    )
+    assert codec.SCHEDULE.decode(codec.SCHEDULE.encode(schedule)) == schedule
 
 
 # -- hostile input ------------------------------------------------------------------------------

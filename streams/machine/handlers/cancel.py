@@ -46,22 +46,27 @@ def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) 
                 )
             )
             continue
-        if task.status in WAITING:
-            finish(
-                tables,
-                task,
-                TaskStatus.CANCELED,
-                meta,
-                out,
-                EventKind.TaskCanceled,
-                error_class="Canceled",
-                error_message=record.reason,
-            )
-        elif task.status == TaskStatus.LEASED and task.cancel_cause != CancelCause.CANCEL:
-            request_stop(tables, task, CancelCause.CANCEL, record.reason, meta, out)
+        stop_task(tables, task, record.reason, meta, out)
         out.actions.append(
             Reply(offset=meta.offset, index=index, ok=True, task_id=task_id, status=task.status)
         )
+
+
+def stop_task(tables: Tables, task: Task, reason: str, meta: Meta, out: Outcome) -> None:
+    """Cancel one task: at once if it waits, by asking its holder if it runs; else nothing."""
+    if task.status in WAITING:
+        finish(
+            tables,
+            task,
+            TaskStatus.CANCELED,
+            meta,
+            out,
+            EventKind.TaskCanceled,
+            error_class="Canceled",
+            error_message=reason,
+        )
+    elif task.status == TaskStatus.LEASED and task.cancel_cause != CancelCause.CANCEL:
+        request_stop(tables, task, CancelCause.CANCEL, reason, meta, out)
 
 
 def request_stop(

@@ -23,63 +23,59 @@ from conveyor.streams.machine.outcome import Meta, Outcome, Reply
 
 def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome) -> None:
     for index, raw in enumerate(record.tasks):
-        spec = codec.TASK_SPEC.decode(raw)
-        problem = invalid(spec)
-        if problem is not None:
-            # The gateway validates; anything else that appends (ingest, tools) may not.
-            out.actions.append(
-                Reply(
-                    offset=meta.offset,
-                    index=index,
-                    ok=False,
-                    task_id=spec.task_id[:64],
-                    reason=problem,
-                )
-            )
-            continue
-        twin = _twin(tables, spec, meta)
-        if twin is not None:
-            existing = tables.task(twin)
-            out.actions.append(
-                Reply(
-                    offset=meta.offset,
-                    index=index,
-                    ok=True,
-                    task_id=twin,
-                    created=False,
-                    status=existing.status if existing else None,
-                )
-            )
-            continue
-        task = _new_task(spec, meta)
-        tables.put_spec(spec.task_id, raw, spec.payload)
-        if spec.idempotency_key is not None:
-            tables.put_idempotency(
-                spec.tenant,
-                spec.app,
-                spec.idempotency_key,
-                IdempotencyEntry(
-                    task_id=spec.task_id, expires_ms=meta.ts_ms + spec.idempotency_window_ms
-                ),
-            )
-        if task.run_at_ms > meta.ts_ms:
-            tables.add_timer(run_timer(task))
-        else:
-            make_ready(tables, task, meta, index)
-        for ref in deadline_timers(task):
-            tables.add_timer(ref)
-        tables.put_task(task, new=True)
-        emit(out, EventKind.TaskEnqueued, task, meta)
-        out.actions.append(
-            Reply(
-                offset=meta.offset,
-                index=index,
-                ok=True,
-                task_id=task.task_id,
-                created=True,
-                status=task.status,
-            )
+        out.actions.append(enqueue_one(tables, raw, meta, out, index))
+
+
+def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int) -> Reply:
+    """Create the task of one encoded spec, or meet its twin; the reply says which.
+
+    ``index`` must be unique among the items of the record that become ready: it orders the
+    ready queue (a schedule firing passes its timer's index in the FireTimers record)."""
+    spec = codec.TASK_SPEC.decode(raw)
+    problem = invalid(spec)
+    if problem is not None:
+        # The gateway validates; anything else that appends (ingest, tools) may not.
+        return Reply(
+            offset=meta.offset, index=index, ok=False, task_id=spec.task_id[:64], reason=problem
         )
+    twin = _twin(tables, spec, meta)
+    if twin is not None:
+        existing = tables.task(twin)
+        return Reply(
+            offset=meta.offset,
+            index=index,
+            ok=True,
+            task_id=twin,
+            created=False,
+            status=existing.status if existing else None,
+        )
+    task = _new_task(spec, meta)
+    tables.put_spec(spec.task_id, raw, spec.payload)
+    if spec.idempotency_key is not None:
+        tables.put_idempotency(
+            spec.tenant,
+            spec.app,
+            spec.idempotency_key,
+            IdempotencyEntry(
+                task_id=spec.task_id, expires_ms=meta.ts_ms + spec.idempotency_window_ms
+            ),
+        )
+    if task.run_at_ms > meta.ts_ms:
+        tables.add_timer(run_timer(task))
+    else:
+        make_ready(tables, task, meta, index)
+    for ref in deadline_timers(task):
+        tables.add_timer(ref)
+    tables.put_task(task, new=True)
+    emit(out, EventKind.TaskEnqueued, task, meta)
+    return Reply(
+        offset=meta.offset,
+        index=index,
+        ok=True,
+        task_id=task.task_id,
+        created=True,
+        status=task.status,
+    )
 
 
 NAME_BYTES_MAX = 1_024

@@ -1,10 +1,13 @@
-"""FireTimers: delays and backoff ending, the three timeouts, the cancel grace.
+"""FireTimers: delays and backoff ending, the three timeouts, the cancel grace, cron firings
+(handlers/schedules.py).
 
 A timer carries a token (the attempt or lease it was armed for). A timer whose task has moved
 on is stale and does nothing, so disarming a timer is an optimisation, never a requirement.
 """
 
 from __future__ import annotations
+
+from typing import assert_never
 
 from conveyor.schemas.types import (
     CancelCause,
@@ -17,6 +20,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.cancel import request_stop
+from conveyor.streams.machine.handlers.schedules import fire_schedule
 from conveyor.streams.machine.lifecycle import (
     WAITING,
     attempt_failed,
@@ -36,6 +40,9 @@ def apply_timers(tables: Tables, record: FireTimers, meta: Meta, out: Outcome) -
         if not tables.timer_exists(ref):
             continue  # already fired or disarmed
         tables.remove_timer(ref)
+        if ref.kind == TimerKind.SCHEDULE:
+            fire_schedule(tables, ref, meta, out, index)
+            continue
         task = tables.task(ref.task_id)
         if task is not None and task.status not in (
             TaskStatus.SUCCEEDED,
@@ -98,6 +105,10 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
         case TimerKind.CANCEL_GRACE:
             if leased_now and task.cancel_cause is not None:
                 _grace_over(tables, task, meta, out)
+        case TimerKind.SCHEDULE:
+            raise AssertionError("SCHEDULE timers fire through fire_schedule")
+        case _:
+            assert_never(ref.kind)
 
 
 def _grace_over(tables: Tables, task: Task, meta: Meta, out: Outcome) -> None:

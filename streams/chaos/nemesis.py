@@ -1,0 +1,176 @@
+"""Real processes on 127.0.0.1 and a nemesis that kill -9s them.
+
+``ChaosCluster`` reuses the bench's ``Cluster`` (spawn with output in files, stop by pid: TERM
+then KILL) and adds what a fault run needs: restart a role on the same home and port, kill a
+role with SIGKILL (an agent together with its guests, found as its children), and a health
+wait that only watches the node (an agent may be down on purpose while the node starts).
+
+``Nemesis`` kills a seeded random role at seeded random intervals and restarts it after a
+seeded delay: the supervisor of RELIABILITY.md §3. Every kill and restart goes into the history.
+It only ever signals pids it spawned (``Cluster.procs``) and their children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO
+
+import httpx
+import psutil
+
+from conveyor.streams.bench.e2e import START_TIMEOUT_S, Cluster, _dev_key, _free_port
+from conveyor.streams.chaos.history import History
+
+APP_REF = "conveyor.streams.chaos.app:app"
+AGENT_MODULE = "conveyor.streams.chaos.agent"
+ROLES = ("node", "agent", "guest")
+
+
+class ChaosCluster(Cluster):
+    """A node (``--no-projection``: the embedded PostgreSQL is a daemon, not a child, so a
+    kill -9 of the node would leave it running and a restart would wait on it) and agents."""
+
+    async def start(self) -> None:
+        self.port = _free_port()
+        self.spawn_node()
+        await self.wait_healthy()
+        self.key = _dev_key(self.node_home)
+        for k in range(self.agents):
+            self.spawn_agent(k)
+
+    def spawn_node(self) -> None:
+        home, port = str(self.node_home), str(self.port)
+        args = ["node", "--home", home, "--port", port, "--partitions", str(self.partitions)]
+        self._spawn("node", [*args, "--no-projection"])
+
+    def spawn_agent(self, k: int) -> None:
+        """The agent runs under ``-m`` of the chaos entry point (``agent.py`` says why)."""
+        name = f"agent-{k}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = ["--app", APP_REF, "--url", self.url, "--api-key", self.key]
+        slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
+        with open(self.root / f"{name}.out", "ab") as out:
+            self.procs[name] = _popen([sys.executable, "-m", AGENT_MODULE, *args, *slots], out)
+
+    def respawn(self, name: str) -> None:
+        if name == "node":
+            self.spawn_node()
+        else:
+            self.spawn_agent(int(name.split("-")[1]))
+
+    def alive(self, name: str) -> bool:
+        return self.procs[name].poll() is None
+
+    def agent_names(self) -> list[str]:
+        return [n for n in self.procs if n.startswith("agent-")]
+
+    def guests(self, name: str) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(self.procs[name].pid).children(recursive=True)
+        return []
+
+    def kill9(self, name: str) -> int:
+        """SIGKILL ``name`` and (for an agent) its guests, collected first so none is missed
+        once the parent is gone. Returns how many processes got the signal."""
+        victims = [self.procs[name].pid, *(g.pid for g in self.guests(name))]
+        hit = 0
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                hit += 1
+        self.procs[name].wait()
+        return hit
+
+    async def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(base_url=self.url, timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                if not self.alive("node"):
+                    raise RuntimeError(f"the node exited\n{self.logs()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get("/healthz")).status_code == 200:
+                        return
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"the node was not healthy after {timeout_s}s\n{self.logs()}")
+
+
+def _popen(argv: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+@dataclass
+class NemesisConfig:
+    interval_s: tuple[float, float] = (1.5, 4.0)  # between kills
+    restart_s: tuple[float, float] = (0.0, 1.0)  # down time before the supervisor restarts
+    weights: tuple[float, float, float] = (0.4, 0.4, 0.2)  # node, agent, guest
+
+
+class Nemesis:
+    def __init__(
+        self, cluster: ChaosCluster, history: History, rng: random.Random, config: NemesisConfig
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.rng = rng
+        self.config = config
+
+    async def run(self, until: float) -> None:
+        """Kill and restart until the monotonic deadline ``until``; everything is up after."""
+        while True:
+            await asyncio.sleep(self.rng.uniform(*self.config.interval_s))
+            if time.monotonic() >= until:
+                return
+            self.restart_exited()
+            await self.strike()
+
+    async def strike(self) -> None:
+        role = self.rng.choices(ROLES, weights=self.config.weights)[0]
+        if role == "node":
+            await self._kill_and_restart("node", "node")
+        elif role == "agent":
+            await self._kill_and_restart(self.rng.choice(self.cluster.agent_names()), "agent")
+        else:
+            self._kill_guest()
+
+    async def _kill_and_restart(self, name: str, role: str) -> None:
+        hit = self.cluster.kill9(name)
+        self.history.nemesis("kill", {"role": role, "name": name, "processes": hit})
+        await asyncio.sleep(self.rng.uniform(*self.config.restart_s))
+        self.cluster.respawn(name)
+        self.history.nemesis("start", {"role": role, "name": name})
+        if role == "node":  # the next fault lands on a running node, not on a booting one
+            await self.cluster.wait_healthy()
+
+    def _kill_guest(self) -> None:
+        """A guest alone: its agent sees the crash and fails the attempt, which retries."""
+        name = self.rng.choice(self.cluster.agent_names())
+        guests = self.cluster.guests(name)
+        if not guests:
+            return
+        victim = self.rng.choice(guests)
+        with contextlib.suppress(psutil.Error):
+            victim.kill()
+            self.history.nemesis("kill", {"role": "guest", "name": name, "pid": victim.pid})
+
+    def restart_exited(self) -> None:
+        """A process that died without the nemesis is a finding: record it, then restart it."""
+        for name in sorted(self.cluster.procs):
+            if not self.cluster.alive(name):
+                code = self.cluster.procs[name].returncode
+                self.history.nemesis("exited", {"name": name, "returncode": code})
+                self.cluster.respawn(name)
+
+    async def heal(self) -> None:
+        """Restart whatever is down (a role may also have died on its own: that is recorded),
+        wait for the node, and mark the heal instant in the history."""
+        self.restart_exited()
+        await self.cluster.wait_healthy()
+        self.history.nemesis("heal", {})

@@ -1,0 +1,268 @@
+"""P1 of RELIABILITY.md: total-queue under kill -9 (``conveyor chaos kill9``).
+
+Phases: start a node and agents on a temp home; drive ``clients`` concurrent enqueuers (each
+key unique, SDK transport retries OFF so every reply the history records is the one the server
+sent) while the nemesis kill -9s the node, the agents and guests; heal; resolve the keys still
+without an answer; drain (every acked task terminal, with a deadline); stop the node and read
+its log and state offline; check.
+
+Lost replies: an enqueue whose reply is lost is recorded ``info`` and then retried with the
+SAME idempotency key as a new, separate operation. That is what the SDK does (it resends the
+same body) and what P1 prescribes, and it turns each lost reply into a test of idempotency
+across a crash: if the first request did commit, the retry must answer with the same task id.
+Each attempt stays its own op, so no ``info`` is ever rewritten into ``ok``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conveyor.aclient import AsyncClient
+from conveyor.errors import ContractError, NotFound
+from conveyor.streams.chaos import checker
+from conveyor.streams.chaos.history import History
+from conveyor.streams.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
+
+APP = "chaos"
+TASK = "work"
+REQUEST_TIMEOUT_S = 5.0  # a reply slower than this is indeterminate (info)
+RETRY_PAUSE_S = (0.05, 0.3)  # before resending a key whose reply was lost
+SAMPLE_EVERY_S = 0.25  # the I3 reader: a few acked tasks per round, through the API
+SAMPLE_SIZE = 8
+RESOLVE_ROUNDS = 5  # after the heal, retries of keys that never got an answer
+READERS = 8  # concurrent GETs of the drain
+
+
+@dataclass(frozen=True)
+class Config:
+    seconds: float = 90.0  # of load under faults
+    seed: int = 0
+    clients: int = 6
+    rate: float = 80.0  # enqueues/s over all clients (bounded: the box has 2 cores)
+    agents: int = 1
+    partitions: int = 4
+    concurrency: int = 4
+    prefetch: int = 4
+    drain_s: float = 60.0
+    nemesis: NemesisConfig = field(default_factory=NemesisConfig)
+    thresholds: checker.Thresholds = field(default_factory=checker.Thresholds)
+    home: Path | None = None  # keep the run's files here (default: a temp dir, removed)
+
+
+@dataclass
+class Run:
+    """The state one run shares between its coroutines."""
+
+    cluster: ChaosCluster
+    history: History
+    journal: Path
+    acked: dict[str, str] = field(default_factory=dict)  # key -> task id
+    pending: set[str] = field(default_factory=set)  # keys without an ok yet
+
+
+async def run_kill9(config: Config) -> dict[str, Any]:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="conveyor-chaos-") as tmp:
+        root = config.home or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        cluster = ChaosCluster(
+            root, config.partitions, config.agents, config.concurrency, config.prefetch
+        )
+        history = History(root / "history.jsonl")
+        run = Run(cluster, history, root / "executions.log")
+        try:
+            await cluster.start()
+            drained = await _phases(run, config)
+        finally:
+            cluster.stop()
+            history.close()
+        evidence = _evidence(root / "node", run.journal, drained)
+        result = checker.check(history.ops, evidence, config.thresholds)
+    head = {"test": "P1-total-queue-kill9", "seed": config.seed, "duration_s": config.seconds}
+    return {**head, **result, "wall_s": round(time.monotonic() - started, 1)}
+
+
+async def _phases(run: Run, config: Config) -> bool:
+    rng = random.Random(config.seed)
+    nemesis = Nemesis(run.cluster, run.history, random.Random(rng.random()), config.nemesis)
+    async with AsyncClient(
+        run.cluster.url, run.cluster.key, app=APP, retries=0, timeout=REQUEST_TIMEOUT_S
+    ) as client:
+        await _warm_up(run, client)
+        until = time.monotonic() + config.seconds
+        pace = config.clients / config.rate
+        loads = [
+            _client(run, client, p, until, pace, random.Random(rng.random()))
+            for p in range(config.clients)
+        ]
+        sampler = _sampler(run, client, until, random.Random(rng.random()))
+        await asyncio.gather(nemesis.run(until), sampler, *loads)
+        await nemesis.heal()
+        await _resolve(run, client)
+        return await _drain(run, client, config.drain_s)
+
+
+async def _warm_up(run: Run, client: AsyncClient) -> None:
+    """Until the agent has registered the task type, an enqueue is ``unknown_task_type``."""
+    deadline = time.monotonic() + 60.0
+    while not await _enqueue(run, client, 0, "warm-up"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no enqueue succeeded in 60 s\n{run.cluster.logs()}")
+        await asyncio.sleep(0.2)
+
+
+async def _client(
+    run: Run, client: AsyncClient, process: int, until: float, pace: float, rng: random.Random
+) -> None:
+    """Closed loop at about ``1 / pace`` ops/s: a new key, resent until it gets an answer."""
+    n = 0
+    while time.monotonic() < until:
+        key = f"p{process}-{n}"
+        n += 1
+        while not await _enqueue(run, client, process, key) and time.monotonic() < until:
+            await asyncio.sleep(rng.uniform(*RETRY_PAUSE_S))
+        await asyncio.sleep(pace * rng.uniform(0.5, 1.5))
+
+
+async def _enqueue(run: Run, client: AsyncClient, process: int, key: str) -> bool:
+    """One recorded attempt; True once the key has a definite answer (ok or fail)."""
+    run.pending.add(key)
+    op = run.history.invoke(process, "enqueue", {"key": key})
+    try:
+        handle = await client.enqueue(TASK, {"log": str(run.journal)}, idempotency_key=key)
+    except ContractError as exc:  # the server said no; a rejected request changes nothing
+        run.history.complete(op, "fail", {"error": exc.code})
+        return exc.code != "unknown_task_type"
+    except Exception as exc:  # reset, timeout, 5xx: it may or may not have happened
+        run.history.complete(op, "info", {"error": type(exc).__name__})
+        return False
+    run.history.complete(op, "ok", {"task_id": handle.id, "created": handle.created})
+    run.acked.setdefault(key, handle.id)
+    run.pending.discard(key)
+    return True
+
+
+async def _sampler(run: Run, client: AsyncClient, until: float, rng: random.Random) -> None:
+    """Reads a few acked tasks per round while faults happen, so I3 (a terminal state never
+    changes) has observations made across crashes, not only the final ones."""
+    while time.monotonic() < until:
+        await asyncio.sleep(SAMPLE_EVERY_S)
+        ids = list(run.acked.values())
+        for task_id in rng.sample(ids, min(SAMPLE_SIZE, len(ids))):
+            await _read(run, client, "read", task_id)
+
+
+async def _read(run: Run, client: AsyncClient, f: str, task_id: str) -> dict[str, Any] | None:
+    """GET one task and record what it showed (status None: not found); None if the reply
+    was lost."""
+    op = run.history.invoke(-1, f, {"task_id": task_id})
+    try:
+        info = await client.get(task_id)
+    except NotFound:
+        return run.history.complete(op, "ok", {"status": None}).value
+    except Exception as exc:
+        run.history.complete(op, "info", {"error": type(exc).__name__})
+        return None
+    seen = {"status": info.status, "finished_ms": info.finished_ms, "attempt": info.attempt}
+    return run.history.complete(op, "ok", seen).value
+
+
+async def _resolve(run: Run, client: AsyncClient) -> None:
+    """After the heal, resend each key that never got an answer (same key, new ops)."""
+    for _ in range(RESOLVE_ROUNDS):
+        for key in sorted(run.pending):
+            await _enqueue(run, client, 0, key)
+        if not run.pending:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _drain(run: Run, client: AsyncClient, deadline_s: float) -> bool:
+    """Read every acked task until it is terminal; the last read of each is its final read.
+    False if some task was still live (or unreadable) at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    todo = sorted(set(run.acked.values()))
+    while todo:
+        last = time.monotonic() >= deadline
+        todo = await _read_round(run, client, todo, final_all=last)
+        if last:
+            return True  # every task got a final read; the checker judges the stuck ones
+        if todo:
+            await asyncio.sleep(0.5)
+    return True
+
+
+async def _read_round(
+    run: Run, client: AsyncClient, ids: list[str], *, final_all: bool
+) -> list[str]:
+    """One pass of reads; a terminal read (or any read, on the last pass) is also recorded as
+    the task's final read. Returns the ids to read again."""
+    again: list[str] = []
+    lock = asyncio.Semaphore(READERS)
+
+    async def one(task_id: str) -> None:
+        async with lock:
+            seen = await _read(run, client, "poll", task_id)
+        if seen is not None and (seen["status"] in checker.TERMINAL or final_all):
+            run.history.add(-1, "ok", "final-read", seen)
+        else:
+            again.append(task_id)
+
+    await asyncio.gather(*(one(t) for t in ids))
+    return sorted(again)
+
+
+# -- evidence read offline, after the node stopped ------------------------------------------
+
+
+def _evidence(node_home: Path, journal: Path, drained: bool) -> checker.Evidence:
+    return checker.Evidence(
+        log_keys=_log_keys(node_home / "log"),
+        state_keys=_state_keys(node_home / "state"),
+        executions=_executions(journal),
+        drained=drained,
+    )
+
+
+def _log_keys(log_root: Path) -> list[str | None]:
+    """The idempotency key of every task spec in the log's ``EnqueueTasks`` records."""
+    from conveyor.schemas import codec, types
+    from conveyor.streams.log.tools import inspect
+
+    keys: list[str | None] = []
+    for _, _, payload in inspect(log_root):
+        record = codec.decode_body(codec.decode_envelope(payload))
+        if isinstance(record, types.EnqueueTasks):
+            keys.extend(codec.TASK_SPEC.decode(raw).idempotency_key for raw in record.tasks)
+    return keys
+
+
+def _state_keys(state_root: Path) -> dict[str, str | None]:
+    """Task id -> idempotency key of every task in the node's RocksDB state."""
+    from conveyor.store.rocksdb import RocksKV
+    from conveyor.store.tables import Tables
+
+    out: dict[str, str | None] = {}
+    for path in sorted(state_root.iterdir()):
+        kv = RocksKV(path)
+        try:
+            tables = Tables(kv)
+            for task in tables.tasks():
+                spec = tables.spec(task.task_id)
+                out[task.task_id] = spec.idempotency_key if spec is not None else None
+        finally:
+            kv.close()
+    return out
+
+
+def _executions(journal: Path) -> Counter[str]:
+    if not journal.exists():
+        return Counter()
+    return Counter(line.split()[0] for line in journal.read_text().splitlines() if line.strip())

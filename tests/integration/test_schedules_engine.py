@@ -1,0 +1,50 @@
+"""Cron schedules through ``conveyor.testing.Engine``: firings come as ``advance`` moves time."""
+
+from __future__ import annotations
+
+import pytest
+
+import conveyor
+import conveyor.testing
+
+pytestmark = pytest.mark.timeout(120)
+
+app = conveyor.App("schedule-tests")
+runs: list[int] = []
+
+
+@app.task
+def tick(payload: int) -> int:
+    runs.append(payload)
+    return payload
+
+
+def test_advance_over_three_periods_runs_three_tasks() -> None:
+    runs.clear()
+    with conveyor.testing.Engine(app) as engine:
+        info = engine.client.schedule(tick, 7, cron="*/5 * * * *")
+        assert info.schedule_id == "tick" and info.next_fire_ms is not None
+        # Stand just before the first tick, then cross three of them.
+        engine.advance((info.next_fire_ms - engine.now_ms() - 1) / 1000)
+        assert runs == []
+        for _ in range(3):
+            engine.advance("5m")
+        assert runs == [7, 7, 7]
+        (row,) = engine.client.schedules()
+        assert row.fired == 3 and row.last_task_id is not None
+        assert engine.client.get(row.last_task_id).status == "SUCCEEDED"
+        engine.drain()  # schedules never end: drain plays out tasks only, and returns
+        engine.client.unschedule("tick")
+        engine.advance("1h")
+        assert runs == [7, 7, 7]
+        assert engine.client.schedules() == []
+        with pytest.raises(conveyor.NotFound):
+            engine.client.unschedule("tick")
+
+
+def test_a_bad_expression_is_refused_with_its_reason() -> None:
+    with (
+        conveyor.testing.Engine(app, durable=False) as engine,
+        pytest.raises(conveyor.ContractError, match="invalid cron expression '61 \\* \\* \\* \\*'"),
+    ):
+        engine.client.schedule(tick, 1, cron="61 * * * *")
