@@ -257,6 +257,10 @@ def agent(
     home: HomeOpt = None,
     concurrency: ConcurrencyOpt = 8,
     prefetch: PrefetchOpt = 8,
+    lease_s: Annotated[float, typer.Option("--lease-s", min=0.5)] = 30.0,
+    heartbeat_s: Annotated[float, typer.Option("--heartbeat-s", min=0.1)] = 10.0,
+    poll_wait_s: Annotated[float, typer.Option("--poll-wait-s", min=0.1)] = 20.0,
+    drain_s: Annotated[float, typer.Option("--drain-s", min=0.0)] = 30.0,
     log_level: LogLevelOpt = "warning",
 ) -> None:
     """Run a host agent that polls a node and runs the app's handlers."""
@@ -270,7 +274,17 @@ def agent(
     async def main() -> None:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        work = run_agent(url, key, app_ref, concurrency=concurrency, prefetch=prefetch)
+        work = run_agent(
+            url,
+            key,
+            app_ref,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            lease_s=lease_s,
+            heartbeat_s=heartbeat_s,
+            poll_wait_s=poll_wait_s,
+            drain_s=drain_s,
+        )
         await _until_stopped(stop, work)
 
     asyncio.run(main())

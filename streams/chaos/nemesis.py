@@ -30,7 +30,8 @@ from conveyor.streams.bench.e2e import START_TIMEOUT_S, Cluster, _dev_key, _free
 from conveyor.streams.chaos.history import History
 
 APP_REF = "conveyor.streams.chaos.app:app"
-AGENT_MODULE = "conveyor.streams.chaos.agent"
+# RELIABILITY.md §3: time compression, so a killed agent's leases lapse within the run.
+AGENT_TIMES = ["--lease-s", "2", "--heartbeat-s", "0.5", "--poll-wait-s", "2", "--drain-s", "1"]
 ROLES = ("node", "agent", "guest")
 
 
@@ -52,13 +53,13 @@ class ChaosCluster(Cluster):
         self._spawn("node", [*args, "--no-projection"])
 
     def spawn_agent(self, k: int) -> None:
-        """The agent runs under ``-m`` of the chaos entry point (``agent.py`` says why)."""
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["--app", APP_REF, "--url", self.url, "--api-key", self.key]
+        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.key]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
+        command = [sys.executable, "-m", "conveyor.cli", *args, *slots, *AGENT_TIMES]
         with open(self.root / f"{name}.out", "ab") as out:
-            self.procs[name] = _popen([sys.executable, "-m", AGENT_MODULE, *args, *slots], out)
+            self.procs[name] = _popen(command, out)
 
     def respawn(self, name: str) -> None:
         if name == "node":
