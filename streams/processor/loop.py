@@ -129,17 +129,18 @@ class PartitionProcessor:
             self._tasks.append(asyncio.create_task(duty))
         log.info("partition %d: leader at epoch %d", self.partition, self.epoch)
 
-    def step_down(self, why: str) -> None:
+    def step_down(self, why: str, *, expected: bool = False) -> None:
         """``clear``: fenced or stopping; drop every leader duty and in-memory lease."""
         if not self.leader:
             return
-        log.warning("partition %d: stepping down: %s", self.partition, why)
+        level = logging.INFO if expected else logging.WARNING
+        log.log(level, "partition %d: stepping down: %s", self.partition, why)
         self.leader = False
         self.dispatch.clear()
         self.leases.clear()
 
     async def stop(self) -> None:
-        self.step_down("stopping")
+        self.step_down("stopping", expected=True)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
