@@ -31,12 +31,6 @@ def _load(relpath: str) -> Any:
         return parse_schema(json.load(fh), named_schemas=_named)
 
 
-def load_schema_json(relpath: str) -> dict[str, Any]:
-    """The raw schema document, for the schema-sync test and the docs."""
-    with open(SCHEMA_DIR / relpath) as fh:
-        return cast(dict[str, Any], json.load(fh))
-
-
 # Nested dataclass fields and enum fields per class: what a plain dict must be turned into.
 _NESTED: dict[type, dict[str, type]] = {
     t.GrantLeases: {"requests": t.LeaseRequest},

@@ -115,10 +115,6 @@ def idempotency(tenant: str, app: str, key: str) -> bytes:
     return IDEMPOTENCY + lp(tenant) + lp(app) + key.encode()
 
 
-def ready_app(app: str) -> bytes:
-    return READY + lp(app)
-
-
 def ready_tenant(app: str, tenant: str) -> bytes:
     return READY + lp(app) + lp(tenant)
 

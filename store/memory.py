@@ -31,8 +31,3 @@ class MemoryKV:
 
     def close(self) -> None:
         return None
-
-    def copy(self) -> MemoryKV:
-        clone = MemoryKV()
-        clone.data = SortedDict(self.data)
-        return clone

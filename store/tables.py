@@ -105,13 +105,6 @@ class Tables:
         self._new = set()
         return pending
 
-    def discard_changes(self) -> None:
-        self.cache.clear()  # handlers may have edited cached rows in place
-        self._pending = {}
-        self._tasks = {}
-        self._dirty = set()
-        self._new = set()
-
     @property
     def dirty(self) -> bool:
         return bool(self._pending or self._dirty)
@@ -151,9 +144,6 @@ class Tables:
     def spec(self, task_id: str) -> TaskSpec | None:
         raw = self._get(keys.spec(task_id))
         return None if raw is None else codec.TASK_SPEC.decode(raw)
-
-    def spec_bytes(self, task_id: str) -> bytes | None:
-        return self._get(keys.spec(task_id))
 
     def put_spec(self, task_id: str, raw: bytes, payload: bytes) -> None:
         """The spec as enqueued, and its payload apart, so a lease reads it without decoding."""

@@ -52,11 +52,17 @@ def current_epoch(tables: Tables) -> int:
     return tables.meta_int(keys.META_EPOCH) or 0
 
 
+def accepts(record_epoch: int, announced_epoch: int) -> bool:
+    """Fencing, the machine's half (rule 3): a leader record older than the announced epoch
+    is ignored. ``processor/leadership.py`` holds the other verbs."""
+    return record_epoch >= announced_epoch
+
+
 def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
     out = Outcome()
     if isinstance(record, LEADER_RECORDS):
         epoch = current_epoch(tables)
-        if meta.epoch < epoch:
+        if not accepts(meta.epoch, epoch):
             out.ignored = f"epoch {meta.epoch} is older than the announced epoch {epoch}"
             return out
     match record:

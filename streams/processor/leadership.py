@@ -14,13 +14,12 @@ refuses it; a log that took it anyway would have the machine ignore it.
 from __future__ import annotations
 
 from conveyor.streams.log.api import Log
+from conveyor.streams.machine.apply import accepts
+
+__all__ = ["accepts", "mint"]
 
 
 async def mint(log: Log, partition: int) -> int:
     epoch = log.fence(partition) + 1
     await log.seal(partition, epoch)
     return epoch
-
-
-def accepts(record_epoch: int, announced_epoch: int) -> bool:
-    return record_epoch >= announced_epoch
