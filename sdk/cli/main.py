@@ -4,7 +4,7 @@ node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
-chaos kill9                       fault-injection runs (tools.py, streams/chaos)
+chaos kill9|zombie|lost-replies   fault-injection runs (tools.py, streams/chaos)
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ bench_app.command("projection")(tools.bench_projection)
 projection_app.command("rebuild")(tools.projection_rebuild)
 docs_app.command("lifecycle")(tools.docs_lifecycle)
 chaos_app.command("kill9")(tools.chaos_kill9)
+chaos_app.command("zombie")(tools.chaos_zombie)
+chaos_app.command("lost-replies")(tools.chaos_lost_replies)
 app.add_typer(log_app, name="log")
 app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")

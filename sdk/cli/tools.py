@@ -320,3 +320,57 @@ def chaos_kill9(
     _print_result(result, as_json)
     if result["valid"] is not True:
         raise typer.Exit(1)
+
+
+def chaos_zombie(
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks in the batch")] = 80,
+    sleep_ms: Annotated[int, typer.Option("--sleep-ms", min=0, help="Handler time")] = 300,
+    pause_leases: Annotated[float, typer.Option("--pause-leases", min=1.5)] = 3.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """P2: SIGSTOP an agent and its guests past its lease, let another agent finish its
+    tasks, SIGCONT it; check every late op of the zombie is rejected and each task has one
+    terminal state. Prints the run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    import random
+
+    from conveyor.streams.chaos.zombie import ZombieConfig, run_zombie
+
+    config = ZombieConfig(
+        tasks=tasks,
+        sleep_ms=sleep_ms,
+        pause_leases=pause_leases,
+        seed=random.randrange(2**31) if seed is None else seed,
+        home=home,
+    )
+    result = asyncio.run(run_zombie(config))
+    _print_result(result, as_json)
+    if result["valid"] is not True:
+        raise typer.Exit(1)
+
+
+def chaos_lost_replies(
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Keys to enqueue")] = 300,
+    p: Annotated[float, typer.Option("--p", min=0.0, max=0.9, help="Reply loss rate")] = 0.2,
+    seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Test 7: proxies lose the replies of enqueues and of agents' completions after the node
+    answered; clients and agents retry; check one task per key, one terminal state, idempotent
+    completions. Prints the run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    import random
+
+    from conveyor.streams.chaos.lost import LostConfig, run_lost_replies
+
+    config = LostConfig(
+        tasks=tasks,
+        p=p,
+        seed=random.randrange(2**31) if seed is None else seed,
+        home=home,
+    )
+    result = asyncio.run(run_lost_replies(config))
+    _print_result(result, as_json)
+    if result["valid"] is not True:
+        raise typer.Exit(1)

@@ -5,11 +5,16 @@ count executions per task (at-least-once: a kill between the handler and the com
 second execution). Guests get an environment without ``CONVEYOR_*`` variables, which is why the
 path travels in the payload rather than in the environment. One short ``O_APPEND`` write is
 atomic on Linux, so lines from concurrent guests never interleave.
+
+A line is ``task_id attempt guest_pid``, written after an optional ``sleep_ms`` (the zombie run
+of ``zombie.py`` needs handlers that are still busy when their agent is paused, and needs to
+tell which guest wrote a line). Readers that only count executions use the first field.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import conveyor
@@ -19,7 +24,10 @@ app = conveyor.App("chaos")
 
 @app.task
 def work(ctx: conveyor.Context, payload: Any) -> int:
-    line = f"{ctx.task_id} {ctx.attempt}\n".encode()
+    sleep_ms = payload.get("sleep_ms", 0)
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    line = f"{ctx.task_id} {ctx.attempt} {os.getpid()}\n".encode()
     fd = os.open(str(payload["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

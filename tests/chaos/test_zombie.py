@@ -1,0 +1,26 @@
+"""P2 at CI size: SIGSTOP an agent and its guests for 3x its lease, then SIGCONT.
+
+The other agent re-leases and finishes the zombie's tasks; every late heartbeat and completion
+of the zombie must be refused, and the state must keep the second lease's outcome. Fixed seed;
+about 15 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conveyor.streams.chaos.zombie import ZombieConfig, run_zombie
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_a_paused_lease_holder_cannot_change_anything_after_sigcont() -> None:
+    result = asyncio.run(run_zombie(ZombieConfig(tasks=60, seed=3)))
+    stale = result["stale_ops"]
+    assert result["valid"] is True, result
+    assert stale["held"] > 0 and stale["attempted"] == stale["rejected"] > 0, result
+    assert stale["accepted"] == 0 and stale["unreported"] == 0, result
+    assert result["acked"] == 61 and result["stuck"] == 0, result  # 60 + the warm-up
+    assert result["executions_per_task"]["max"] >= 2, result  # some task really ran twice
