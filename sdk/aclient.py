@@ -6,9 +6,8 @@ import asyncio
 import os
 import time
 from collections.abc import Iterable
-from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -25,11 +24,11 @@ from conveyor.client import (
     retry_after_ms,
     retry_body,
 )
-from conveyor.durations import Duration
 from conveyor.errors import TransientError
 from conveyor.wire import (
     UNSET,
     Enqueue,
+    EnqueueOptions,
     MaybeDuration,
     ScheduleInfo,
     ScheduleList,
@@ -126,34 +125,9 @@ class AsyncClient:
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
-        *,
-        app: str | None = None,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
-        retry: Retry | None = None,
-        timeout: MaybeDuration = UNSET,
-        schedule_to_start: MaybeDuration = UNSET,
-        schedule_to_close: MaybeDuration = UNSET,
-        cancel_grace: Duration | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> AsyncTaskHandle:
-        req = Enqueue(
-            task,
-            payload,
-            app=app,
-            delay=delay,
-            run_at=run_at,
-            queue=queue,
-            priority=priority,
-            idempotency_key=idempotency_key,
-            retry=retry,
-            timeout=timeout,
-            schedule_to_start=schedule_to_start,
-            schedule_to_close=schedule_to_close,
-            cancel_grace=cancel_grace,
-        )
+        req = Enqueue(task, payload, **options)
         reply = await self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
         return AsyncTaskHandle(self, reply["task_id"], bool(reply.get("created", True)))
 

@@ -13,20 +13,19 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 from urllib.parse import quote
 
 import httpx
 
 from conveyor.app import Retry, TaskType
-from conveyor.durations import Duration
 from conveyor.errors import ContractError, TaskFailed, TransientError
 from conveyor.wire import (
     UNSET,
     Enqueue,
+    EnqueueOptions,
     MaybeDuration,
     ScheduleInfo,
     ScheduleList,
@@ -185,34 +184,9 @@ class Client:
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
-        *,
-        app: str | None = None,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
-        retry: Retry | None = None,
-        timeout: MaybeDuration = UNSET,
-        schedule_to_start: MaybeDuration = UNSET,
-        schedule_to_close: MaybeDuration = UNSET,
-        cancel_grace: Duration | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> TaskHandle:
-        req = Enqueue(
-            task,
-            payload,
-            app=app,
-            delay=delay,
-            run_at=run_at,
-            queue=queue,
-            priority=priority,
-            idempotency_key=idempotency_key,
-            retry=retry,
-            timeout=timeout,
-            schedule_to_start=schedule_to_start,
-            schedule_to_close=schedule_to_close,
-            cancel_grace=cancel_grace,
-        )
+        req = Enqueue(task, payload, **options)
         reply = self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
         return TaskHandle(self, reply["task_id"], bool(reply.get("created", True)))
 

@@ -23,9 +23,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterable
-from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from conveyor.agents.host import HostAgent
 from conveyor.agents.inline import InlineExecutor
@@ -46,6 +45,7 @@ from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_inf
 from conveyor.wire import (
     UNSET,
     Enqueue,
+    EnqueueOptions,
     MaybeDuration,
     ScheduleInfo,
     ScheduleList,
@@ -274,34 +274,9 @@ class EngineClient:
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
-        *,
-        app: str | None = None,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
-        retry: Retry | None = None,
-        timeout: MaybeDuration = UNSET,
-        schedule_to_start: MaybeDuration = UNSET,
-        schedule_to_close: MaybeDuration = UNSET,
-        cancel_grace: Duration | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> TaskHandle:
-        req = Enqueue(
-            task,
-            payload,
-            app=app,
-            delay=delay,
-            run_at=run_at,
-            queue=queue,
-            priority=priority,
-            idempotency_key=idempotency_key,
-            retry=retry,
-            timeout=timeout,
-            schedule_to_start=schedule_to_start,
-            schedule_to_close=schedule_to_close,
-            cancel_grace=cancel_grace,
-        )
+        req = Enqueue(task, payload, **options)
         return self._enqueue_bodies([enqueue_body(req, self._engine.app.name)])[0]
 
     def enqueue_many(

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from conveyor.app import Retry, TaskOptions, TaskType, check_priority
 from conveyor.durations import Duration, to_ms, to_ms_or_none
@@ -60,6 +60,22 @@ class Enqueue:
     schedule_to_start: MaybeDuration = UNSET
     schedule_to_close: MaybeDuration = UNSET
     cancel_grace: Duration | None = None
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword options of every client's ``enqueue`` (the fields of ``Enqueue``)."""
+
+    app: str | None
+    delay: Duration | None
+    run_at: datetime | None
+    queue: str | None
+    priority: int | None
+    idempotency_key: str | None
+    retry: Retry | None
+    timeout: MaybeDuration
+    schedule_to_start: MaybeDuration
+    schedule_to_close: MaybeDuration
+    cancel_grace: Duration | None
 
 
 def enqueue_body(req: Enqueue, default_app: str | None) -> dict[str, Any]:
