@@ -2,6 +2,7 @@
 
 node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
+schedule add|list|rm              cron schedules over HTTP (schedules.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
 chaos kill9|zombie|lost-replies   fault-injection runs (tools.py, streams/chaos)
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from conveyor.cli import serve, tasks, tools
+from conveyor.cli import schedules, serve, tasks, tools
 
 app = typer.Typer(
     name="conveyor",
@@ -25,6 +26,7 @@ bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
 projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
 chaos_app = typer.Typer(help="Fault-injection runs (issue 6).", no_args_is_help=True)
+schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
 
 app.command()(serve.node)
 app.command()(serve.dev)
@@ -34,6 +36,9 @@ app.command()(tasks.get)
 app.command("list")(tasks.list_tasks)
 app.command()(tasks.cancel)
 app.command()(tasks.retry)
+schedule_app.command("add")(schedules.add)
+schedule_app.command("list")(schedules.list_schedules)
+schedule_app.command("rm")(schedules.rm)
 log_app.command("inspect")(tools.log_inspect)
 log_app.command("verify")(tools.log_verify)
 bench_app.command("log")(tools.bench_log)
@@ -51,6 +56,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")
 app.add_typer(projection_app, name="projection")
 app.add_typer(chaos_app, name="chaos")
+app.add_typer(schedule_app, name="schedule")
 
 
 def main() -> None:

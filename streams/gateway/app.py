@@ -20,7 +20,7 @@ import asyncpg
 from aiohttp import web
 
 from conveyor.store.blobs import Blobs
-from conveyor.streams.gateway import openapi, routes
+from conveyor.streams.gateway import openapi, routes, usage
 from conveyor.streams.gateway.auth import KeyStore, authenticate
 from conveyor.streams.gateway.errors import Handler, error_middleware
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX
@@ -98,6 +98,7 @@ def build_app(
     app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)
     routes.add_routes(app)
+    usage.add_route(app, metrics)
     return app
 
 

@@ -38,10 +38,16 @@ class PayloadTooLarge(ContractError):
     http_status = 413
 
 
+class UnsupportedMediaType(ContractError):
+    code = "unsupported_media_type"
+    http_status = 415
+
+
 # Most specific first: the first matching row wins.
 ERRORS: tuple[tuple[type[BaseException], int, str], ...] = (
     (UnknownTaskType, 400, "unknown_task_type"),
     (PayloadTooLarge, 413, "payload_too_large"),
+    (UnsupportedMediaType, 415, "unsupported_media_type"),
     (Unauthorized, 401, "unauthorized"),
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),

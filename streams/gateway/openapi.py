@@ -135,7 +135,14 @@ def _task_shapes() -> dict[str, Schema]:
         "EnqueueReply": obj(
             {"task_id": TASK_ID, "created": {"type": "boolean"}, "status": statuses}
         ),
-        "TaskSummary": obj(summary),
+        # A listing read from the Postgres snapshot has no priority or run_at (null there).
+        "TaskSummary": obj(
+            {
+                **summary,
+                "priority": nullable(summary["priority"]),
+                "run_at_ms": nullable(summary["run_at_ms"]),
+            }
+        ),
         "Task": obj(
             {
                 **summary,
@@ -316,6 +323,15 @@ _RETRY = obj(
         "limit": integer(1, validation.BATCH_MAX),
     }
 )
+_WINDOW = obj({"finished_per_s": {"type": "number"}, "error_rate": {"type": "number"}})
+_QUEUE = obj(
+    {
+        "queue": NAME,
+        "depth": {"type": "object", "additionalProperties": integer(0)},
+        "oldest_ready_age_ms": nullable(integer(0)),
+        "windows": {"type": "object", "additionalProperties": _WINDOW},
+    }
+)
 _PAGE = obj({"tasks": array(ref("TaskSummary")), "next_cursor": nullable({"type": "string"})})
 _RETRIED = _wrap("retried", obj({"task_id": TASK_ID, "new_task_id": TASK_ID}), 0)
 
@@ -352,6 +368,14 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         None,
         ref("Task"),
         [_ID, _param("wait_ms", integer(0, validation.WAIT_MS_MAX))],
+    ),
+    (
+        "get",
+        "/v1/queues",
+        "Per queue: depth by status, age of the oldest ready task, throughput and error rate",
+        None,
+        _wrap("queues", _QUEUE, 0),
+        [],
     ),
     (
         "post",
@@ -444,8 +468,16 @@ def _json_of(schema: Schema) -> Schema:
     return {"application/json": {"schema": schema}}
 
 
-def _operation(summary: str, body: Schema | None, reply: Schema, params: list[Schema]) -> Schema:
+# Operations that answer 201 when they create something (200 when it already existed).
+CREATES = frozenset({("post", "/v1/tasks"), ("post", "/v1/tasks:batch"), ("post", "/v1/schedules")})
+
+
+def _operation(
+    summary: str, body: Schema | None, reply: Schema, params: list[Schema], *, creates: bool
+) -> Schema:
     responses: Schema = {"200": {"description": "ok", "content": _json_of(reply)}}
+    if creates:
+        responses["201"] = {"description": "created", "content": _json_of(reply)}
     for status in sorted({s for _, s, _ in ERRORS}):
         codes = ", ".join(sorted({c for _, s, c in ERRORS if s == status}))
         responses[str(status)] = {"description": codes, "content": _json_of(ref("Error"))}
@@ -461,7 +493,9 @@ def _operation(summary: str, body: Schema | None, reply: Schema, params: list[Sc
 def document() -> Schema:
     paths: Schema = {}
     for method, path, summary, body, reply, params in ENDPOINTS:
-        paths.setdefault(path, {})[method] = _operation(summary, body, reply, params)
+        paths.setdefault(path, {})[method] = _operation(
+            summary, body, reply, params, creates=(method, path) in CREATES
+        )
     return {
         "openapi": "3.1.0",
         "info": {
@@ -477,3 +511,50 @@ def document() -> Schema:
         "security": [{"apiKey": []}],
         "paths": paths,
     }
+
+
+# -- tenant usage (issue 5) ----------------------------------------------------------------
+
+_COUNT = integer(0)
+_USAGE = obj(
+    {
+        "tenant": {"type": "string"},
+        "source": {
+            "enum": ["snapshot", "scan"],
+            "description": "the Postgres snapshot, or RocksDB scans (--no-projection)",
+        },
+        "complete": {"type": "boolean", "description": "false: a bounded scan stopped early"},
+        "tasks": obj({s.value: _COUNT for s in TaskStatus}, *(s.value for s in TaskStatus)),
+        "total": _COUNT,
+        "running": integer(0, description="LEASED tasks"),
+        "dispatch": obj(
+            {
+                "window_s": integer(1),
+                "dispatched": _COUNT,
+                "dispatched_all_tenants": _COUNT,
+                "share": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            },
+            "window_s",
+            "dispatched",
+            "dispatched_all_tenants",
+            "share",
+        ),
+    },
+    "tenant",
+    "source",
+    "complete",
+    "tasks",
+    "total",
+    "running",
+)
+ENDPOINTS.append(
+    (
+        "get",
+        "/v1/tenants/me/usage",
+        "The caller's tenant: tasks by status, running (LEASED) count, and its dispatch share "
+        "over the last minutes (only with the Postgres snapshot)",
+        None,
+        _USAGE,
+        [],
+    )
+)

@@ -6,8 +6,9 @@ from typing import Any
 
 from aiohttp import web
 
+from conveyor.errors import ContractError
 from conveyor.streams.gateway import render, schedules, validation, worker_requests
-from conveyor.streams.gateway.errors import PayloadTooLarge, dumps
+from conveyor.streams.gateway.errors import PayloadTooLarge, UnsupportedMediaType, dumps
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
 from conveyor.streams.gateway.service import Gateway
 
@@ -19,11 +20,32 @@ def reply(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, text=dumps(body), content_type="application/json")
 
 
+def _is_json(content_type: str) -> bool:
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
 async def read_body(request: web.Request, *, optional: bool = False) -> Any:
+    """The JSON body. A body must say it is JSON (415); a declared length over the cap is a
+    413 before any byte is read (the client may never send it); the cap also holds for
+    chunked and compressed bodies (counted after decompression), and a body that does not
+    decompress is a 400."""
+    if request.body_exists and not _is_json(request.content_type):
+        raise UnsupportedMediaType(
+            f"body: Content-Type {request.content_type!r}; send application/json"
+        )
+    if request.content_length is not None and request.content_length > BODY_BYTES_MAX:
+        raise PayloadTooLarge(
+            f"body: {request.content_length} bytes; the limit is {BODY_BYTES_MAX}"
+        )
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"body: over the limit of {BODY_BYTES_MAX} bytes") from None
+    except web.RequestPayloadError as exc:  # bad gzip/deflate, broken chunked framing
+        reason = " ".join(str(exc).split())
+        raise ContractError(f"body: could not be read: {reason}", field=None) from None
     if optional and not raw.strip():
         return None
     return parse_json(raw)

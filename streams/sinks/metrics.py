@@ -103,6 +103,7 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self._ready_ms: OrderedDict[str, int] = OrderedDict()
+        self.dispatch_window = DispatchWindow()
 
     def watch(self, node: Node) -> None:
         """Expose the node's own figures, read at scrape time."""
@@ -134,6 +135,7 @@ class Metrics:
                 self.finished.labels(e.queue, e.status).inc()
         for tenant, n in dispatched.items():
             self.dispatched.labels(tenant).inc(n)
+        self.dispatch_window.add(events)
         if expired:
             self.lease_expired.labels(label).inc(expired)
 
@@ -149,6 +151,41 @@ class Metrics:
 
 
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+DISPATCH_BUCKET_MS = 60_000
+DISPATCH_WINDOW_BUCKETS = 5
+
+
+class DispatchWindow:
+    """Leases granted per tenant over the last few minutes (``GET /v1/tenants/me/usage``):
+    per-minute buckets keyed by the TaskLeased event time, folded per event batch like the
+    ``conveyor_dispatched`` counter (whose cumulative totals cannot answer "recently")."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, Tally[str]] = {}
+
+    @property
+    def window_ms(self) -> int:
+        return DISPATCH_BUCKET_MS * DISPATCH_WINDOW_BUCKETS
+
+    def add(self, events: Iterable[TaskEvent]) -> None:
+        for e in events:
+            if e.kind == EventKind.TaskLeased:
+                bucket = e.ts_ms // DISPATCH_BUCKET_MS
+                tally = self._buckets.get(bucket)
+                if tally is None:
+                    tally = self._buckets[bucket] = Tally()
+                tally[e.tenant] += 1
+        while len(self._buckets) > DISPATCH_WINDOW_BUCKETS + 1:
+            del self._buckets[min(self._buckets)]  # partitions may interleave minutes
+
+    def counts(self, now_ms: int) -> Tally[str]:
+        """Leases per tenant in the whole minutes of the window ending at ``now_ms``."""
+        first = now_ms // DISPATCH_BUCKET_MS - DISPATCH_WINDOW_BUCKETS + 1
+        total: Tally[str] = Tally()
+        for bucket, tally in self._buckets.items():
+            if bucket >= first:
+                total.update(tally)
+        return total
 
 
 class NodeCollector(Collector):

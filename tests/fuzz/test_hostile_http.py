@@ -1,0 +1,312 @@
+"""Hostile HTTP from RELIABILITY.md §5 (table H) that ``test_gateway.py`` does not already cover.
+
+Every case must be a structured 4xx (``{"error": {"code", ...}}``), answered promptly, and must
+change nothing: the tenant's task count (and schedule list) is the same before and after.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from typing import Any
+
+import pytest
+from test_gateway import (
+    BODY_BYTES_MAX,
+    KEY_A,
+    NodeProcess,
+    call,
+    count_tasks,
+    raw_http,
+    settled_count,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+ANSWER_WITHIN_S = 5.0
+
+
+def task(**fields: Any) -> dict[str, Any]:
+    return {"task_type": "echo", "app": "shop", **fields}
+
+
+def raw_task(field_json: str) -> bytes:
+    return b'{"task_type": "echo", "app": "shop", ' + field_json.encode() + b"}"
+
+
+def schedule(cron: str, **task_fields: Any) -> dict[str, Any]:
+    return {"schedule_id": "hostile", "cron": cron, "task": task(**task_fields)}
+
+
+_DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
+_DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+
+# (id, path, body: bytes or JSON value, status, code, field or None)
+JSON_CASES: list[tuple[str, str, Any, int, str, str | None]] = [
+    ("deep_array_1e5", "/v1/tasks", _DEEP_ARRAY, 400, "invalid_request", None),
+    ("deep_object_1e5", "/v1/tasks", _DEEP_OBJECT, 400, "invalid_request", None),
+    (
+        "deep_payload_1e5",
+        "/v1/tasks",
+        raw_task('"payload": ' + "[" * 10**5 + "]" * 10**5),
+        400,
+        "invalid_request",
+        None,
+    ),
+    (
+        "int_10k_digits",
+        "/v1/tasks",
+        raw_task('"delay_ms": ' + "9" * 10_000),
+        400,
+        "invalid_request",
+        "delay_ms",
+    ),
+    (
+        "int_10k_digits_payload",
+        "/v1/tasks",
+        raw_task('"payload": -' + "1" * 10_000),
+        400,
+        "invalid_request",
+        "payload",
+    ),
+    ("float_for_int", "/v1/tasks", task(priority=1.5), 400, "invalid_request", "priority"),
+    ("nan_priority", "/v1/tasks", raw_task('"priority": NaN'), 400, "invalid_request", None),
+    ("infinity_delay", "/v1/tasks", raw_task('"delay_ms": Infinity'), 400, "invalid_request", None),
+    (
+        "duplicate_key_nested",
+        "/v1/tasks",
+        raw_task('"payload": {"a": 1, "a": 2}'),
+        400,
+        "invalid_request",
+        None,
+    ),
+    (
+        "duplicate_key_batch_item",
+        "/v1/tasks:batch",
+        b'{"tasks": [{"task_type": "echo", "app": "shop", "app": "shop"}]}',
+        400,
+        "invalid_request",
+        None,
+    ),
+    (
+        "invalid_utf8_key",
+        "/v1/tasks",
+        raw_task('"\xff": 1').replace(b"\xc3\xbf", b"\xff"),
+        400,
+        "invalid_request",
+        None,
+    ),
+    (
+        "overlong_utf8",
+        "/v1/tasks",
+        raw_task('"payload": "\xc0\xaf"').replace(b"\xc3\x80\xc2\xaf", b"\xc0\xaf"),
+        400,
+        "invalid_request",
+        None,
+    ),
+    ("utf16_body", "/v1/tasks", json.dumps(task()).encode("utf-16"), 400, "invalid_request", None),
+    (
+        "bom",
+        "/v1/tasks",
+        b"\xef\xbb\xbf" + json.dumps(task()).encode(),
+        400,
+        "invalid_request",
+        None,
+    ),
+    (
+        "lone_surrogate_key",
+        "/v1/tasks",
+        raw_task('"idempotency_key": "\\udc00"'),
+        400,
+        "invalid_request",
+        "idempotency_key",
+    ),
+    (
+        "lone_surrogate_name",
+        "/v1/tasks",
+        raw_task('"queue": "q\\ud800"'),
+        400,
+        "invalid_request",
+        "queue",
+    ),
+    ("nul_in_name", "/v1/tasks", task(queue="q\x00"), 400, "invalid_request", "queue"),
+    ("delay_int64_max", "/v1/tasks", task(delay_ms=2**63 - 1), 400, "invalid_request", "delay_ms"),
+    ("delay_over_int64", "/v1/tasks", task(delay_ms=2**63), 400, "invalid_request", "delay_ms"),
+    ("delay_int64_min", "/v1/tasks", task(delay_ms=-(2**63)), 400, "invalid_request", "delay_ms"),
+    (
+        "delay_negative",
+        "/v1/tasks:batch",
+        {"tasks": [task(delay_ms=-1)]},
+        400,
+        "invalid_request",
+        "tasks[0].delay_ms",
+    ),
+    (
+        "run_at_year_10000",
+        "/v1/tasks",
+        task(run_at="10000-01-01T00:00:00Z"),
+        400,
+        "invalid_request",
+        "run_at",
+    ),
+    ("tenant_in_body", "/v1/tasks", task(tenant="beta"), 400, "invalid_request", "tenant"),
+    (
+        "tenant_in_batch_item",
+        "/v1/tasks:batch",
+        {"tasks": [task(), task(tenant="beta")]},
+        400,
+        "invalid_request",
+        "tasks[1].tenant",
+    ),
+    (
+        "tenant_in_schedule",
+        "/v1/schedules",
+        {**schedule("0 * * * *"), "tenant": "beta"},
+        400,
+        "invalid_request",
+        "tenant",
+    ),
+    ("cron_feb_30", "/v1/schedules", schedule("0 0 30 2 *"), 400, "invalid_request", "cron"),
+    ("cron_apr_31", "/v1/schedules", schedule("0 0 31 4 *"), 400, "invalid_request", "cron"),
+    ("cron_step_zero", "/v1/schedules", schedule("*/0 * * * *"), 400, "invalid_request", "cron"),
+    ("cron_empty", "/v1/schedules", schedule(""), 400, "invalid_request", "cron"),
+]
+
+
+def _state(node: NodeProcess) -> tuple[int, Any]:
+    return count_tasks(node.base), call(node.base, "GET", "/v1/schedules")[1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code", "field"),
+    [c[1:] for c in JSON_CASES],
+    ids=[c[0] for c in JSON_CASES],
+)
+def test_hostile_json_is_a_structured_4xx_and_changes_nothing(
+    node: NodeProcess, path: str, body: Any, status: int, code: str, field: str | None
+) -> None:
+    before = (settled_count(node.base), call(node.base, "GET", "/v1/schedules")[1])
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    started = time.monotonic()
+    got, reply = call(node.base, "POST", path, raw=raw, timeout=ANSWER_WITHIN_S)
+    assert time.monotonic() - started < ANSWER_WITHIN_S
+    assert (got, reply["error"]["code"]) == (status, code), reply
+    assert isinstance(reply["error"]["message"], str) and reply["error"]["message"]
+    if field is not None:
+        assert reply["error"].get("field") == field, reply
+    assert _state(node) == before
+
+
+_HEAD = "POST /v1/tasks HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n"
+_OK = json.dumps(task()).encode()
+_BOMB = gzip.compress(b" " * (BODY_BYTES_MAX + 1))  # about 8 KB that inflate past the cap
+
+
+def _chunked(total: int, size: int = 1 << 16) -> bytes:
+    """A chunked body of ``total`` bytes (one JSON string), no Content-Length."""
+    data = b'"' + b"x" * (total - 2) + b'"'
+    parts = [
+        b"%x\r\n%s\r\n" % (len(data[i : i + size]), data[i : i + size])
+        for i in range(0, len(data), size)
+    ]
+    return b"".join(parts) + b"0\r\n\r\n"
+
+
+# (id, extra headers, body, status, code)
+FRAMING_CASES: list[tuple[str, str, bytes, int, str]] = [
+    (
+        "text_plain",
+        f"Content-Type: text/plain\r\nContent-Length: {len(_OK)}",
+        _OK,
+        415,
+        "unsupported_media_type",
+    ),
+    (
+        "form_urlencoded",
+        f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(_OK)}",
+        _OK,
+        415,
+        "unsupported_media_type",
+    ),
+    (
+        "multipart",
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {len(_OK)}",
+        _OK,
+        415,
+        "unsupported_media_type",
+    ),
+    ("no_content_type", f"Content-Length: {len(_OK)}", _OK, 415, "unsupported_media_type"),
+    (
+        "declared_over_cap_unsent",
+        f"Content-Type: application/json\r\nContent-Length: {BODY_BYTES_MAX + 1}",
+        b"",
+        413,
+        "payload_too_large",
+    ),
+    (
+        "sent_over_cap",
+        f"Content-Type: application/json\r\nContent-Length: {BODY_BYTES_MAX + 1}",
+        b"x" * (BODY_BYTES_MAX + 1),
+        413,
+        "payload_too_large",
+    ),
+    (
+        "chunked_over_cap",
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked",
+        _chunked(BODY_BYTES_MAX + 2),
+        413,
+        "payload_too_large",
+    ),
+    (
+        "gzip_bomb",
+        f"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {len(_BOMB)}",
+        _BOMB,
+        413,
+        "payload_too_large",
+    ),
+    (
+        "gzip_garbage",
+        "Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: 10",
+        b"\x1f\x8b" + b"\0" * 8,
+        400,
+        "invalid_request",
+    ),
+    (
+        "chunked_bad_framing",
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked",
+        b"zz\r\n{}\r\n0\r\n\r\n",
+        400,
+        "invalid_request",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [c[1:] for c in FRAMING_CASES],
+    ids=[c[0] for c in FRAMING_CASES],
+)
+def test_hostile_framing_is_a_prompt_4xx_and_changes_nothing(
+    node: NodeProcess, headers: str, body: bytes, status: int, code: str
+) -> None:
+    before = settled_count(node.base)
+    started = time.monotonic()
+    got, reply = raw_http(node.port, _HEAD.format(key=KEY_A) + headers, body, ANSWER_WITHIN_S)
+    assert time.monotonic() - started < ANSWER_WITHIN_S, "the connection hung"
+    assert got == status, (got, reply)
+    # aiohttp's own parser answers a broken framing before any handler: plain text, no JSON.
+    if isinstance(reply, str):
+        assert (got, code) == (400, "invalid_request"), reply
+    else:
+        assert reply["error"]["code"] == code, reply
+    assert count_tasks(node.base) == before
+    assert call(node.base, "GET", "/healthz", key=None)[0] == 200
+
+
+def test_chunked_body_within_the_cap_is_accepted(node: NodeProcess) -> None:
+    """The control for the cases above: chunked framing itself is fine."""
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(_OK), _OK)
+    head = _HEAD.format(key=KEY_A) + "Content-Type: application/json\r\nTransfer-Encoding: chunked"
+    got, reply = raw_http(node.port, head, chunked, ANSWER_WITHIN_S)
+    assert got == 201 and reply["created"], reply
