@@ -54,7 +54,9 @@ from conveyor.streams.processor.timers import TimerScanner
 log = logging.getLogger("conveyor.processor")
 
 QUARANTINE = b"q"  # q u64:offset -> reason: records that could not be decoded
-EARLY_KEEP = 50_000  # offsets of replies kept for a submitter that registers late
+# Replies of offsets nobody waits for yet: a submitter registers right after its append
+# returns, so a short window suffices. Kept in offset (= insertion) order.
+EARLY_KEEP = 4_096
 READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued, EventKind.TaskLeased})
 
 
@@ -117,7 +119,7 @@ class PartitionProcessor:
         if self.applied + 1 >= end:
             return
         async for batch in self.log.read(self.partition, self.applied + 1, follow=False):
-            self._apply_batch(batch)
+            self._apply_batch(batch, live=False)
 
     async def _become_leader(self) -> None:
         self.epoch = await leadership.mint(self.log, self.partition)
@@ -228,7 +230,9 @@ class PartitionProcessor:
             self._fail_waiters(exc)
             raise
 
-    def _apply_batch(self, batch: list[LogRecord]) -> None:
+    def _apply_batch(self, batch: list[LogRecord], *, live: bool = True) -> None:
+        """Apply, commit, then act; ``live`` False while replaying (nobody waits for
+        replies of records applied before this start)."""
         actions: list[Action] = []
         events: list[TaskEvent] = []
         for item in batch:
@@ -258,7 +262,7 @@ class PartitionProcessor:
         self.records_applied += len(batch)
         if self.leader and current_epoch(self.reader()) > self.epoch:
             self.step_down(f"a newer epoch {current_epoch(self.reader())} was announced")
-        self._after_commit(actions, events)
+        self._after_commit(actions, events, live=live)
 
     def _commit(self, offset: int, events: list[TaskEvent]) -> None:
         changes = self.tables.take_changes()
@@ -269,7 +273,9 @@ class PartitionProcessor:
         self.kv.write(changes)
         self.applied = offset
 
-    def _after_commit(self, actions: list[Action], events: list[TaskEvent]) -> None:
+    def _after_commit(
+        self, actions: list[Action], events: list[TaskEvent], *, live: bool = True
+    ) -> None:
         replies: dict[int, list[Reply]] = defaultdict(list)
         for action in actions:
             match action:
@@ -291,11 +297,10 @@ class PartitionProcessor:
             if waiter is not None:
                 if not waiter.done():
                     waiter.set_result(items)
-            else:
+            elif live:
                 self._early[offset] = items
-        if len(self._early) > EARLY_KEEP:
-            for offset in sorted(self._early)[: len(self._early) - EARLY_KEEP]:
-                del self._early[offset]
+        while len(self._early) > EARLY_KEEP:
+            del self._early[next(iter(self._early))]
         for offset in [o for o in self._replies if o <= self.applied]:
             unanswered = self._replies.pop(offset)
             if not unanswered.done():
