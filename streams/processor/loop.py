@@ -56,7 +56,7 @@ log = logging.getLogger("conveyor.processor")
 QUARANTINE = b"q"  # q u64:offset -> reason: records that could not be decoded
 # Replies of offsets nobody waits for yet: a submitter registers right after its append
 # returns, so a short window suffices. Kept in offset (= insertion) order.
-EARLY_KEEP = 4_096
+EARLY_KEEP = 16_384
 READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued, EventKind.TaskLeased})
 
 
