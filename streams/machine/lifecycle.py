@@ -185,7 +185,6 @@ def finish(
     to: TaskStatus,
     meta: Meta,
     out: Outcome,
-    kind: EventKind,
     *,
     error_class: str | None = None,
     error_message: str | None = None,
@@ -207,8 +206,42 @@ def finish(
     if to == TaskStatus.FAILED:
         tables.add_dead(task.tenant, task.task_id)
     tables.put_task(task)
-    emit(out, kind, task, meta, error_class=error_class, error_message=error_message)
+    emit(out, FINISHED[to], task, meta, error_class=error_class, error_message=error_message)
     out.actions.append(TaskFinished(task_id=task.task_id, status=to))
+
+
+# The event that reports each terminal status.
+FINISHED = {
+    TaskStatus.SUCCEEDED: EventKind.TaskSucceeded,
+    TaskStatus.FAILED: EventKind.TaskFailed,
+    TaskStatus.CANCELED: EventKind.TaskCanceled,
+    TaskStatus.EXPIRED: EventKind.TaskExpired,
+}
+
+
+def end_stopped(tables: Tables, task: Task, meta: Meta, out: Outcome, *, expired: str) -> None:
+    """A LEASED task that was asked to stop ends where its cause sends it: EXPIRED after a
+    schedule_to_close (``expired`` is the message), else CANCELED with the cancel reason."""
+    if task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE:
+        finish(
+            tables,
+            task,
+            TaskStatus.EXPIRED,
+            meta,
+            out,
+            error_class="ScheduleToCloseTimeout",
+            error_message=expired,
+        )
+    else:
+        finish(
+            tables,
+            task,
+            TaskStatus.CANCELED,
+            meta,
+            out,
+            error_class="Canceled",
+            error_message=task.cancel_reason,
+        )
 
 
 def backoff_ms(spec: TaskSpec, task_id: str, attempt: int) -> int:
@@ -241,7 +274,6 @@ def attempt_failed(
             TaskStatus.CANCELED,
             meta,
             out,
-            EventKind.TaskCanceled,
             error_class=error_class,
             error_message=error_message,
             error_stack=error_stack,
@@ -257,7 +289,6 @@ def attempt_failed(
             TaskStatus.FAILED,
             meta,
             out,
-            EventKind.TaskFailed,
             error_class=error_class,
             error_message=error_message,
             error_stack=error_stack,
@@ -279,7 +310,6 @@ def attempt_failed(
             TaskStatus.EXPIRED,
             meta,
             out,
-            EventKind.TaskExpired,
             error_class="ScheduleToCloseTimeout",
             error_message="the next retry would start after schedule_to_close",
         )

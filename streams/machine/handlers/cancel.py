@@ -61,7 +61,6 @@ def stop_task(tables: Tables, task: Task, reason: str, meta: Meta, out: Outcome)
             TaskStatus.CANCELED,
             meta,
             out,
-            EventKind.TaskCanceled,
             error_class="Canceled",
             error_message=reason,
         )

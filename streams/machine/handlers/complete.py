@@ -24,6 +24,7 @@ from conveyor.streams.machine.handlers.steps import sleep_attempt
 from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     emit,
+    end_stopped,
     finish,
     holder,
     record_attempt,
@@ -53,7 +54,7 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
         case AttemptOutcome.SUCCEEDED:
             # The final attempt is described by the task row itself; no attempts row.
             task.result = item.result
-            finish(tables, task, TaskStatus.SUCCEEDED, meta, out, EventKind.TaskSucceeded)
+            finish(tables, task, TaskStatus.SUCCEEDED, meta, out)
         case AttemptOutcome.SLEEP:
             sleep_attempt(tables, task, item, meta, out)
         case AttemptOutcome.CANCELED if task.cancel_cause == CancelCause.START_TO_CLOSE:
@@ -68,18 +69,9 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
                 error_message="the attempt ran past start_to_close",
             )
         case AttemptOutcome.CANCELED if task.cancel_cause is not None:
+            # The handler stopped on request: where the grace would have sent it.
             record_attempt(tables, task, meta, "CANCELED", "Canceled", item.error_message)
-            status, kind, error_class = _after_stop(task.cancel_cause)
-            finish(
-                tables,
-                task,
-                status,
-                meta,
-                out,
-                kind,
-                error_class=error_class,
-                error_message=task.cancel_reason,
-            )
+            end_stopped(tables, task, meta, out, expired=task.cancel_reason or "")
         case AttemptOutcome.FAILED | AttemptOutcome.FATAL | AttemptOutcome.CANCELED:
             attempt_failed(
                 tables,
@@ -92,13 +84,6 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
                 fatal=item.outcome == AttemptOutcome.FATAL,
                 retry_after_ms=item.retry_after_ms,
             )
-
-
-def _after_stop(cause: str) -> tuple[TaskStatus, EventKind, str]:
-    """Where a handler that stopped on request goes: the same place the grace would send it."""
-    if cause == CancelCause.SCHEDULE_TO_CLOSE:
-        return TaskStatus.EXPIRED, EventKind.TaskExpired, "ScheduleToCloseTimeout"
-    return TaskStatus.CANCELED, EventKind.TaskCanceled, "Canceled"
 
 
 def apply_checkpoints(tables: Tables, record: SaveCheckpoints, meta: Meta, out: Outcome) -> None:

@@ -172,7 +172,6 @@ def _stopped_instead(tables: Tables, task: Task, wake_at: int, meta: Meta, out: 
             TaskStatus.CANCELED,
             meta,
             out,
-            EventKind.TaskCanceled,
             error_class="Canceled",
             error_message=task.cancel_reason,
         )
@@ -185,7 +184,6 @@ def _stopped_instead(tables: Tables, task: Task, wake_at: int, meta: Meta, out: 
             TaskStatus.EXPIRED,
             meta,
             out,
-            EventKind.TaskExpired,
             error_class="ScheduleToCloseTimeout",
             error_message="the sleep would end after schedule_to_close",
         )

@@ -25,6 +25,7 @@ from conveyor.streams.machine.lifecycle import (
     WAITING,
     attempt_failed,
     emit,
+    end_stopped,
     finish,
     make_ready,
     touch,
@@ -72,7 +73,6 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
                     TaskStatus.EXPIRED,
                     meta,
                     out,
-                    EventKind.TaskExpired,
                     error_class="ScheduleToStartTimeout",
                     error_message="not started before schedule_to_start",
                 )
@@ -93,7 +93,6 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
                     TaskStatus.EXPIRED,
                     meta,
                     out,
-                    EventKind.TaskExpired,
                     error_class="ScheduleToCloseTimeout",
                     error_message="not finished before schedule_to_close",
                 )
@@ -123,25 +122,5 @@ def _grace_over(tables: Tables, task: Task, meta: Meta, out: Outcome) -> None:
             error_class="StartToCloseTimeout",
             error_message="the attempt ran past start_to_close",
         )
-    elif cause == CancelCause.SCHEDULE_TO_CLOSE:
-        finish(
-            tables,
-            task,
-            TaskStatus.EXPIRED,
-            meta,
-            out,
-            EventKind.TaskExpired,
-            error_class="ScheduleToCloseTimeout",
-            error_message="not finished before schedule_to_close",
-        )
     else:
-        finish(
-            tables,
-            task,
-            TaskStatus.CANCELED,
-            meta,
-            out,
-            EventKind.TaskCanceled,
-            error_class="Canceled",
-            error_message=task.cancel_reason,
-        )
+        end_stopped(tables, task, meta, out, expired="not finished before schedule_to_close")
