@@ -20,15 +20,14 @@ from urllib.parse import quote
 
 import httpx
 
-from conveyor.app import Retry, TaskType
+from conveyor.app import TaskType
 from conveyor.errors import ContractError, TaskFailed, TransientError
 from conveyor.wire import (
-    UNSET,
     Enqueue,
     EnqueueOptions,
-    MaybeDuration,
     ScheduleInfo,
     ScheduleList,
+    ScheduleOptions,
     TaskInfo,
     TaskPage,
     chunks,
@@ -277,32 +276,11 @@ class Client:
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
-        *,
-        cron: str,
-        schedule_id: str | None = None,
-        timezone: str = "UTC",
-        overlap: str = "allow",
-        catch_up: str = "once",
-        app: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        retry: Retry | None = None,
-        timeout: MaybeDuration = UNSET,
+        **options: Unpack[ScheduleOptions],
     ) -> ScheduleInfo:
         """Run ``task`` with ``payload`` on a cron schedule (five fields, read in ``timezone``);
         creates or replaces the schedule ``schedule_id`` (default: the task type's name)."""
-        req = Enqueue(
-            task, payload, app=app, queue=queue, priority=priority, retry=retry, timeout=timeout
-        )
-        body = schedule_body(
-            req,
-            self.app,
-            cron=cron,
-            schedule_id=schedule_id,
-            timezone=timezone,
-            overlap=overlap,
-            catch_up=catch_up,
-        )
+        body = schedule_body(task, payload, self.app, options)
         return ScheduleInfo.from_json(self._send("POST", "/v1/schedules", body=body))
 
     def schedules(self) -> ScheduleList:

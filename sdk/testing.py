@@ -28,7 +28,7 @@ from typing import Any, TypeVar, Unpack
 
 from conveyor.agents.host import HostAgent
 from conveyor.agents.inline import InlineExecutor
-from conveyor.app import App, Retry, TaskType
+from conveyor.app import App, TaskType
 from conveyor.client import EnqueueClient, TaskHandle, items_of, set_default_client
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
@@ -43,12 +43,11 @@ from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.node import Node
 from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_info
 from conveyor.wire import (
-    UNSET,
     Enqueue,
     EnqueueOptions,
-    MaybeDuration,
     ScheduleInfo,
     ScheduleList,
+    ScheduleOptions,
     TaskInfo,
     TaskPage,
     enqueue_body,
@@ -399,33 +398,12 @@ class EngineClient:
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
-        *,
-        cron: str,
-        schedule_id: str | None = None,
-        timezone: str = "UTC",
-        overlap: str = "allow",
-        catch_up: str = "once",
-        app: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        retry: Retry | None = None,
-        timeout: MaybeDuration = UNSET,
+        **options: Unpack[ScheduleOptions],
     ) -> ScheduleInfo:
         """``Client.schedule`` on the engine: firings come as ``engine.advance`` moves time."""
         engine = self._engine
-        req = Enqueue(
-            task, payload, app=app, queue=queue, priority=priority, retry=retry, timeout=timeout
-        )
-        body = schedule_body(
-            req,
-            engine.app.name,
-            cron=cron,
-            schedule_id=schedule_id,
-            timezone=timezone,
-            overlap=overlap,
-            catch_up=catch_up,
-        )
-        problem = cron_rules.problem(cron, timezone)
+        body = schedule_body(task, payload, engine.app.name, options)
+        problem = cron_rules.problem(body["cron"], body["timezone"])
         if problem is not None:
             raise ContractError(problem, field="cron")
 
@@ -442,11 +420,11 @@ class EngineClient:
             record = UpsertSchedule(
                 tenant=engine.tenant,
                 schedule_id=body["schedule_id"],
-                cron=cron,
-                timezone=timezone,
+                cron=body["cron"],
+                timezone=body["timezone"],
                 template=codec.TASK_SPEC.encode(template),
-                overlap=OverlapPolicy(overlap.upper()),
-                catch_up=CatchUp(catch_up.upper()),
+                overlap=OverlapPolicy(body["overlap"].upper()),
+                catch_up=CatchUp(body["catch_up"].upper()),
             )
             reply = await node.upsert_schedule(record)
             if not reply.ok:

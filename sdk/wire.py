@@ -12,7 +12,7 @@ import uuid
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
 
 from conveyor.app import Retry, TaskOptions, TaskType, check_priority
 from conveyor.durations import Duration, to_ms, to_ms_or_none
@@ -288,19 +288,44 @@ OVERLAP_POLICIES: Final = ("allow", "skip", "cancel_previous")
 CATCH_UP_POLICIES: Final = ("once", "none")
 
 
+class ScheduleOptions(TypedDict, total=False):
+    """The keyword options of every client's ``schedule``."""
+
+    cron: Required[str]
+    schedule_id: str | None
+    timezone: str
+    overlap: str
+    catch_up: str
+    app: str | None
+    queue: str | None
+    priority: int | None
+    retry: Retry | None
+    timeout: MaybeDuration
+
+
 def schedule_body(
-    req: Enqueue,
+    task_type: TaskType[Any, Any] | str,
+    payload: Any,
     default_app: str | None,
-    *,
-    cron: str,
-    schedule_id: str | None,
-    timezone: str,
-    overlap: str,
-    catch_up: str,
+    options: ScheduleOptions,
 ) -> dict[str, Any]:
-    """The ``POST /v1/schedules`` body: ``req`` is the task each firing enqueues. Without a
+    """The ``POST /v1/schedules`` body: the task each firing enqueues, and when. Without a
     ``schedule_id`` the task type's name is the id, so scheduling the same task again replaces
     its schedule instead of adding a second one."""
+    req = Enqueue(
+        task_type,
+        payload,
+        app=options.get("app"),
+        queue=options.get("queue"),
+        priority=options.get("priority"),
+        retry=options.get("retry"),
+        timeout=options.get("timeout", UNSET),
+    )
+    schedule_id = options.get("schedule_id")
+    timezone = options.get("timezone", "UTC")
+    overlap = options.get("overlap", "allow")
+    catch_up = options.get("catch_up", "once")
+    cron = options["cron"]
     task = enqueue_body(req, default_app)
     for per_firing in ("idempotency_key", "delay_ms", "run_at"):
         task.pop(per_firing, None)
