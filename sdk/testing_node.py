@@ -285,22 +285,8 @@ class NodeWorkerAPI:
             )
             for i in items
         ]
-        # The node answers grouped by partition: put the replies back in item order.
         replies = await self.node.steps(writes)
-        return [
-            ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason)
-            for r in _ordered(self.node, writes, replies)
-        ]
+        return [ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason) for r in replies]
 
     async def close(self) -> None:
         return None
-
-
-def _ordered(node: Node, items: Sequence[StepWrite], replies: Sequence[Reply]) -> list[Reply]:
-    positions: dict[int, list[int]] = {}
-    for i, item in enumerate(items):
-        positions.setdefault(node.partition_of(item.task_id), []).append(i)
-    out: list[Reply | None] = [None] * len(items)
-    for reply in replies:
-        out[positions[node.partition_of(reply.task_id)][reply.index]] = reply
-    return [r for r in out if r is not None]

@@ -16,8 +16,9 @@ import asyncio
 import gc
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from conveyor.errors import ContractError, NotFound
 from conveyor.schemas import codec
@@ -28,6 +29,7 @@ from conveyor.schemas.types import (
     Completion,
     DeleteSchedule,
     EnqueueTasks,
+    Record,
     RecordSteps,
     RetryFailed,
     SaveCheckpoints,
@@ -50,6 +52,7 @@ from conveyor.streams.processor.dispatch import Lease, WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor, Settings
 from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
+T = TypeVar("T", TaskSpec, Completion, StepWrite, Checkpoint)
 DEFAULT_PARTITIONS = 8
 TASK_CACHE_MAX = 262_144
 
@@ -150,26 +153,35 @@ class Node:
 
     # -- client operations ------------------------------------------------------------------
 
-    async def enqueue(self, specs: Sequence[TaskSpec]) -> list[Reply]:
-        """Durably enqueue ``specs`` (ids already minted on their partitions); one reply each,
-        in order. One record per partition, appended concurrently."""
-        by_partition: dict[int, list[int]] = defaultdict(list)
-        for i, spec in enumerate(specs):
-            by_partition[self.partition_of(spec.task_id)].append(i)
-        encoded = [codec.TASK_SPEC.encode(s) for s in specs]
+    async def _fan_out(
+        self,
+        items: Sequence[T],
+        task_id: Callable[[T], str],
+        record: Callable[[list[T]], Record],
+    ) -> list[Reply]:
+        """One record per partition, appended concurrently; one reply per item, in the order
+        of ``items`` (the machine answers item i of a record with ``Reply.index == i``)."""
+        positions: dict[int, list[int]] = defaultdict(list)
+        for i, item in enumerate(items):
+            positions[self.partition_of(task_id(item))].append(i)
 
-        async def one(p: int, indexes: list[int]) -> list[tuple[int, Reply]]:
-            record = EnqueueTasks(tasks=[encoded[i] for i in indexes])
-            replies = await self.processors[p].submit(record, specs[indexes[0]].task_id)
-            return [(indexes[r.index], r) for r in replies]
+        async def one(p: int, ix: list[int]) -> list[tuple[int, Reply]]:
+            batch = [items[i] for i in ix]
+            replies = await self.processors[p].submit(record(batch), task_id(batch[0]))
+            return [(ix[r.index], r) for r in replies]
 
-        results = await asyncio.gather(*(one(p, ix) for p, ix in by_partition.items()))
-        ordered: list[Reply | None] = [None] * len(specs)
-        for pairs in results:
+        ordered: list[Reply | None] = [None] * len(items)
+        for pairs in await asyncio.gather(*(one(p, ix) for p, ix in positions.items())):
             for i, reply in pairs:
                 ordered[i] = reply
-        assert all(r is not None for r in ordered), "an enqueue item got no reply"
+        assert all(r is not None for r in ordered), "an item got no reply"
         return [r for r in ordered if r is not None]
+
+    async def enqueue(self, specs: Sequence[TaskSpec]) -> list[Reply]:
+        """Durably enqueue ``specs`` (ids already minted on their partitions)."""
+        return await self._fan_out(
+            specs, _task_id, lambda b: EnqueueTasks(tasks=[codec.TASK_SPEC.encode(s) for s in b])
+        )
 
     async def cancel(self, tenant: str, task_id: str, reason: str) -> Reply:
         p = self.partition_of(task_id)
@@ -179,15 +191,17 @@ class Node:
         return replies[0]
 
     async def retry_failed(self, tenant: str, task_ids: Sequence[str]) -> list[Reply]:
+        """Replies name the NEW tasks (one per task that was still dead-lettered)."""
         by_partition: dict[int, list[str]] = defaultdict(list)
         for task_id in task_ids:
             by_partition[self.partition_of(task_id)].append(task_id)
-        out: list[Reply] = []
-        for p, ids in by_partition.items():
-            out.extend(
-                await self.processors[p].submit(RetryFailed(tenant=tenant, task_ids=ids), ids[0])
+        results = await asyncio.gather(
+            *(
+                self.processors[p].submit(RetryFailed(tenant=tenant, task_ids=ids), ids[0])
+                for p, ids in by_partition.items()
             )
-        return out
+        )
+        return [r for replies in results for r in replies]
 
     def get(self, tenant: str, task_id: str) -> Task:
         task = self.processors[self.partition_of(task_id)].read_task(task_id)
@@ -259,37 +273,20 @@ class Node:
         return self.processors[self.partition_of(task_id)].leases.heartbeat(task_id, lease_id)
 
     async def complete(self, items: Sequence[Completion]) -> list[Reply]:
-        """Report attempt outcomes; one record per partition. Stale leases are rejected."""
-        by_partition: dict[int, list[Completion]] = defaultdict(list)
-        for item in items:
-            by_partition[self.partition_of(item.task_id)].append(item)
-
-        async def one(p: int, batch: list[Completion]) -> list[Reply]:
-            return await self.processors[p].submit(CompleteAttempts(items=batch), batch[0].task_id)
-
-        results = await asyncio.gather(*(one(p, b) for p, b in by_partition.items()))
-        return [r for replies in results for r in replies]
+        """Report attempt outcomes. Stale leases are rejected."""
+        return await self._fan_out(items, _task_id, lambda b: CompleteAttempts(items=b))
 
     async def steps(self, items: Sequence[StepWrite]) -> list[Reply]:
-        """Record step claims and commits, fenced by lease; one record per partition. The
-        replies come once the records are applied: a commit is durable before its step's
-        caller goes on. Replies are grouped by partition, indexed within each."""
-        by_partition: dict[int, list[StepWrite]] = defaultdict(list)
-        for item in items:
-            by_partition[self.partition_of(item.task_id)].append(item)
-
-        async def one(p: int, batch: list[StepWrite]) -> list[Reply]:
-            return await self.processors[p].submit(RecordSteps(items=batch), batch[0].task_id)
-
-        results = await asyncio.gather(*(one(p, b) for p, b in by_partition.items()))
-        return [r for replies in results for r in replies]
+        """Record step claims and commits, fenced by lease. The replies come once the records
+        are applied: a commit is durable before its step's caller goes on."""
+        return await self._fan_out(items, _task_id, lambda b: RecordSteps(items=b))
 
     async def checkpoint(self, items: Sequence[Checkpoint]) -> list[Reply]:
-        out: list[Reply] = []
-        for item in items:
-            p = self.partition_of(item.task_id)
-            out.extend(await self.processors[p].submit(SaveCheckpoints(items=[item]), item.task_id))
-        return out
+        return await self._fan_out(items, _task_id, lambda b: SaveCheckpoints(items=b))
+
+
+def _task_id(item: TaskSpec | Completion | StepWrite | Checkpoint) -> str:
+    return item.task_id
 
 
 def _partition_count(home: Path, asked: int | None) -> int:

@@ -258,7 +258,7 @@ class Gateway:
 
     async def complete(self, tenant: str, items: list[CompletionRequest]) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
-        positions: dict[int, list[int]] = defaultdict(list)  # partition -> item positions
+        mine: list[int] = []
         batch: list[Completion] = []
         for i, item in enumerate(items):
             if not self.owns(tenant, item.task_id):
@@ -266,11 +266,10 @@ class Gateway:
             result = None
             if item.result is not None:
                 result = await self.payloads.pack(compact(item.result), f"{item.path}.result")
-            positions[self.node.partition_of(item.task_id)].append(i)
+            mine.append(i)
             batch.append(_completion(item, result))
-        # Replies come grouped by partition, each indexed within its partition's record.
-        for reply in await self.node.complete(batch) if batch else []:
-            i = positions[self.node.partition_of(reply.task_id)][reply.index]
+        # The node answers one reply per item, in order.
+        for i, reply in zip(mine, await self.node.complete(batch) if batch else [], strict=True):
             results[i] = _result(reply)
         return results
 
@@ -278,13 +277,13 @@ class Gateway:
         """Step claims and commits; values are stored as compact JSON (the step cap is the
         inline cap, so they never go to the blob store)."""
         results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
-        positions: dict[int, list[int]] = defaultdict(list)  # partition -> item positions
+        mine: list[int] = []
         batch: list[StepWrite] = []
         for i, item in enumerate(items):
             if not self.owns(tenant, item.task_id):
                 continue
             value = compact(item.value) if item.op == StepOp.COMMIT else None
-            positions[self.node.partition_of(item.task_id)].append(i)
+            mine.append(i)
             batch.append(
                 StepWrite(
                     task_id=item.task_id,
@@ -295,8 +294,7 @@ class Gateway:
                     value=value,
                 )
             )
-        for reply in await self.node.steps(batch) if batch else []:
-            i = positions[self.node.partition_of(reply.task_id)][reply.index]
+        for i, reply in zip(mine, await self.node.steps(batch) if batch else [], strict=True):
             results[i] = _result(reply)
         return results
 
@@ -309,7 +307,6 @@ class Gateway:
                 value = await self.payloads.pack(compact(item.value), f"{item.path}.value")
                 mine.append(i)
                 batch.append(Checkpoint(task_id=item.task_id, lease_id=item.lease_id, value=value))
-        # Node.checkpoint answers one reply per item, in order.
         for i, reply in zip(mine, await self.node.checkpoint(batch) if batch else [], strict=True):
             results[i] = _result(reply)
         return results
