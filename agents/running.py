@@ -12,6 +12,11 @@ from typing import Any, Final
 
 from conveyor.agents.sandbox import AttemptResult, Sandbox
 from conveyor.agents.worker_api import CompletionItem, LeaseOffer
+from conveyor.schemas.limits import (
+    ERROR_CLASS_BYTES_MAX,
+    ERROR_MESSAGE_BYTES_MAX,
+    ERROR_STACK_BYTES_MAX,
+)
 from conveyor.steps import StepAck
 
 
@@ -21,9 +26,6 @@ class _Nothing(Enum):
 
 NOTHING: Final = _Nothing.NOTHING  # "no checkpoint pending" (None is a valid checkpoint)
 
-ERROR_CLASS_BYTES_MAX = 200
-ERROR_MESSAGE_BYTES_MAX = 16 * 1024
-ERROR_STACK_BYTES_MAX = 64 * 1024
 DAY_MS = 86_400_000
 
 # A CANCEL seen this close to the local start_to_close deadline is the platform's timeout,

@@ -41,15 +41,33 @@ class AttemptResult:
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
 
 
+TRUNCATED = "[... earlier output not kept ...]\n"
+
+
 def read_log(log_ref: str) -> str:
     """The output of one attempt from its ``log_ref`` (``path`` or ``path#start-end``)."""
+    return read_log_tail(log_ref, None)
+
+
+def read_log_tail(log_ref: str, bytes_max: int | None) -> str:
+    """At most ``bytes_max`` bytes (as UTF-8) of an attempt's output: its end, marked when cut;
+    "" when the output is gone (a guest's log file is the agent's, and may have been removed)."""
     path, _, span = log_ref.partition("#")
-    with open(path, "rb") as fh:
-        if not span:
-            return fh.read().decode(errors="replace")
-        start, end = (int(n) for n in span.split("-"))
-        fh.seek(start)
-        return fh.read(end - start).decode(errors="replace")
+    try:
+        with open(path, "rb") as fh:
+            start, end = (int(n) for n in span.split("-")) if span else (0, fh.seek(0, 2))
+            first = start if bytes_max is None else max(start, end - bytes_max)
+            fh.seek(first)
+            text = fh.read(end - first).decode(errors="replace")
+    except OSError:
+        return ""
+    if bytes_max is None:
+        return text
+    body = text.encode()
+    if first == start and len(body) <= bytes_max:
+        return text
+    # Cut at the front (a replaced byte may have grown to three): keep the newest output.
+    return TRUNCATED + body[len(body) - (bytes_max - len(TRUNCATED)) :].decode(errors="ignore")
 
 
 def crashed(message: str, log_ref: str | None = None) -> AttemptResult:

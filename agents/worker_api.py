@@ -20,8 +20,10 @@ from typing import Any, Protocol
 
 import httpx
 
+from conveyor.agents.sandbox import read_log_tail
 from conveyor.client import backoff_s, parse, retry_after_ms
 from conveyor.errors import TransientError
+from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
 
 log = logging.getLogger("conveyor.agent")
 
@@ -59,7 +61,7 @@ class CompletionItem:
     log_ref: str | None = None
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
 
-    def to_json(self, *, log_ref: bool = True) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "task_id": self.task_id,
             "lease_id": self.lease_id,
@@ -73,8 +75,8 @@ class CompletionItem:
                 "message": self.error_message,
                 "stack": self.error_stack,
             }
-        if log_ref and self.log_ref is not None:
-            body["log_ref"] = self.log_ref
+        if self.log_ref is not None and (log := read_log_tail(self.log_ref, ATTEMPT_LOG_BYTES_MAX)):
+            body["log"] = log
         if self.sleep is not None:
             body["sleep"] = self.sleep
         return body
@@ -178,8 +180,8 @@ class HttpWorkerAPI:
     """``WorkerAPI`` over HTTP. Transport errors and 503 are retried with jittered backoff for
     up to ``retry_for_s``; after that the call raises ``TransientError``.
 
-    ``send_log_ref``: add the attempt's log path to completions (``log_ref``); off until the
-    gateway accepts that field (it rejects unknown fields).
+    Completions carry the tail of what the attempt printed (``log``, read from the agent's
+    local ``log_ref``), so the output is kept with the task wherever the agent runs.
     """
 
     def __init__(
@@ -189,11 +191,9 @@ class HttpWorkerAPI:
         *,
         timeout: float = 30.0,
         retry_for_s: float = 60.0,
-        send_log_ref: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url
-        self.send_log_ref = send_log_ref
         self.retry_for_s = retry_for_s
         self._timeout = timeout
         self._http = httpx.AsyncClient(
@@ -256,7 +256,7 @@ class HttpWorkerAPI:
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
         reply = await self._post(
             "/worker/complete",
-            {"completions": [item.to_json(log_ref=self.send_log_ref) for item in items]},
+            {"completions": [item.to_json() for item in items]},
         )
         return results_from_json(reply)
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.schemas.limits import (
+    ATTEMPT_LOG_BYTES_MAX,
+    ERROR_CLASS_BYTES_MAX,
+    ERROR_MESSAGE_BYTES_MAX,
+    ERROR_STACK_BYTES_MAX,
+)
 from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, STEPS_MAX
 from conveyor.schemas.types import LeaseRef, Outcome, SleepStep, StepOp
 from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
@@ -15,9 +21,6 @@ TASK_TYPES_MAX = 1_000
 QUEUES_MAX = 100
 CAPACITY_MAX = 1_000
 LEASE_MS_MIN, LEASE_MS_MAX = 100, 3_600_000
-ERROR_CLASS_BYTES_MAX = 200
-ERROR_MESSAGE_BYTES_MAX = 16 * 1024
-ERROR_STACK_BYTES_MAX = 64 * 1024
 IDENTITY_BYTES_MAX = STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX  # "name:key"
 
 
@@ -87,9 +90,10 @@ class CompletionRequest:
     error_stack: str | None
     retry_after_ms: int | None
     sleep: SleepStep | None = None
+    log: str | None = None  # the tail of what the attempt printed
 
 
-_COMPLETION_FIELDS = frozenset({"outcome", "result", "error", "retry_after_ms", "sleep"})
+_COMPLETION_FIELDS = frozenset({"outcome", "result", "error", "retry_after_ms", "sleep", "log"})
 
 
 def parse_complete(body: Any) -> list[CompletionRequest]:
@@ -119,6 +123,7 @@ def _completion(item: Any, path: str) -> CompletionRequest:
         error_stack=error.opt_text("stack", bytes_max=ERROR_STACK_BYTES_MAX) if error else None,
         retry_after_ms=f.opt_int("retry_after_ms", 0, DURATION_MS_MAX),
         sleep=_sleep(f),
+        log=f.opt_text("log", bytes_max=ATTEMPT_LOG_BYTES_MAX),
     )
 
 
