@@ -193,6 +193,7 @@ RECORDS: dict[str, Codec[Any]] = {
         t.AnnounceEpoch,
         t.UpsertSchedule,
         t.DeleteSchedule,
+        t.PauseSchedule,
     )
 }
 TASK_HEAD = _load("state/TaskHead.avsc")

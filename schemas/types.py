@@ -220,6 +220,13 @@ class DeleteSchedule:
     schedule_id: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseSchedule:
+    tenant: str
+    schedule_id: str
+    paused: bool  # False resumes
+
+
 Record = (
     EnqueueTasks
     | CancelTasks
@@ -233,6 +240,7 @@ Record = (
     | AnnounceEpoch
     | UpsertSchedule
     | DeleteSchedule
+    | PauseSchedule
 )
 
 # Records only the partition leader proposes; the machine ignores them from a stale epoch.
@@ -350,6 +358,7 @@ class Schedule:
     last_task_id: str | None = None
     fired: int = 0
     skipped: int = 0
+    paused: bool = False  # no armed timer while paused
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

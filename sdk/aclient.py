@@ -226,3 +226,14 @@ class AsyncClient:
     async def unschedule(self, schedule_id: str) -> None:
         """Delete a schedule; ``NotFound`` if there is none. Tasks it enqueued are untouched."""
         await self._send("DELETE", f"/v1/schedules/{quote(schedule_id, safe='')}")
+
+    async def pause_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Stop firing (the schedule and its history stay); ``NotFound`` if there is none."""
+        path = f"/v1/schedules/{quote(schedule_id, safe='')}/pause"
+        return ScheduleInfo.from_json(await self._send("POST", path))
+
+    async def resume_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Fire again from the next occurrence after now; occurrences that passed while paused
+        never fire. ``NotFound`` if there is none."""
+        path = f"/v1/schedules/{quote(schedule_id, safe='')}/resume"
+        return ScheduleInfo.from_json(await self._send("POST", path))

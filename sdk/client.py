@@ -291,6 +291,17 @@ class Client:
         """Delete a schedule; ``NotFound`` if there is none. Tasks it enqueued are untouched."""
         self._send("DELETE", f"/v1/schedules/{quote(schedule_id, safe='')}")
 
+    def pause_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Stop firing (the schedule and its history stay); ``NotFound`` if there is none."""
+        path = f"/v1/schedules/{quote(schedule_id, safe='')}/pause"
+        return ScheduleInfo.from_json(self._send("POST", path))
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Fire again from the next occurrence after now; occurrences that passed while paused
+        never fire. ``NotFound`` if there is none."""
+        path = f"/v1/schedules/{quote(schedule_id, safe='')}/resume"
+        return ScheduleInfo.from_json(self._send("POST", path))
+
 
 def retry_body(
     task_ids: Iterable[str] | None,

@@ -451,3 +451,22 @@ class EngineClient:
             await engine.node.delete_schedule(engine.tenant, schedule_id)
 
         engine.call(go())
+
+    def pause_schedule(self, schedule_id: str) -> ScheduleInfo:
+        return self._pause(schedule_id, paused=True)
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Fire again from the next occurrence after the engine's now."""
+        return self._pause(schedule_id, paused=False)
+
+    def _pause(self, schedule_id: str, *, paused: bool) -> ScheduleInfo:
+        engine = self._engine
+
+        async def go() -> ScheduleInfo:
+            node = engine.node
+            node.get_schedule(engine.tenant, schedule_id)  # NotFound, as over HTTP
+            await node.pause_schedule(engine.tenant, schedule_id, paused=paused)
+            row = node.get_schedule(engine.tenant, schedule_id)
+            return ScheduleInfo.from_json(schedule_json(row, payload=None))
+
+        return engine.call(go())

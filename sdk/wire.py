@@ -357,6 +357,7 @@ class ScheduleInfo:
     last_task_id: str | None
     fired: int
     skipped: int
+    paused: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScheduleInfo:
@@ -374,6 +375,7 @@ class ScheduleInfo:
             last_task_id=data.get("last_task_id"),
             fired=int(data.get("fired", 0)),
             skipped=int(data.get("skipped", 0)),
+            paused=bool(data.get("paused", False)),
         )
 
 

@@ -29,6 +29,7 @@ from conveyor.schemas.types import (
     Completion,
     DeleteSchedule,
     EnqueueTasks,
+    PauseSchedule,
     Record,
     RecordSteps,
     RetryFailed,
@@ -231,6 +232,13 @@ class Node:
     async def delete_schedule(self, tenant: str, schedule_id: str) -> Reply:
         p = self.partition_of_schedule(tenant, schedule_id)
         record = DeleteSchedule(tenant=tenant, schedule_id=schedule_id)
+        (reply,) = await self.processors[p].submit(record, f"schedule/{schedule_id}")
+        return reply
+
+    async def pause_schedule(self, tenant: str, schedule_id: str, *, paused: bool) -> Reply:
+        """Pause (``paused``) or resume a schedule; not ok if there is no such schedule."""
+        p = self.partition_of_schedule(tenant, schedule_id)
+        record = PauseSchedule(tenant=tenant, schedule_id=schedule_id, paused=paused)
         (reply,) = await self.processors[p].submit(record, f"schedule/{schedule_id}")
         return reply
 

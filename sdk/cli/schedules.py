@@ -1,8 +1,10 @@
-"""Schedule commands: ``schedule add|list|rm`` (HTTP to a running node, like tasks.py)."""
+"""Schedule commands: ``schedule add|list|pause|resume|rm`` (HTTP to a running node, like
+tasks.py)."""
 
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -87,7 +89,16 @@ def list_schedules(
         print_json(rows)
         return
     table = Table(
-        "schedule_id", "cron", "timezone", "app", "task_type", "overlap", "next", "last", "fired"
+        "schedule_id",
+        "cron",
+        "timezone",
+        "app",
+        "task_type",
+        "overlap",
+        "state",
+        "next",
+        "last",
+        "fired",
     )
     for s in rows:
         table.add_row(
@@ -97,6 +108,7 @@ def list_schedules(
             s["task"]["app"],
             s["task"]["task_type"],
             s["overlap"],
+            "paused" if s.get("paused") else "active",
             fmt_ms(s["next_fire_ms"]),
             fmt_ms(s["last_fire_ms"]),
             str(s["fired"]),
@@ -117,3 +129,38 @@ def rm(
     except CliError as exc:
         raise fail(str(exc)) from None
     console.print(f"deleted schedule [bold]{schedule_id}[/]")
+
+
+def pause(
+    schedule_id: Annotated[str, typer.Argument(help="Schedule id")],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Pause a schedule: it keeps its definition and history but fires no more."""
+    _pause_or_resume(schedule_id, "pause", url, api_key, home)
+    console.print(f"paused schedule [bold]{schedule_id}[/]")
+
+
+def resume(
+    schedule_id: Annotated[str, typer.Argument(help="Schedule id")],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Resume a paused schedule from its next occurrence (passed ones never fire)."""
+    reply = _pause_or_resume(schedule_id, "resume", url, api_key, home)
+    console.print(
+        f"resumed schedule [bold]{schedule_id}[/], next firing {fmt_ms(reply['next_fire_ms'])}"
+    )
+
+
+def _pause_or_resume(
+    schedule_id: str, verb: str, url: str, api_key: str | None, home: Path | None
+) -> dict[str, Any]:
+    path = f"/v1/schedules/{quote(schedule_id, safe='')}/{verb}"
+    try:
+        reply: dict[str, Any] = Remote.of(url, api_key, home).call("POST", path)
+    except CliError as exc:
+        raise fail(str(exc)) from None
+    return reply

@@ -62,6 +62,9 @@ def _summary(body: bytes, kind: str) -> str:
             text = f"tenant {record.tenant}: {record.schedule_id} {record.cron!r} {record.timezone}"
         case types.DeleteSchedule():
             text = f"tenant {record.tenant}: {record.schedule_id}"
+        case types.PauseSchedule():
+            verb = "pause" if record.paused else "resume"
+            text = f"tenant {record.tenant}: {verb} {record.schedule_id}"
         case _:
             assert_never(record)
     return text if len(text) <= SUMMARY_CHARS_MAX else text[: SUMMARY_CHARS_MAX - 3] + "..."

@@ -128,6 +128,18 @@ async def delete_schedule(request: web.Request) -> web.Response:
     return reply(await gw.delete_schedule(tenant, request.match_info["schedule_id"]))
 
 
+async def pause_schedule(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    schedule_id = request.match_info["schedule_id"]
+    return reply(await gw.pause_schedule(tenant, schedule_id, paused=True))
+
+
+async def resume_schedule(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    schedule_id = request.match_info["schedule_id"]
+    return reply(await gw.pause_schedule(tenant, schedule_id, paused=False))
+
+
 # -- worker API ----------------------------------------------------------------------------
 
 
@@ -179,6 +191,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/schedules", list_schedules, allow_head=False)
     app.router.add_get("/v1/schedules/{schedule_id}", get_schedule, allow_head=False)
     app.router.add_delete("/v1/schedules/{schedule_id}", delete_schedule)
+    app.router.add_post("/v1/schedules/{schedule_id}/pause", pause_schedule)
+    app.router.add_post("/v1/schedules/{schedule_id}/resume", resume_schedule)
     app.router.add_post("/worker/register", register)
     app.router.add_post("/worker/poll", poll)
     app.router.add_post("/worker/heartbeat", heartbeat)

@@ -98,6 +98,7 @@ def schedule_json(row: Schedule, *, payload: Any) -> dict[str, Any]:
         "last_task_id": row.last_task_id,
         "fired": row.fired,
         "skipped": row.skipped,
+        "paused": row.paused,
         "created_ms": row.created_ms,
         "updated_ms": row.updated_ms,
     }

@@ -221,6 +221,15 @@ class Gateway:
             raise NotFound(f"no schedule {schedule_id!r}", field="schedule_id")
         return {"schedule_id": schedule_id, "deleted": True}
 
+    async def pause_schedule(
+        self, tenant: str, schedule_id: str, *, paused: bool
+    ) -> dict[str, Any]:
+        """Pause or resume; the schedule as stored after it."""
+        reply = await self.node.pause_schedule(tenant, schedule_id, paused=paused)
+        if not reply.ok:
+            raise NotFound(f"no schedule {schedule_id!r}", field="schedule_id")
+        return await self.schedule(tenant, schedule_id)
+
     # -- worker API ---------------------------------------------------------------------------
 
     def register(self, tenant: str, req: Register) -> None:

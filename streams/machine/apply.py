@@ -23,6 +23,7 @@ from conveyor.schemas.types import (
     ExpireLeases,
     FireTimers,
     GrantLeases,
+    PauseSchedule,
     Record,
     RecordSteps,
     RetryFailed,
@@ -41,6 +42,7 @@ from conveyor.streams.machine.handlers.dispatch import apply_grant
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
 from conveyor.streams.machine.handlers.schedules import (
     apply_delete_schedule,
+    apply_pause_schedule,
     apply_upsert_schedule,
 )
 from conveyor.streams.machine.handlers.steps import apply_steps
@@ -90,6 +92,8 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             apply_upsert_schedule(tables, record, meta, out)
         case DeleteSchedule():
             apply_delete_schedule(tables, record, meta, out)
+        case PauseSchedule():
+            apply_pause_schedule(tables, record, meta, out)
         case _:
             assert_never(record)
     return out

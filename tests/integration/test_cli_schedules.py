@@ -93,3 +93,29 @@ def test_bad_payload_and_overlap_fail_before_any_request(node: NodeProcess) -> N
     assert bad_json.returncode == 1 and "--payload is not JSON" in bad_json.stderr
     bad_overlap = cli(node, *base, "--overlap", "sometimes")
     assert bad_overlap.returncode == 2 and "sometimes" in bad_overlap.stderr
+
+
+def test_pause_and_resume(node: NodeProcess) -> None:
+    add = ["add", "hourly", "--cron", "0 * * * *", "--task", "report", "--app", "shop"]
+    assert cli(node, *add).returncode == 0
+    paused = cli(node, "pause", "hourly")
+    assert paused.returncode == 0, paused.stderr
+    assert "paused schedule hourly" in paused.stdout
+    status, body = call(node.base, "GET", "/v1/schedules/hourly")
+    assert status == 200 and body["paused"] is True and body["next_fire_ms"] is None, body
+    listed = cli(node, "list")
+    assert "paused" in listed.stdout and "hourly" in listed.stdout
+
+    resumed = cli(node, "resume", "hourly")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed schedule hourly" in resumed.stdout
+    status, body = call(node.base, "POST", "/v1/schedules/hourly/resume")  # again: a no-op
+    assert status == 200 and body["paused"] is False, body
+    assert body["next_fire_ms"] % 3_600_000 == 0, body  # the next whole hour
+    assert "active" in cli(node, "list").stdout
+
+    status, body = call(node.base, "POST", "/v1/schedules/no-such/pause")
+    assert status == 404 and "no-such" in body["error"]["message"], body
+    missing = cli(node, "resume", "no-such-schedule")
+    assert missing.returncode == 1 and "not_found (HTTP 404)" in missing.stderr
+    assert cli(node, "rm", "hourly").returncode == 0

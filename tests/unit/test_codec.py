@@ -258,6 +258,9 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
         catch_up=st.sampled_from(t.CatchUp),
     ),
     t.DeleteSchedule: st.builds(t.DeleteSchedule, tenant=TEXT, schedule_id=TEXT),
+    t.PauseSchedule: st.builds(
+        t.PauseSchedule, tenant=TEXT, schedule_id=TEXT, paused=st.booleans()
+    ),
 }
 records = st.one_of(*RECORDS.values())
 

@@ -1,8 +1,8 @@
-"""UpsertSchedule, DeleteSchedule, and the firing of a SCHEDULE timer.
+"""UpsertSchedule, DeleteSchedule, PauseSchedule, and the firing of a SCHEDULE timer.
 
 Rule 1: only the NEXT occurrence of a schedule is materialized, as one SCHEDULE timer whose
-token is the schedule's generation (bumped by every upsert). A timer whose generation or fire
-time no longer matches the row is stale and does nothing.
+token is the schedule's generation (bumped by every upsert, pause and resume). A timer whose
+generation or fire time no longer matches the row is stale and does nothing.
 Rule 2: a firing enqueues one task whose id is derived from (tenant, schedule id, scheduled
 time) on the schedule's own partition, with idempotency key ``<schedule id>@<scheduled ms>``.
 The schedule's partition owns the task, so a second firing of the same scheduled time (a clock
@@ -15,6 +15,12 @@ a long outage never replays its missed ticks.
 Rule 4 (overlap): the row keeps the id of the task its last firing enqueued. While that task is
 not terminal, ``SKIP`` drops the firing and ``CANCEL_PREVIOUS`` cancels it in the same record,
 before enqueueing; ``ALLOW`` enqueues regardless.
+Rule 5 (pause): a paused schedule keeps its row (history, policies, template) but has no
+timer and no ``next_fire_ms``. Resume arms the first occurrence strictly after the resume
+record's time; occurrences that passed while paused never fire (a pause is deliberate, not an
+outage, so catch-up does not apply to it). From then on firings follow the catch-up policy as
+usual. An upsert of a paused schedule replaces its definition and leaves it paused. Pausing a
+paused schedule, or resuming a running one, is acknowledged and changes nothing.
 Time comes from ``meta.ts_ms`` and stored fire times only; ``conveyor.streams.cron`` explains
 why its arithmetic is pure.
 """
@@ -30,6 +36,7 @@ from conveyor.schemas.types import (
     CatchUp,
     DeleteSchedule,
     OverlapPolicy,
+    PauseSchedule,
     Schedule,
     TaskSpec,
     TimerKind,
@@ -71,8 +78,12 @@ def apply_upsert_schedule(tables: Tables, record: UpsertSchedule, meta: Meta, ou
         last_task_id=None if old is None else old.last_task_id,
         fired=0 if old is None else old.fired,
         skipped=0 if old is None else old.skipped,
+        paused=old is not None and old.paused,
     )
-    _arm(tables, row, meta.ts_ms)
+    if row.paused:
+        tables.put_schedule(row)
+    else:
+        _arm(tables, row, meta.ts_ms)
     out.actions.append(_reply(meta, record.schedule_id, ok=True, created=old is None))
 
 
@@ -83,6 +94,28 @@ def apply_delete_schedule(tables: Tables, record: DeleteSchedule, meta: Meta, ou
         return
     _disarm(tables, row)
     tables.delete_schedule(row.tenant, row.schedule_id)
+    out.actions.append(_reply(meta, record.schedule_id, ok=True))
+
+
+def apply_pause_schedule(tables: Tables, record: PauseSchedule, meta: Meta, out: Outcome) -> None:
+    """Pause (disarm, keep the row) or resume (arm the next occurrence after now): rule 5."""
+    row = tables.schedule(record.tenant, record.schedule_id)
+    if row is None:
+        out.actions.append(_reply(meta, record.schedule_id, ok=False, reason=UNKNOWN_SCHEDULE))
+        return
+    if row.paused != record.paused:
+        _disarm(tables, row)
+        row = dataclasses.replace(
+            row,
+            paused=record.paused,
+            generation=row.generation + 1,
+            updated_ms=meta.ts_ms,
+            next_fire_ms=None,
+        )
+        if row.paused:
+            tables.put_schedule(row)
+        else:
+            _arm(tables, row, meta.ts_ms)
     out.actions.append(_reply(meta, record.schedule_id, ok=True))
 
 

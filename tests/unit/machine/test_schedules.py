@@ -12,6 +12,7 @@ from conveyor.schemas.types import (
     CatchUp,
     DeleteSchedule,
     OverlapPolicy,
+    PauseSchedule,
     Schedule,
     Task,
     TaskStatus,
@@ -251,6 +252,72 @@ def test_an_upsert_replaces_the_armed_timer() -> None:
     h.now_ms = new.fire_at_ms
     h.fire([old])  # the replaced timer: gone, and stale by generation anyway
     assert tasks(h) == []
+
+
+# -- pause and resume -------------------------------------------------------------------------
+
+
+def pause(h: Harness, paused: bool = True, schedule_id: str = "s1", tenant: str = "t1") -> Reply:
+    return reply(h.apply(PauseSchedule(tenant=tenant, schedule_id=schedule_id, paused=paused)))
+
+
+def test_pause_keeps_the_row_and_disarms_its_timer() -> None:
+    h = Harness()
+    upsert(h)
+    first = next_five(START_MS)
+    h.fire_due(first)
+    (armed,) = schedule_timers(h)
+    assert pause(h).ok
+    paused = row(h)
+    assert paused.paused and paused.next_fire_ms is None and schedule_timers(h) == []
+    assert (paused.fired, paused.last_fire_ms, paused.generation) == (1, first, 2)
+    h.now_ms = armed.fire_at_ms
+    h.fire([armed])  # proposed before the pause landed: stale
+    h.fire_due(first + 3 * HOUR)
+    assert len(tasks(h)) == 1 and row(h).fired == 1
+
+
+def test_resume_arms_the_next_occurrence_after_now_without_catch_up() -> None:
+    h = Harness()
+    upsert(h, catch_up=CatchUp.ONCE)
+    pause(h)
+    back = START_MS + 2 * HOUR + 7 * MINUTE  # 25 occurrences passed while paused
+    h.now_ms = back
+    assert pause(h, paused=False).ok
+    resumed = row(h)
+    assert not resumed.paused and resumed.generation == 3
+    assert [t.fire_at_ms for t in schedule_timers(h)] == [next_five(back)] == [resumed.next_fire_ms]
+    assert h.fire_due(back + MINUTE).events == []  # the paused window never fires
+    h.fire_due(next_five(back))
+    (task,) = tasks(h)
+    assert task.task_id == firing_task_id(0, "t1", "s1", next_five(back))
+
+
+def test_pause_and_resume_are_idempotent_and_scoped() -> None:
+    h = Harness()
+    upsert(h)
+    assert pause(h).ok
+    before = h.dump(applied=False)
+    assert pause(h).ok  # already paused: acknowledged, nothing changes
+    assert h.dump(applied=False) == before
+    assert pause(h, paused=False).ok
+    (timer,) = schedule_timers(h)
+    assert pause(h, paused=False).ok
+    assert schedule_timers(h) == [timer]
+    assert not pause(h, tenant="t2").ok
+    missing = pause(h, schedule_id="nope")
+    assert (missing.ok, missing.reason) == (False, "unknown schedule")
+    assert not row(h).paused
+
+
+def test_an_upsert_of_a_paused_schedule_stays_paused() -> None:
+    h = Harness()
+    upsert(h)
+    pause(h)
+    assert reply(upsert(h, expression="0 * * * *")).ok
+    assert row(h).paused and row(h).cron == "0 * * * *" and schedule_timers(h) == []
+    pause(h, paused=False)
+    assert [t.fire_at_ms for t in schedule_timers(h)] == [(START_MS // HOUR + 1) * HOUR]
 
 
 def test_invalid_records_are_refused_without_state() -> None:
