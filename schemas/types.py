@@ -168,6 +168,7 @@ class TimerKind(StrEnum):
     CANCEL_GRACE = "CANCEL_GRACE"
     # Appended last: ``keys.timer`` stores a kind by its index, so existing keys keep meaning.
     SCHEDULE = "SCHEDULE"  # a cron occurrence; task_id is the schedule key, token its generation
+    FORGET_KEY = "FORGET_KEY"  # the idempotency window of the task's key is over
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

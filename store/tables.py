@@ -191,6 +191,9 @@ class Tables:
     def put_idempotency(self, tenant: str, app: str, key: str, entry: IdempotencyEntry) -> None:
         self._put(keys.idempotency(tenant, app, key), codec.IDEMPOTENCY.encode(entry))
 
+    def delete_idempotency(self, tenant: str, app: str, key: str) -> None:
+        self._put(keys.idempotency(tenant, app, key), None)
+
     # -- schedules ---------------------------------------------------------------------------
 
     def schedule(self, tenant: str, schedule_id: str) -> Schedule | None:

@@ -10,6 +10,8 @@ from conveyor.schemas.types import (
     Task,
     TaskSpec,
     TaskStatus,
+    TimerKind,
+    TimerRef,
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.lifecycle import (
@@ -52,14 +54,17 @@ def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int
     task = _new_task(spec, meta)
     tables.put_spec(spec.task_id, raw, spec.payload)
     if spec.idempotency_key is not None:
+        expires_ms = meta.ts_ms + spec.idempotency_window_ms
         tables.put_idempotency(
             spec.tenant,
             spec.app,
             spec.idempotency_key,
-            IdempotencyEntry(
-                task_id=spec.task_id, expires_ms=meta.ts_ms + spec.idempotency_window_ms
-            ),
+            IdempotencyEntry(task_id=spec.task_id, expires_ms=expires_ms),
         )
+        forget = TimerRef(
+            fire_at_ms=expires_ms, task_id=spec.task_id, kind=TimerKind.FORGET_KEY, token=0
+        )
+        tables.add_timer(forget)
     if task.run_at_ms > meta.ts_ms:
         tables.add_timer(run_timer(task))
     else:
@@ -104,6 +109,19 @@ def invalid(spec: TaskSpec) -> str | None:
     if spec.attempts_max < 1:
         return "attempts_max below 1"
     return None
+
+
+def forget_key(tables: Tables, task_id: str, meta: Meta) -> None:
+    """The idempotency window of ``task_id``'s key is over: drop the key's row. Nothing reads
+    a row past its window (``_twin``), so this changes no answer; it keeps a day of keyed
+    enqueues from becoming a table that only grows. A row that a later enqueue re-keyed to
+    its own task is that task's to forget."""
+    spec = tables.spec(task_id)
+    if spec is None or spec.idempotency_key is None:
+        return
+    entry = tables.idempotency(spec.tenant, spec.app, spec.idempotency_key)
+    if entry is not None and entry.task_id == task_id and entry.expires_ms <= meta.ts_ms:
+        tables.delete_idempotency(spec.tenant, spec.app, spec.idempotency_key)
 
 
 def _twin(tables: Tables, spec: TaskSpec, meta: Meta) -> str | None:

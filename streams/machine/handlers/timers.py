@@ -20,6 +20,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.cancel import request_stop
+from conveyor.streams.machine.handlers.enqueue import forget_key
 from conveyor.streams.machine.handlers.schedules import fire_schedule
 from conveyor.streams.machine.lifecycle import (
     WAITING,
@@ -43,6 +44,9 @@ def apply_timers(tables: Tables, record: FireTimers, meta: Meta, out: Outcome) -
         tables.remove_timer(ref)
         if ref.kind == TimerKind.SCHEDULE:
             fire_schedule(tables, ref, meta, out, index)
+            continue
+        if ref.kind == TimerKind.FORGET_KEY:
+            forget_key(tables, ref.task_id, meta)  # whatever the task's state
             continue
         task = tables.task(ref.task_id)
         if task is not None and task.status not in (
@@ -104,8 +108,8 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
         case TimerKind.CANCEL_GRACE:
             if leased_now and task.cancel_cause is not None:
                 _grace_over(tables, task, meta, out)
-        case TimerKind.SCHEDULE:
-            raise AssertionError("SCHEDULE timers fire through fire_schedule")
+        case TimerKind.SCHEDULE | TimerKind.FORGET_KEY:
+            raise AssertionError(f"{ref.kind} timers fire before the task is looked up")
         case _:
             assert_never(ref.kind)
 

@@ -476,10 +476,26 @@ class MachineModel(RuleBasedStateMachine):
             if t.status == TaskStatus.LEASED and t.cancel_cause is not None:
                 assert grace_timer(t) in timers
                 assert t.cancel_cause in set(CancelCause)
-        # no timer outlives its task
+        # no timer outlives its task, but the one that forgets its idempotency key
         for ref in timers:
             assert ref.task_id in tasks, ref
-            assert tasks[ref.task_id].status not in TERMINAL, (ref, tasks[ref.task_id].status)
+            if ref.kind != TimerKind.FORGET_KEY:
+                assert tasks[ref.task_id].status not in TERMINAL, (ref, tasks[ref.task_id].status)
+        # every key row is forgotten when its window ends
+        for t in tasks.values():
+            spec = fresh.spec(t.task_id)
+            assert spec is not None
+            if spec.idempotency_key is None:
+                continue
+            entry = fresh.idempotency(t.tenant, t.app, spec.idempotency_key)
+            if entry is not None and entry.task_id == t.task_id:
+                forget = TimerRef(
+                    fire_at_ms=entry.expires_ms,
+                    task_id=t.task_id,
+                    kind=TimerKind.FORGET_KEY,
+                    token=0,
+                )
+                assert forget in timers, f"{t.task_id}'s key is never forgotten"
         # the dead letters are the FAILED tasks not retried yet
         dead = {task_id for tenant in TENANTS for task_id in fresh.dead(tenant)}
         assert dead == {

@@ -116,6 +116,23 @@ def test_keyed_enqueue_after_window_creates_new_task() -> None:
     assert replies(out)[0].task_id == again.task_id and not replies(out)[0].created
 
 
+def test_a_key_row_is_forgotten_when_its_window_ends() -> None:
+    h = Harness()
+    first = h.spec(idempotency_key="k1", idempotency_window_ms=10 * S)
+    h.enqueue(first)
+    h.advance(10 * S)
+    again = h.spec(idempotency_key="k1", idempotency_window_ms=10 * S)
+    h.enqueue(again)  # the window is over: a new task takes the key over
+    # The first task's timer fires, but the row is the second task's now: it stays.
+    h.fire_due()
+    entry = h.committed().idempotency("t1", "app", "k1")
+    assert entry is not None and entry.task_id == again.task_id
+    h.advance(10 * S)
+    h.fire_due()  # the second window ends: the row goes, whatever the task's state
+    assert h.committed().idempotency("t1", "app", "k1") is None
+    assert h.timers_of(again.task_id) == []
+
+
 def test_keyed_enqueue_dedups_within_one_record() -> None:
     h = Harness()
     a, b = h.spec(idempotency_key="k"), h.spec(idempotency_key="k")
