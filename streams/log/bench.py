@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conveyor.streams.log.local import LocalLog
+from conveyor.streams.log.local import DEFAULT_SEGMENT_BYTES, LocalLog
 
 MAX_BATCH = 16
 
@@ -42,8 +42,8 @@ async def bench_log(
     ``root`` should be an empty directory on the disk under test. Returns records, seconds,
     records_per_s, fsyncs, records_per_fsync, partitions (plus writers and record_bytes).
     """
-    kwargs = {} if segment_bytes is None else {"segment_bytes": segment_bytes}
-    log = await LocalLog.open(root, partitions, **kwargs)
+    segment_bytes = segment_bytes or DEFAULT_SEGMENT_BYTES
+    log = await LocalLog.open(root, partitions, segment_bytes=segment_bytes)
     payload = os.urandom(record_bytes)
     share, extra = divmod(records, writers)
     try:

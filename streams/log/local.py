@@ -52,7 +52,8 @@ The rules, and why:
    by a read -- is ``LogCorruption`` naming the file and record offset: acknowledged data is
    never dropped silently. A false alarm (e.g. a crash that persisted a group's pages out of
    order) is safe; silent truncation is not. A length field is never trusted for an allocation
-   beyond ``MAX_RECORD_BYTES``.
+   beyond ``MAX_RECORD_BYTES``. Corruption found on open halts only that partition: the log
+   opens, and every use of the partition raises the error (``corruption(p)`` says why).
 5. The index is derived data and is never fsync'd on the hot path (only when its segment rolls).
    Entries are written only after the frames they point at are durable; on open an index that
    is missing, short or implausible is cut to its valid prefix and rebuilt from the segment.
@@ -62,16 +63,23 @@ The rules, and why:
 7. Every new file (segment, index, partition directory) is followed by an fsync of its
    directory so that a durable record can never live in a file whose name was lost.
 8. An I/O error while writing or syncing poisons the partition (``LogFailed``): after a failed
-   fdatasync the page cache state is unknown, so the only safe recovery is to reopen the log.
+   fdatasync the page cache state is unknown (fsyncgate: the kernel may have dropped the dirty
+   pages, so a retried fdatasync would "succeed" without them), so the only safe recovery is to
+   reopen the log. The one exception is ENOSPC from the write itself, before any sync: the
+   partial group is cut off again, its appends fail with ``LogFull`` (retryable), and the
+   partition keeps working once space is freed.
 9. Reads see only durable records (``end_offset`` advances after the fdatasync) and check the
    crc of every record they return. They ``pread`` on the loop thread, about 1 MiB per batch at
    most: page-cache hits cost less than a hop to a thread.
+10. Every change to files goes through a ``FileIO`` (``fileio.py``); tests substitute one
+    that loses unsynced writes at a power cut and injects EIO and ENOSPC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -92,8 +100,9 @@ from typing import Any, TypeAlias, TypeVar
 
 from crc32c import crc32c
 
-from conveyor.errors import ContractError, ConveyorError
+from conveyor.errors import ContractError, ConveyorError, TransientError
 from conveyor.streams.log.api import LogCorruption, LogRecord, LogSealed, LogTrimmed
+from conveyor.streams.log.fileio import OS_IO, FileIO
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +142,16 @@ class LogFailed(ConveyorError):
     """A write or fdatasync failed; the partition refuses appends until the log is reopened."""
 
     code = "log_failed"
+
+
+class LogFull(TransientError):
+    """The disk is full: the append wrote nothing (its partial bytes were cut off again) and the
+    partition stays usable; retry once space is freed."""
+
+    code = "log_full"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after_ms=1_000)
 
 
 # --- on-disk format helpers (shared with tools.py) -------------------------------------------
@@ -316,14 +335,6 @@ def find_valid_frame(buf: Buffer, position: int, end: int) -> int | None:
     return None
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _map_file(path: Path) -> mmap.mmap | bytes:
     with path.open("rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
@@ -372,13 +383,15 @@ class _Segment:
             self.read_fd = -1
 
 
-def _write_index_file(log_path: Path, index: Index, start: int, *, append: bool) -> None:
+def _write_index_file(
+    fs: FileIO, log_path: Path, index: Index, start: int, *, append: bool
+) -> None:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-    fd = os.open(index_path(log_path), flags, 0o644)
+    fd = fs.open(index_path(log_path), flags, 0o644)
     try:
-        os.write(fd, index.encode(start))
+        fs.write(fd, index.encode(start))
     finally:
-        os.close(fd)
+        fs.close(fd)
 
 
 def _index_tail(path: Path, base: int, next_base: int, size: int) -> tuple[int, int]:
@@ -400,7 +413,7 @@ def _index_tail(path: Path, base: int, next_base: int, size: int) -> tuple[int, 
     return base, 0
 
 
-def _check_sealed_segment(path: Path, base: int, next_base: int) -> _Segment:
+def _check_sealed_segment(fs: FileIO, path: Path, base: int, next_base: int) -> _Segment:
     """Verify the tail of an older segment and that it ends exactly where the next one begins.
 
     Normally only the bytes after the last index entry are scanned (and their entries appended
@@ -417,7 +430,7 @@ def _check_sealed_segment(path: Path, base: int, next_base: int) -> _Segment:
                     tail = Index(base)
                     for o, p in result.entries:
                         tail.add(o, p)
-                    _write_index_file(path, tail, 1, append=True)
+                    _write_index_file(fs, path, tail, 1, append=True)
                 return _Segment(base, path, size, next_base)
     result = scan_segment(path, 0, base, last=False)
     if result.offset != next_base:
@@ -430,11 +443,11 @@ def _check_sealed_segment(path: Path, base: int, next_base: int) -> _Segment:
     index = Index(base)
     for o, p in result.entries:
         index.add(o, p)
-    _write_index_file(path, index, 0, append=False)
+    _write_index_file(fs, path, index, 0, append=False)
     return _Segment(base, path, size, next_base)
 
 
-def _recover_active(path: Path, base: int) -> _Segment:
+def _recover_active(fs: FileIO, path: Path, base: int) -> _Segment:
     """Load the last segment: index, tail scan, torn-tail truncation."""
     size = path.stat().st_size
     index, index_exact = read_index(path, base, size)
@@ -450,88 +463,101 @@ def _recover_active(path: Path, base: int) -> _Segment:
             result.bad,
             size - result.position,
         )
-        fd = os.open(path, os.O_WRONLY)
+        fd = fs.open(path, os.O_WRONLY)
         try:
-            os.ftruncate(fd, result.position)
-            os.fsync(fd)
+            fs.ftruncate(fd, result.position)
+            fs.fsync(fd)
         finally:
-            os.close(fd)
+            fs.close(fd)
     for o, p in result.entries:
         index.add(o, p)
     if not index_exact:
-        _write_index_file(path, index, 0, append=False)
+        _write_index_file(fs, path, index, 0, append=False)
     elif len(index) > known:
-        _write_index_file(path, index, known, append=True)
+        _write_index_file(fs, path, index, known, append=True)
     return _Segment(base, path, result.position, result.offset, index)
 
 
-def _create_segment(pdir: Path, base: int) -> tuple[int, int]:
+def _create_segment(fs: FileIO, pdir: Path, base: int) -> tuple[int, int]:
     """Create an empty segment and its index; return ``(write fd, index append fd)``."""
     path = segment_path(pdir, base)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        idx_fd = os.open(index_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-        os.write(idx_fd, pack_index_entry(base, 0))
-        fsync_dir(pdir)
+        idx_fd = fs.open(index_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        fs.write(idx_fd, pack_index_entry(base, 0))
+        fs.fsync_dir(pdir)
     except BaseException:
-        os.close(fd)
+        fs.close(fd)
         raise
     return fd, idx_fd
 
 
-def _drop_trimmed(pdir: Path, segments: list[tuple[int, Path]], start: int) -> None:
+def _drop_trimmed(fs: FileIO, pdir: Path, segments: list[tuple[int, Path]], start: int) -> None:
     """Delete segments entirely below ``start`` (left over by a crash during ``trim``)."""
     dropped = False
     while len(segments) > 1 and segments[1][0] <= start:
         _, path = segments.pop(0)
-        path.unlink()
-        index_path(path).unlink(missing_ok=True)
+        fs.unlink(path)
+        fs.unlink(index_path(path))
         dropped = True
     if dropped:
-        fsync_dir(pdir)
+        fs.fsync_dir(pdir)
 
 
-def _write_meta(pdir: Path, fence: int, start: int) -> None:
+def _write_meta(fs: FileIO, pdir: Path, fence: int, start: int) -> None:
     tmp = pdir / META_TMP_NAME
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, json.dumps({"fence": fence, "start": start}).encode())
-        os.fsync(fd)
+        fs.write(fd, json.dumps({"fence": fence, "start": start}).encode())
+        fs.fsync(fd)
     finally:
-        os.close(fd)
-    os.replace(tmp, pdir / META_NAME)
-    fsync_dir(pdir)
+        fs.close(fd)
+    fs.replace(tmp, pdir / META_NAME)
+    fs.fsync_dir(pdir)
 
 
-def _delete_files(pdir: Path, paths: list[Path]) -> None:
+def _delete_files(fs: FileIO, pdir: Path, paths: list[Path]) -> None:
     for path in paths:
-        path.unlink(missing_ok=True)
-        index_path(path).unlink(missing_ok=True)
-    fsync_dir(pdir)
+        fs.unlink(path)
+        fs.unlink(index_path(path))
+    fs.fsync_dir(pdir)
 
 
-def _write_durably(fd: int, data: bytes, position: int, idx_fd: int, idx_data: bytes) -> None:
-    """One group: write, fdatasync, then (best effort, derived data) the new index entries."""
+def _write_durably(
+    fs: FileIO, fd: int, data: bytes, position: int, idx_fd: int, idx_data: bytes
+) -> None:
+    """One group: write, fdatasync, then (best effort, derived data) the new index entries.
+
+    ENOSPC while writing (nothing was synced, no dirty page was dropped) cuts the partial
+    group off again and raises ``LogFull``; any other error propagates and poisons (rule 8).
+    """
     view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, position)
-        view = view[written:]
-        position += written
-    os.fdatasync(fd)
+    start = position
+    try:
+        while view:
+            written = fs.pwrite(fd, view, position)
+            view = view[written:]
+            position += written
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        fs.ftruncate(fd, start)  # if this fails too, the partition is poisoned
+        raise LogFull(f"no space left on device for {len(data)} bytes of records") from exc
+    fs.fdatasync(fd)
     if idx_data:
         try:
-            os.write(idx_fd, idx_data)
+            fs.write(idx_fd, idx_data)
         except OSError as exc:  # the index is rebuilt on open; the records are durable
             logger.warning("log index write failed (fd %d): %s", idx_fd, exc)
 
 
-def _roll_files(pdir: Path, base: int, old_fd: int, old_idx_fd: int) -> tuple[int, int]:
+def _roll_files(fs: FileIO, pdir: Path, base: int, old_fd: int, old_idx_fd: int) -> tuple[int, int]:
     """Create the next segment, then make the old index durable and close the old files."""
-    fds = _create_segment(pdir, base)
+    fds = _create_segment(fs, pdir, base)
     with contextlib.suppress(OSError):
-        os.fsync(old_idx_fd)
-    os.close(old_idx_fd)
-    os.close(old_fd)
+        fs.fsync(old_idx_fd)
+    fs.close(old_idx_fd)
+    fs.close(old_fd)
     return fds
 
 
@@ -602,7 +628,18 @@ _Pending: TypeAlias = "tuple[list[bytes], int | None, asyncio.Future[list[int]],
 
 
 class _Partition:
-    def __init__(self, pid: int, pdir: Path, fence: int, start: int, segments: list[_Segment]):
+    def __init__(
+        self,
+        fs: FileIO,
+        pid: int,
+        pdir: Path,
+        fence: int,
+        start: int,
+        segments: list[_Segment],
+        corrupt: LogCorruption | None = None,
+    ):
+        self.fs = fs
+        self.corrupt = corrupt  # set: found corrupt on open, every use raises it
         self.pid = pid
         self.dir = pdir
         self.fence = fence
@@ -613,8 +650,10 @@ class _Partition:
         active = segments[-1]
         assert active.index is not None
         self.next_index = active.index.last()[1] + INDEX_INTERVAL
-        self.write_fd = os.open(active.path, os.O_WRONLY)
-        self.idx_fd = os.open(index_path(active.path), os.O_WRONLY | os.O_APPEND)
+        self.write_fd = self.idx_fd = -1
+        if corrupt is None:
+            self.write_fd = fs.open(active.path, os.O_WRONLY)
+            self.idx_fd = fs.open(index_path(active.path), os.O_WRONLY | os.O_APPEND)
         self.pending: list[_Pending] = []
         self.inflight: list[_Pending] = []
         self.flusher: asyncio.Task[None] | None = None
@@ -634,38 +673,50 @@ class _Partition:
 
     def close_files(self) -> None:
         for fd in (self.write_fd, self.idx_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    self.fs.close(fd)
         for seg in self.segments:
             seg.close_reader()
 
 
-def _open_partition(root: Path, pid: int) -> _Partition:
+def _open_partition(fs: FileIO, root: Path, pid: int) -> _Partition:
+    """Recover one partition. Corruption halts only this partition: the log still opens, and
+    every use of the partition raises the ``LogCorruption`` (file and offset) found here."""
     pdir = partition_dir(root, pid)
+    try:
+        return _recover_partition(fs, root, pdir, pid)
+    except LogCorruption as exc:
+        logger.error("log partition %d halted: %s", pid, exc)
+        halted = _Segment(0, segment_path(pdir, 0), 0, 0, Index(0))
+        return _Partition(fs, pid, pdir, 0, 0, [halted], corrupt=exc)
+
+
+def _recover_partition(fs: FileIO, root: Path, pdir: Path, pid: int) -> _Partition:
     if not pdir.exists():
-        pdir.mkdir()
-        fsync_dir(root)
-    (pdir / META_TMP_NAME).unlink(missing_ok=True)
+        fs.mkdir(pdir)
+        fs.fsync_dir(root)
+    fs.unlink(pdir / META_TMP_NAME)
     fence, start = read_meta(pdir)
     found = list_segments(pdir)
     if not found:
         if start > 0:
             raise LogCorruption(str(pdir), start, "no segment files but records were trimmed")
-        for fd in _create_segment(pdir, 0):
-            os.close(fd)
+        for fd in _create_segment(fs, pdir, 0):
+            fs.close(fd)
         found = [(0, segment_path(pdir, 0))]
-    _drop_trimmed(pdir, found, start)
+    _drop_trimmed(fs, pdir, found, start)
     if found[0][0] > start:
         raise LogCorruption(str(found[0][1]), start, f"records {start}..{found[0][0]} missing")
     segments = [
-        _check_sealed_segment(path, base, nxt) for (base, path), (nxt, _) in pairwise(found)
+        _check_sealed_segment(fs, path, base, nxt) for (base, path), (nxt, _) in pairwise(found)
     ]
-    segments.append(_recover_active(found[-1][1], found[-1][0]))
+    segments.append(_recover_active(fs, found[-1][1], found[-1][0]))
     if start > segments[-1].end:
         raise LogCorruption(
             str(found[-1][1]), segments[-1].end, f"trim start {start} is past the end"
         )
-    return _Partition(pid, pdir, fence, start, segments)
+    return _Partition(fs, pid, pdir, fence, start, segments)
 
 
 def _lock_root(root: Path) -> int:
@@ -683,20 +734,28 @@ class LocalLog:
 
     The constructor recovers synchronously (it may block on I/O for a while); from async code
     prefer ``await LocalLog.open(...)``, which recovers in a worker thread. Use one event loop
-    for the lifetime of an instance.
+    for the lifetime of an instance. ``fs`` is the file-I/O seam (``fileio.py``); tests pass a
+    fault-injecting one.
     """
 
     def __init__(
-        self, root: str | Path, partitions: int, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+        self,
+        root: str | Path,
+        partitions: int,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fs: FileIO = OS_IO,
     ) -> None:
         if partitions < 1:
             raise ContractError("a log needs at least one partition", field="partitions")
         if segment_bytes < 1:
             raise ContractError("segment_bytes must be positive", field="segment_bytes")
         self._root = Path(root)
+        self._fs = fs
         if not self._root.is_dir():
-            self._root.mkdir(parents=True)
-            fsync_dir(self._root.parent)
+            self._root.parent.mkdir(parents=True, exist_ok=True)
+            fs.mkdir(self._root)
+            fs.fsync_dir(self._root.parent)
         self._segment_bytes = segment_bytes
         self._closed = False
         self._lock_fd = _lock_root(self._root)
@@ -709,7 +768,7 @@ class LocalLog:
                     field="partitions",
                 )
             for pid in range(partitions):
-                self._parts.append(_open_partition(self._root, pid))
+                self._parts.append(_open_partition(fs, self._root, pid))
         except BaseException:
             self._release()
             raise
@@ -718,10 +777,15 @@ class LocalLog:
 
     @classmethod
     async def open(
-        cls, root: str | Path, partitions: int, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+        cls,
+        root: str | Path,
+        partitions: int,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fs: FileIO = OS_IO,
     ) -> LocalLog:
         """Open (and recover) the log in a worker thread, keeping the event loop responsive."""
-        return await asyncio.to_thread(cls, root, partitions, segment_bytes=segment_bytes)
+        return await asyncio.to_thread(cls, root, partitions, segment_bytes=segment_bytes, fs=fs)
 
     def _release(self) -> None:
         for part in self._parts:
@@ -751,7 +815,18 @@ class LocalLog:
             raise ContractError(f"no partition {partition}", field="partition")
         if self._closed:
             raise LogClosed(f"log {self._root} is closed")
-        return self._parts[partition]
+        return self._live(partition)
+
+    def _live(self, partition: int) -> _Partition:
+        """The partition, unless recovery found it corrupt: then its ``LogCorruption``."""
+        p = self._parts[partition]
+        if p.corrupt is not None:
+            raise p.corrupt
+        return p
+
+    def corruption(self, partition: int) -> LogCorruption | None:
+        """Why a partition is halted (found corrupt when the log was opened), or None."""
+        return self._parts[partition].corrupt
 
     def _run(self, fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
         return self._io.run(fn, *args)
@@ -860,11 +935,21 @@ class LocalLog:
         group = self._take(p)
         if not group:
             return
+        next_index = p.next_index
         data, entries = self._encode(p, group)
         idx_data = b"".join(pack_index_entry(o, pos) for o, pos in entries)
         seg = p.active
         p.inflight = group
-        await self._run(_write_durably, p.write_fd, data, seg.size, p.idx_fd, idx_data)
+        try:
+            await self._run(
+                _write_durably, self._fs, p.write_fd, data, seg.size, p.idx_fd, idx_data
+            )
+        except LogFull as exc:  # nothing of the group is on disk: refuse it, stay usable
+            p.inflight, p.next_index = [], next_index
+            for _, _, future, _ in group:
+                if not future.done():
+                    future.set_exception(LogFull(str(exc)))
+            return
         p.inflight = []
         assert seg.index is not None
         for o, pos in entries:
@@ -885,7 +970,9 @@ class LocalLog:
     async def _roll(self, p: _Partition) -> None:
         old = p.active
         base = old.end
-        p.write_fd, p.idx_fd = await self._run(_roll_files, p.dir, base, p.write_fd, p.idx_fd)
+        p.write_fd, p.idx_fd = await self._run(
+            _roll_files, self._fs, p.dir, base, p.write_fd, p.idx_fd
+        )
         path = segment_path(p.dir, base)
         p.segments.append(_Segment(base, path, 0, base, Index(base)))
         p.bases.append(base)
@@ -900,7 +987,7 @@ class LocalLog:
         async with p.lock:  # waits out a group taken before the seal
             if p.durable_fence < p.fence:
                 fence = p.fence
-                await self._run(_write_meta, p.dir, fence, p.start)
+                await self._run(_write_meta, self._fs, p.dir, fence, p.start)
                 p.durable_fence = max(p.durable_fence, fence)
 
     async def trim(self, partition: int, up_to: int) -> None:
@@ -911,7 +998,7 @@ class LocalLog:
                 return
             p.start = up_to
             fence = p.fence
-            await self._run(_write_meta, p.dir, fence, up_to)
+            await self._run(_write_meta, self._fs, p.dir, fence, up_to)
             p.durable_fence = max(p.durable_fence, fence)
             doomed: list[_Segment] = []
             while len(p.segments) > 1 and p.segments[1].base <= up_to:
@@ -921,18 +1008,18 @@ class LocalLog:
                 self._index_cache.pop(seg, None)
                 doomed.append(seg)
             if doomed:
-                await self._run(_delete_files, p.dir, [s.path for s in doomed])
+                await self._run(_delete_files, self._fs, p.dir, [s.path for s in doomed])
 
     def end_offset(self, partition: int) -> int:
         """The offset after the last durable record (what the next append gets if none is
         queued)."""
-        return self._parts[partition].active.end
+        return self._live(partition).active.end
 
     def start_offset(self, partition: int) -> int:
-        return self._parts[partition].start
+        return self._live(partition).start
 
     def fence(self, partition: int) -> int:
-        return self._parts[partition].fence
+        return self._live(partition).fence
 
     # --- reading ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import conveyor.streams.log.local as local_mod
 from conveyor.errors import ContractError
 from conveyor.streams.log import tools
 from conveyor.streams.log.api import LogCorruption, LogRecord, LogSealed, LogTrimmed
+from conveyor.streams.log.fileio import FileIO
 from conveyor.streams.log.local import FRAME_SEED, LocalLog, LogClosed, LogFailed
 
 T = TypeVar("T")
@@ -209,6 +210,21 @@ def open_and_read_everything(root: Path, **kw: int) -> list[LogRecord]:
     return read_back(root, **kw)
 
 
+def open_halted(root: Path, **kw: int) -> LogCorruption:
+    """Corruption found on open halts the partition (not the log): its error, as every use of
+    the partition raises it."""
+    log = LocalLog(root, 1, **kw)
+    try:
+        error = log.corruption(0)
+        assert error is not None
+        with pytest.raises(LogCorruption) as info:
+            log.end_offset(0)
+        assert info.value is error
+        return error
+    finally:
+        asyncio.run(log.close())
+
+
 @pytest.mark.parametrize("victim", [10, 85])  # before / after the last index entry (71)
 def test_flipped_byte_followed_by_valid_frames_is_corruption(tmp_path: Path, victim: int) -> None:
     write(tmp_path, 100)
@@ -229,9 +245,7 @@ def test_corrupt_length_field_is_corruption_not_a_torn_tail(
     write(tmp_path, 100)
     seg = segments(tmp_path)[-1]
     flip(seg, 90 * FRAME + field_byte)
-    with pytest.raises(LogCorruption) as info:
-        LocalLog(tmp_path, 1)
-    assert info.value.offset == 90
+    assert open_halted(tmp_path).offset == 90
     assert seg.stat().st_size == 100 * FRAME
 
 
@@ -252,9 +266,7 @@ def test_truncated_older_segment_is_corruption(tmp_path: Path) -> None:
     victim = segments(tmp_path)[0]
     with victim.open("r+b") as f:
         f.truncate(victim.stat().st_size - FRAME)
-    with pytest.raises(LogCorruption) as info:
-        LocalLog(tmp_path, 1, segment_bytes=2048)
-    assert info.value.path == str(victim)
+    assert open_halted(tmp_path, segment_bytes=2048).path == str(victim)
 
 
 # --- group commit and fencing at flush ----------------------------------------------------------
@@ -457,10 +469,10 @@ def test_seal_waits_for_a_group_already_being_written(
     started, gate = threading.Event(), threading.Event()
     order: list[str] = []
 
-    def slow(fd: int, data: bytes, position: int, idx_fd: int, idx_data: bytes) -> None:
+    def slow(fs: FileIO, fd: int, data: bytes, position: int, idx_fd: int, idx: bytes) -> None:
         started.set()
         gate.wait(30)
-        write_durably(fd, data, position, idx_fd, idx_data)
+        write_durably(fs, fd, data, position, idx_fd, idx)
         order.append("durable")
 
     def spy(self: LocalLog, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:

@@ -1,0 +1,483 @@
+"""Disk faults under the local log: a page-cache model behind the ``FileIO`` seam (S1, S2, S4, S5).
+
+``FaultyFileIO`` performs every call on the real file system (so a running ``LocalLog`` reads
+what it wrote, as it would from the page cache) and mirrors it in ``FsModel``, which knows what
+a power cut would leave:
+
+- a file is a durable image (bytes covered by a completed fsync/fdatasync) plus the writes and
+  truncates since (pending);
+- a directory is a durable entry map (as of its last directory fsync) plus the creates,
+  renames and deletes since (pending).
+
+Rules of the model, and why:
+
+1. A power cut keeps, per file, the durable image plus a prefix of its pending writes, the last
+   one possibly torn at any byte, optionally with garbage after the tear (SQLite's crash VFS);
+   per directory, the durable map plus a prefix of its pending entry changes. Files and
+   directories persist independently of each other, in any combination. Pages of ONE write
+   landing out of order are not modelled: ``LocalLog`` reports that shape as ``LogCorruption``
+   on purpose (a safe false alarm; see its rule 4).
+2. fsync and fdatasync are the same here: both make the file's data and size durable (ext4 and
+   xfs do; the LMDB "fdatasync after growth" trap is for file systems that do not).
+3. An fsync that fails with EIO drops the file's pending writes without making them durable,
+   and a later fsync that succeeds does not bring them back: what Linux does (fsyncgate). The
+   process still reads them from the cache until the power cut.
+4. ENOSPC: with ``space_left`` set, writes consume it; a write that does not fit writes what
+   fits and returns a short count, and the next one raises ``ENOSPC``.
+5. After ``power_cut`` every call raises EIO (the process is dead) except ``close``, which
+   releases the descriptor. Open a new ``FaultyFileIO`` on the same root for the next life.
+
+``record=True`` keeps the sequence of operations (``ops``) and the initial image, for the crash
+state enumeration of RELIABILITY.md section 7 (``tests/chaos/test_crash_states.py``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from conveyor.streams.log.fileio import OS_IO, Buffer, FileIO
+
+DIR = -1  # a directory entry that is a subdirectory (file entries hold an inode number)
+
+# One change to a file since its last sync: ("write", position, data) or ("truncate", length).
+FileOp: TypeAlias = "tuple[str, int, bytes]"
+# One change to a directory since its last sync: ("link", name, inode | DIR) or
+# ("unlink", name, 0) or ("rename", old name + "\0" + new name, 0).
+DirOp: TypeAlias = "tuple[str, str, int]"
+
+
+def apply_file_op(data: bytearray, op: FileOp, keep: int | None = None) -> None:
+    """Apply ``op`` to ``data``; ``keep`` tears a write after that many bytes."""
+    kind, at, payload = op
+    if kind == "truncate":
+        del data[at:]
+        data.extend(bytes(max(0, at - len(data))))
+        return
+    chunk = payload if keep is None else payload[:keep]
+    if at > len(data):
+        data.extend(bytes(at - len(data)))
+    data[at : at + len(chunk)] = chunk
+
+
+def apply_dir_op(entries: dict[str, int], op: DirOp) -> None:
+    kind, name, inode = op
+    if kind == "link":
+        entries[name] = inode
+    elif kind == "unlink":
+        entries.pop(name, None)
+    else:
+        old, new = name.split("\0")
+        if old in entries:
+            entries[new] = entries.pop(old)
+
+
+@dataclass
+class FileState:
+    durable: bytearray
+    current: bytearray
+    pending: list[FileOp] = field(default_factory=list)
+
+
+@dataclass
+class DirState:
+    durable: dict[str, int]
+    current: dict[str, int]
+    pending: list[DirOp] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tear:
+    """How much of one file's or directory's pending changes a crash keeps."""
+
+    ops: int  # a prefix of this many pending changes survives
+    torn_bytes: int | None = None  # and this many bytes of the next (a write), if set
+    garbage: bytes = b""  # written after the torn bytes, in place of the rest
+
+
+class FsModel:
+    """Files and directories under one root, as the page cache and the disk see them."""
+
+    def __init__(self) -> None:
+        self.files: dict[int, FileState] = {}
+        self.dirs: dict[Path, DirState] = {}
+        self._next_inode = 1
+
+    @classmethod
+    def scan(cls, root: Path) -> FsModel:
+        """Everything already under ``root`` is durable."""
+        model = cls()
+        for here, subdirs, names in os.walk(root):
+            entries = dict.fromkeys(subdirs, DIR)
+            for name in names:
+                data = bytearray((Path(here) / name).read_bytes())
+                entries[name] = model.new_file(data, durable=True)
+            model.dirs[Path(here)] = DirState(dict(entries), dict(entries))
+        return model
+
+    def new_file(self, data: bytearray | None = None, *, durable: bool = False) -> int:
+        inode, self._next_inode = self._next_inode, self._next_inode + 1
+        current = data if data is not None else bytearray()
+        self.files[inode] = FileState(bytearray(current) if durable else bytearray(), current)
+        return inode
+
+    def change_file(self, inode: int, op: FileOp) -> None:
+        state = self.files[inode]
+        apply_file_op(state.current, op)
+        state.pending.append(op)
+
+    def sync_file(self, inode: int, *, drop: bool = False) -> None:
+        """A completed fsync, or (``drop``) a failed one that lost the pending pages."""
+        state = self.files[inode]
+        if not drop:
+            for op in state.pending:
+                apply_file_op(state.durable, op)
+        state.pending = []
+
+    def change_dir(self, path: Path, op: DirOp) -> None:
+        state = self.dirs[path]
+        apply_dir_op(state.current, op)
+        state.pending.append(op)
+        if op[0] == "link" and op[2] == DIR:
+            self.dirs[path / op[1]] = DirState({}, {})
+
+    def sync_dir(self, path: Path) -> None:
+        state = self.dirs[path]
+        state.durable = dict(state.current)
+        state.pending = []
+
+    def crash_image(self, inode: int, tear: Tear) -> bytes:
+        state = self.files[inode]
+        data = bytearray(state.durable)
+        for op in state.pending[: tear.ops]:
+            apply_file_op(data, op)
+        if tear.torn_bytes is not None and tear.ops < len(state.pending):
+            op = state.pending[tear.ops]
+            apply_file_op(data, op, keep=tear.torn_bytes)
+            if tear.garbage:
+                apply_file_op(data, ("write", op[1] + tear.torn_bytes, tear.garbage))
+        return bytes(data)
+
+    def crash_entries(self, path: Path, tear: Tear) -> dict[str, int]:
+        state = self.dirs[path]
+        entries = dict(state.durable)
+        for op in state.pending[: tear.ops]:
+            apply_dir_op(entries, op)
+        return entries
+
+    def materialize(
+        self, root: Path, target: Path, choose: Callable[[str, Path | int], Tear]
+    ) -> None:
+        """Write the crash state to ``target`` (which is emptied first). ``choose`` picks the
+        tear for ("dir", path) and ("file", inode); the same inode gets one image."""
+        images: dict[int, bytes] = {}
+        if target == root:
+            _empty_dir(target)
+        elif target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True, exist_ok=True)
+        stack = [(root, target)]
+        while stack:
+            here, out = stack.pop()
+            for name, inode in self.crash_entries(here, choose("dir", here)).items():
+                if inode == DIR:
+                    (out / name).mkdir()
+                    stack.append((here / name, out / name))
+                    continue
+                if inode not in images:
+                    images[inode] = self.crash_image(inode, choose("file", inode))
+                (out / name).write_bytes(images[inode])
+
+
+def _nothing(kind: str, key: Path | int) -> Tear:
+    return Tear(0)
+
+
+def _empty_dir(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def random_tears(
+    model: FsModel, rng: random.Random, *, torn: bool = True, garbage: bool = False
+) -> Callable[[str, Path | int], Tear]:
+    """A power cut's choice: a random prefix of each file's and directory's pending changes."""
+
+    def choose(kind: str, key: Path | int) -> Tear:
+        pending: list[FileOp] | list[DirOp]
+        if kind == "dir":
+            assert isinstance(key, Path)
+            pending = model.dirs[key].pending
+        else:
+            assert isinstance(key, int)
+            pending = model.files[key].pending
+        ops = rng.randint(0, len(pending))
+        if kind == "dir" or ops == len(pending) or not torn or pending[ops][0] != "write":
+            return Tear(ops)
+        payload = pending[ops][2]
+        assert isinstance(payload, bytes)
+        size = len(payload)
+        keep = rng.randint(0, max(0, size - 1))
+        junk = rng.randbytes(min(size - keep, 4096)) if garbage and rng.random() < 0.5 else b""
+        return Tear(ops, keep, junk)
+
+    return choose
+
+
+@dataclass
+class _Fd:
+    inode: int
+    position: int
+    append: bool
+
+
+class FaultyFileIO:
+    """A ``FileIO`` over the real files under ``root`` that can lose what was never synced."""
+
+    def __init__(self, root: Path, *, real: FileIO = OS_IO, record: bool = False) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.real = real
+        self.model = FsModel.scan(self.root)
+        self.initial = FsModel.scan(self.root) if record else None
+        self.ops: list[tuple[str, Any]] | None = [] if record else None
+        self.space_left: int | None = None  # bytes until ENOSPC; None: unlimited
+        self.fail_fsync: Callable[[Path], bool] | None = None  # EIO for matching files, once
+        self.on_op: Callable[[str, Path], None] | None = None  # called before each change
+        self.dead = False
+        self.eio_paths: list[Path] = []
+        self.syncs_after_eio = 0
+        self._fds: dict[int, _Fd] = {}
+        self._paths: dict[int, Path] = {}
+        self._lock = threading.RLock()
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def power_cut(
+        self,
+        rng: random.Random | None = None,
+        *,
+        torn: bool = True,
+        garbage: bool = False,
+        choose: Callable[[str, Path | int], Tear] | None = None,
+    ) -> None:
+        """Lose what was not synced: rewrite the files under ``root`` to a crash state and fail
+        every later call. With ``rng``: random prefixes of the pending changes survive; with
+        ``choose``: the given ones; with neither: none. Safe to call from inside ``on_op`` (an
+        I/O thread) or from outside."""
+        with self._lock:
+            if self.dead:
+                return
+            self.dead = True
+            if choose is None:
+                choose = (
+                    _nothing
+                    if rng is None
+                    else random_tears(self.model, rng, torn=torn, garbage=garbage)
+                )
+            self.model.materialize(self.root, self.root, choose)
+
+    def mark(self, kind: str, value: object) -> None:
+        """Put a marker (e.g. an acknowledged append) into the recorded operation sequence."""
+        with self._lock:
+            if self.ops is not None:
+                self.ops.append((kind, value))
+
+    # -- FileIO -----------------------------------------------------------------------------
+
+    def _check(self, what: str, path: Path) -> None:
+        if self.dead:
+            raise OSError(errno.EIO, f"power cut (during {what})", str(path))
+        if self.on_op is not None:
+            self.on_op(what, path)
+            if self.dead:
+                raise OSError(errno.EIO, f"power cut (during {what})", str(path))
+
+    def _tracked(self, path: Path) -> Path | None:
+        full = Path(os.path.abspath(path))
+        return full if full.parent in self.model.dirs else None
+
+    def _record(self, kind: str, value: Any) -> None:
+        if self.ops is not None:
+            self.ops.append((kind, value))
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        with self._lock:
+            self._check("open", path)
+            full = self._tracked(path)
+            fd = self.real.open(path, flags, mode)
+            if full is None:
+                return fd
+            entries = self.model.dirs[full.parent].current
+            inode = entries.get(full.name)
+            if inode is None:
+                inode = self.model.new_file()
+                self._dir_op(full.parent, ("link", full.name, inode))
+            elif flags & os.O_TRUNC:
+                self._file_op(inode, ("truncate", 0, b""))
+            self._fds[fd] = _Fd(inode, 0, bool(flags & os.O_APPEND))
+            self._paths[fd] = full
+            return fd
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            self._fds.pop(fd, None)
+            self._paths.pop(fd, None)
+            self.real.close(fd)
+
+    def write(self, fd: int, data: Buffer) -> int:
+        with self._lock:
+            entry = self._fds.get(fd)
+            if entry is None:
+                self._check("write", Path("?"))
+                return self.real.write(fd, data)
+            at = len(self.model.files[entry.inode].current) if entry.append else entry.position
+            written = self._pwrite(fd, entry, bytes(data), at, self.real.write)
+            entry.position = at + written
+            return written
+
+    def pwrite(self, fd: int, data: Buffer, position: int) -> int:
+        with self._lock:
+            entry = self._fds.get(fd)
+            if entry is None:
+                self._check("pwrite", Path("?"))
+                return self.real.pwrite(fd, data, position)
+
+            def real(fd: int, chunk: Buffer) -> int:
+                return self.real.pwrite(fd, chunk, position)
+
+            return self._pwrite(fd, entry, bytes(data), position, real)
+
+    def _pwrite(
+        self, fd: int, entry: _Fd, data: bytes, at: int, real: Callable[[int, Buffer], int]
+    ) -> int:
+        self._check("write", self._paths[fd])
+        if self.space_left is not None:
+            if self.space_left <= 0 and data:
+                raise OSError(errno.ENOSPC, "No space left on device (injected)")
+            data = data[: self.space_left]
+            self.space_left -= len(data)
+        written = real(fd, data)
+        self._file_op(entry.inode, ("write", at, data[:written]))
+        return written
+
+    def fsync(self, fd: int) -> None:
+        self._sync(fd, self.real.fsync)
+
+    def fdatasync(self, fd: int) -> None:
+        self._sync(fd, self.real.fdatasync)
+
+    def _sync(self, fd: int, real: Callable[[int], None]) -> None:
+        with self._lock:
+            entry = self._fds.get(fd)
+            path = self._paths.get(fd, Path("?"))
+            self._check("fsync", path)
+            if entry is None:
+                real(fd)
+                return
+            if self.fail_fsync is not None and self.fail_fsync(path):
+                self.fail_fsync = None
+                self.model.sync_file(entry.inode, drop=True)
+                self.eio_paths.append(path)
+                self._record("sync_failed", entry.inode)
+                raise OSError(errno.EIO, "Input/output error (injected fsync failure)", str(path))
+            real(fd)
+            if path in self.eio_paths:
+                self.syncs_after_eio += 1
+            self.model.sync_file(entry.inode)
+            self._record("sync", entry.inode)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        with self._lock:
+            entry = self._fds.get(fd)
+            self._check("ftruncate", self._paths.get(fd, Path("?")))
+            self.real.ftruncate(fd, length)
+            if entry is not None:
+                self._file_op(entry.inode, ("truncate", length, b""))
+
+    def replace(self, src: Path, dst: Path) -> None:
+        with self._lock:
+            self._check("rename", dst)
+            full_src, full_dst = self._tracked(src), self._tracked(dst)
+            self.real.replace(src, dst)
+            if full_src is not None and full_dst is not None:
+                assert full_src.parent == full_dst.parent, "renames stay in one directory"
+                self._dir_op(full_src.parent, ("rename", f"{full_src.name}\0{full_dst.name}", 0))
+
+    def unlink(self, path: Path) -> None:
+        with self._lock:
+            self._check("unlink", path)
+            full = self._tracked(path)
+            self.real.unlink(path)
+            if full is not None and full.name in self.model.dirs[full.parent].current:
+                self._dir_op(full.parent, ("unlink", full.name, 0))
+
+    def mkdir(self, path: Path) -> None:
+        with self._lock:
+            self._check("mkdir", path)
+            full = self._tracked(path)
+            self.real.mkdir(path)
+            if full is not None:
+                self._dir_op(full.parent, ("link", full.name, DIR))
+
+    def fsync_dir(self, path: Path) -> None:
+        with self._lock:
+            self._check("fsync_dir", path)
+            self.real.fsync_dir(path)
+            full = Path(os.path.abspath(path))
+            if full in self.model.dirs:
+                self.model.sync_dir(full)
+                self._record("sync_dir", full)
+
+    def _file_op(self, inode: int, op: FileOp) -> None:
+        self.model.change_file(inode, op)
+        self._record("file", (inode, op))
+
+    def _dir_op(self, path: Path, op: DirOp) -> None:
+        if op[0] == "link" and op[2] != DIR:
+            self._record("new_file", op[2])
+        self.model.change_dir(path, op)
+        self._record("dir", (path, op))
+
+
+def replay(initial: FsModel, ops: list[tuple[str, Any]]) -> Iterator[tuple[int, FsModel]]:
+    """Rebuild the model after each prefix of a recorded run: ``(ops applied, model)``.
+
+    The same model object is yielded each time, advanced in place; markers are skipped."""
+    model = FsModel()
+    model.files = {
+        k: FileState(bytearray(v.durable), bytearray(v.current)) for k, v in initial.files.items()
+    }
+    model.dirs = {k: DirState(dict(v.durable), dict(v.current)) for k, v in initial.dirs.items()}
+    yield 0, model
+    for i, (kind, value) in enumerate(ops, 1):
+        if kind == "new_file":
+            assert isinstance(value, int)
+            model.files[value] = FileState(bytearray(), bytearray())
+            continue
+        if kind == "file":
+            model.change_file(value[0], value[1])
+        elif kind == "sync":
+            assert isinstance(value, int)
+            model.sync_file(value)
+        elif kind == "sync_failed":
+            assert isinstance(value, int)
+            model.sync_file(value, drop=True)
+        elif kind == "dir":
+            model.change_dir(value[0], value[1])
+        elif kind == "sync_dir":
+            assert isinstance(value, Path)
+            model.sync_dir(value)
+        else:
+            continue  # a marker: no state change, no new crash point
+        yield i, model
