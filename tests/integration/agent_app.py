@@ -85,3 +85,19 @@ def step_then_die(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
         mark(payload, f"pid {os.getpid()}")
         ctx.wait_cancelled(timeout=60)  # the test kills this process meanwhile
     return f"memo {done!r} in attempt {ctx.attempt}"
+
+
+@app.task(retry=conveyor.Retry(attempts=500, base="10ms", cap="20ms"))
+def many_steps(ctx: conveyor.Context, payload: dict[str, Any]) -> int:
+    """``payload["steps"]`` durable steps. Each body marks ``start i pid`` before it returns;
+    the task marks ``committed i`` once ``run`` returned (the commit is durable by then)."""
+    total = 0
+    for i in range(payload["steps"]):
+        total += ctx.step.run(f"s{i}", lambda i=i: _started(payload, i))
+        mark(payload, f"committed {i}")
+    return total
+
+
+def _started(payload: dict[str, Any], i: int) -> int:
+    mark(payload, f"start {i} {os.getpid()}")
+    return i
