@@ -41,10 +41,13 @@ _NESTED: dict[type, dict[str, type]] = {
     t.FireTimers: {"timers": t.TimerRef},
 }
 # Optional nested records (a union of null and a record) per class.
-_OPTIONAL: dict[type, dict[str, type]] = {t.Completion: {"sleep": t.SleepStep}}
+_OPTIONAL: dict[type, dict[str, type]] = {
+    t.Completion: {"sleep": t.SleepStep, "fan_out": t.FanOut},
+}
 _ENUMS: dict[type, dict[str, type[StrEnum]]] = {
     t.Completion: {"outcome": t.Outcome},
     t.StepWrite: {"op": t.StepOp},
+    t.FanOut: {"mode": t.ParallelMode},
     t.TimerRef: {"kind": t.TimerKind},
     t.TaskEvent: {"kind": t.EventKind},
     t.UpsertSchedule: {"overlap": t.OverlapPolicy, "catch_up": t.CatchUp},
@@ -205,6 +208,9 @@ IDEMPOTENCY = Codec(t.IdempotencyEntry, _load("state/IdempotencyEntry.avsc"))
 STEP_ROW = Codec(t.StepRow, _load("state/StepRow.avsc"))
 SCHEDULE = Codec(t.Schedule, _load("state/Schedule.avsc"))
 STEP_TOTALS = Codec(t.StepTotals, _load("state/StepTotals.avsc"))
+BARRIER = Codec(t.Barrier, _load("state/Barrier.avsc"))
+CHILD_LINK = Codec(t.ChildLink, _load("state/ChildLink.avsc"))
+CHILD_RESULT = Codec(t.ChildResult, _load("state/ChildResult.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
 EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"))
 

@@ -7,6 +7,10 @@ at every attempt start:
     STEP_BYTES_MAX   256 KiB   one step's value
     STEPS_BYTES_MAX    4 MiB   all committed values of one task
     STEPS_MAX          5,000   committed steps (sleeps included) of one task
+
+A parallel step (``ctx.parallel``) has at most PARALLEL_CHILDREN_MAX children. Its value, the
+children's results in order, is assembled by the state machine at fan-in: it counts towards
+the task's totals, and only the task's bytes limit (not the per-step one) applies to it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ STEP_KEY_BYTES_MAX = 256
 STEP_BYTES_MAX = 256 * 1024
 STEPS_BYTES_MAX = 4 * 1024 * 1024
 STEPS_MAX = 5_000
+PARALLEL_CHILDREN_MAX = 10_000  # children of one ctx.parallel
 
 
 def over_cap(identity: str, size: int, count: int, total: int) -> str | None:

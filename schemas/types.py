@@ -86,6 +86,7 @@ class Outcome(StrEnum):
     FATAL = "FATAL"  # straight to FAILED
     CANCELED = "CANCELED"  # the handler observed a cancel and stopped
     SLEEP = "SLEEP"  # a durable sleep ended the attempt; the retry budget is untouched
+    FAN_OUT = "FAN_OUT"  # ctx.parallel: enqueue the children, wait in WAITING for them all
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +100,25 @@ class SleepStep:
     wake_at_ms: int | None = None
 
 
+class ParallelMode(StrEnum):
+    """What a ``ctx.parallel`` does when a child ends FAILED, CANCELED or EXPIRED."""
+
+    COLLECT = "COLLECT"  # wait for every child; errors come back in the results
+    FAIL_FAST = "FAIL_FAST"  # the first such child fails the step and cancels the siblings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanOut:
+    """The parallel step a FAN_OUT outcome opens: its children, each an encoded TaskSpec
+    whose id, tenant and idempotency key the machine sets (tenant and app are the parent's
+    unless the spec names another app)."""
+
+    identity: str
+    position: int
+    mode: ParallelMode
+    children: list[bytes]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
     task_id: str
@@ -110,6 +130,7 @@ class Completion:
     error_stack: str | None = None
     retry_after_ms: int | None = None
     sleep: SleepStep | None = None  # with outcome SLEEP
+    fan_out: FanOut | None = None  # with outcome FAN_OUT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,6 +280,7 @@ class TaskStatus(StrEnum):
     CANCELED = "CANCELED"
     EXPIRED = "EXPIRED"
     SLEEPING = "SLEEPING"  # a durable sleep: back to ENQUEUED at its deadline
+    WAITING = "WAITING"  # a workflow waits for its children (ctx.parallel): no lease, no timer
 
 
 TERMINAL = frozenset(
@@ -363,6 +385,40 @@ class Schedule:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Barrier:
+    """The fan-in of one ``ctx.parallel`` (table ``barriers``). Its children count down
+    striped counters; only a stripe reaching zero touches this row."""
+
+    identity: str
+    position: int
+    mode: str  # a ParallelMode value
+    total: int  # children
+    stripes_open: int  # stripes whose children have not all landed
+    fired: bool = False  # the step is committed (or failed fast) and the parent woken
+    created_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildLink:
+    """Which barrier slot a child task fills when it ends (table ``children``)."""
+
+    parent_id: str
+    identity: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildResult:
+    """How one child ended, in its barrier slot."""
+
+    task_id: str
+    status: str
+    result: bytes | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class IdempotencyEntry:
     task_id: str
     expires_ms: int
@@ -385,6 +441,7 @@ class EventKind(StrEnum):
     LeaseExpired = "LeaseExpired"
     TaskRequeued = "TaskRequeued"
     TaskSleeping = "TaskSleeping"
+    TaskWaiting = "TaskWaiting"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,6 +23,10 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
     steps        S lp:task_id identity                            StepRow (Avro)
     step totals  S lp:task_id  (the bare prefix, sorts first)     StepTotals (Avro)
     schedules    C lp:tenant schedule_id                          Schedule (Avro)
+    barriers     W lp:parent_id identity                          Barrier (Avro)
+    stripes      V lp:parent_id lp:identity 0 u8:stripe           u64: children not landed
+    results      V lp:parent_id lp:identity 1 u32:index           ChildResult (Avro)
+    children     P child_id                                       ChildLink (Avro)
     outbox       o u64:offset                                     EventBatch (Avro)
     meta         m name                                           per name
 """
@@ -50,6 +54,9 @@ LEASED = b"l"
 DEAD = b"d"
 STEPS = b"S"
 SCHEDULES = b"C"
+BARRIERS = b"W"
+SLOTS = b"V"
+CHILDREN = b"P"
 OUTBOX = b"o"
 META = b"m"
 
@@ -70,6 +77,11 @@ def u64(n: int) -> bytes:
 
 def read_u64(b: bytes, at: int = 0) -> int:
     value: int = _U64.unpack_from(b, at)[0]
+    return value
+
+
+def read_u32(b: bytes, at: int = 0) -> int:
+    value: int = _U32.unpack_from(b, at)[0]
     return value
 
 
@@ -251,3 +263,27 @@ def schedule_ref(tenant: str, schedule_id: str) -> str:
 def parse_schedule_ref(ref: str) -> tuple[str, str] | None:
     tenant, sep, schedule_id = ref.partition(_SCHEDULE_SEP)
     return (tenant, schedule_id) if sep else None
+
+
+def barrier(parent_id: str, identity: str) -> bytes:
+    return BARRIERS + lp(parent_id) + identity.encode()
+
+
+def barriers_of(parent_id: str) -> bytes:
+    return BARRIERS + lp(parent_id)
+
+
+def stripe(parent_id: str, identity: str, n: int) -> bytes:
+    return SLOTS + lp(parent_id) + lp(identity) + b"\x00" + bytes((n,))
+
+
+def child_result(parent_id: str, identity: str, index: int) -> bytes:
+    return SLOTS + lp(parent_id) + lp(identity) + b"\x01" + _U32.pack(index)
+
+
+def child_results_of(parent_id: str, identity: str) -> bytes:
+    return SLOTS + lp(parent_id) + lp(identity) + b"\x01"
+
+
+def child(child_id: str) -> bytes:
+    return CHILDREN + child_id.encode()

@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Attempt,
+    Barrier,
+    ChildLink,
+    ChildResult,
     IdempotencyEntry,
     Schedule,
     StepRow,
@@ -210,6 +213,48 @@ class Tables:
         """A tenant's schedules on this partition, in schedule id order."""
         for _, value in self.scan(keys.schedules_of(tenant)):
             yield codec.SCHEDULE.decode(value)
+
+    # -- workflows: barriers of ctx.parallel, their striped counters, child links -------------
+
+    def barrier(self, parent_id: str, identity: str) -> Barrier | None:
+        raw = self._get(keys.barrier(parent_id, identity))
+        return None if raw is None else codec.BARRIER.decode(raw)
+
+    def put_barrier(self, parent_id: str, row: Barrier) -> None:
+        self._put(keys.barrier(parent_id, row.identity), codec.BARRIER.encode(row))
+
+    def barriers(self, parent_id: str) -> list[Barrier]:
+        """Every barrier of a workflow, in identity order."""
+        return [codec.BARRIER.decode(v) for _, v in self.scan(keys.barriers_of(parent_id))]
+
+    def stripe(self, parent_id: str, identity: str, n: int) -> int:
+        raw = self._get(keys.stripe(parent_id, identity, n))
+        return 0 if raw is None else keys.read_u64(raw)
+
+    def put_stripe(self, parent_id: str, identity: str, n: int, count: int) -> None:
+        self._put(keys.stripe(parent_id, identity, n), keys.u64(count) if count else None)
+
+    def child_result(self, parent_id: str, identity: str, index: int) -> ChildResult | None:
+        raw = self._get(keys.child_result(parent_id, identity, index))
+        return None if raw is None else codec.CHILD_RESULT.decode(raw)
+
+    def put_child_result(
+        self, parent_id: str, identity: str, index: int, row: ChildResult
+    ) -> None:
+        self._put(keys.child_result(parent_id, identity, index), codec.CHILD_RESULT.encode(row))
+
+    def child_results(self, parent_id: str, identity: str) -> Iterator[tuple[int, ChildResult]]:
+        """The landed children of a barrier, in child order."""
+        prefix = keys.child_results_of(parent_id, identity)
+        for key, value in self.scan(prefix):
+            yield keys.read_u32(key, len(prefix)), codec.CHILD_RESULT.decode(value)
+
+    def child_link(self, child_id: str) -> ChildLink | None:
+        raw = self._get(keys.child(child_id))
+        return None if raw is None else codec.CHILD_LINK.decode(raw)
+
+    def put_child_link(self, child_id: str, link: ChildLink) -> None:
+        self._put(keys.child(child_id), codec.CHILD_LINK.encode(link))
 
     # -- ready queues -----------------------------------------------------------------------
     #

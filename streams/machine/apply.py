@@ -47,6 +47,7 @@ from conveyor.streams.machine.handlers.schedules import (
 )
 from conveyor.streams.machine.handlers.steps import apply_steps
 from conveyor.streams.machine.handlers.timers import apply_timers
+from conveyor.streams.machine.handlers.workflows import settle
 from conveyor.streams.machine.outcome import Meta, Outcome
 
 
@@ -96,4 +97,5 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             apply_pause_schedule(tables, record, meta, out)
         case _:
             assert_never(record)
+    settle(tables, meta, out)  # the fan-in of whatever this record finished
     return out

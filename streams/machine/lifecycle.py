@@ -22,14 +22,26 @@ from conveyor.store.tables import Tables
 from conveyor.streams.machine.outcome import LeaseEnded, Meta, Outcome, TaskFinished
 from conveyor.streams.machine.transitions import move
 
-# Not leased, not finished: on a ready queue or waiting for a RUN timer.
-WAITING = (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT, TaskStatus.SLEEPING)
-SEQ_SLOTS = 1 << 16  # items per record that can become ready: seq = (offset + 1) * SLOTS + i
+# Not leased, not finished: on a ready queue, waiting for a RUN timer, or (a workflow in
+# WAITING) for its children; none of them holds a lease.
+WAITING = (TaskStatus.ENQUEUED, TaskStatus.RETRY_WAIT, TaskStatus.SLEEPING, TaskStatus.WAITING)
+SEQ_SLOTS = 1 << 24  # items per record that can become ready: seq = (offset + 1) * SLOTS + i
+# Ready indexes at and above SPARE_BASE are dealt by ``spare_index``, to tasks that become
+# ready as a side effect of an item (fan-out children, a woken workflow); record items use
+# their own index, below it.
+SPARE_BASE = 1 << 23
 
 
 def ready_seq(meta: Meta, index: int) -> int:
     assert 0 <= index < SEQ_SLOTS, f"record item index {index} out of range"
     return (meta.offset + 1) * SEQ_SLOTS + index
+
+
+def spare_index(out: Outcome) -> int:
+    """A ready index no item of this record uses (see ``SPARE_BASE``)."""
+    index = SPARE_BASE + out.spare_ready
+    out.spare_ready += 1
+    return index
 
 
 def emit(

@@ -78,3 +78,4 @@ class Outcome:
     actions: list[Action] = field(default_factory=list)
     events: list[TaskEvent] = field(default_factory=list)
     ignored: str | None = None  # set when a valid record did not apply at all (stale epoch)
+    spare_ready: int = 0  # ready indexes dealt by ``lifecycle.spare_index`` so far

@@ -14,6 +14,7 @@ from conveyor.schemas.types import Task, TaskStatus
 
 E, L, R = TaskStatus.ENQUEUED, TaskStatus.LEASED, TaskStatus.RETRY_WAIT
 Z = TaskStatus.SLEEPING
+W = TaskStatus.WAITING
 S, F, C, X = TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELED, TaskStatus.EXPIRED
 
 TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
@@ -35,6 +36,13 @@ TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
     (Z, E): "sleep over",
     (Z, C): "canceled",
     (Z, X): "schedule_to_close passed",
+    # A workflow's fan-out (ctx.parallel) ends the attempt and holds no lease or timer while
+    # its children run; the fan-in wakes it exactly once.
+    (L, W): "the attempt fanned out (ctx.parallel)",
+    (W, E): "the parallel step committed (every child landed, or fail_fast)",
+    (W, F): "the parallel step's results are over the task's step bytes limit",
+    (W, C): "canceled (cascades to the children)",
+    (W, X): "schedule_to_close passed (cascades to the children)",
 }
 
 

@@ -206,6 +206,14 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
                     sleep_ms=st.none() | I64,
                     wake_at_ms=st.none() | I64,
                 ),
+                fan_out=st.none()
+                | st.builds(
+                    t.FanOut,
+                    identity=TEXT,
+                    position=I32,
+                    mode=st.sampled_from(t.ParallelMode),
+                    children=st.lists(BLOB, max_size=3),
+                ),
             ),
             max_size=3,
         ),

@@ -21,6 +21,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.steps import sleep_attempt
+from conveyor.streams.machine.handlers.workflows import fan_out_attempt
 from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     emit,
@@ -57,6 +58,8 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
             finish(tables, task, TaskStatus.SUCCEEDED, meta, out)
         case AttemptOutcome.SLEEP:
             sleep_attempt(tables, task, item, meta, out)
+        case AttemptOutcome.FAN_OUT:
+            fan_out_attempt(tables, task, item, meta, out)
         case AttemptOutcome.CANCELED if task.cancel_cause == CancelCause.START_TO_CLOSE:
             # The handler obeyed the timeout's stop: the attempt failed; retry per policy.
             task.cancel_cause = None

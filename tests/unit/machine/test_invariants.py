@@ -48,14 +48,17 @@ from conveyor.schemas.types import (
     Completion,
     EnqueueTasks,
     ExpireLeases,
+    FanOut,
     FireTimers,
     GrantLeases,
     LeaseRef,
     LeaseRequest,
     Outcome,
+    ParallelMode,
     Record,
     RetryFailed,
     SaveCheckpoints,
+    TaskSpec,
     TaskStatus,
     TimerKind,
     TimerRef,
@@ -64,6 +67,7 @@ from conveyor.store import keys
 from conveyor.store.tables import Tables
 from conveyor.streams.machine import LeaseEnded, Offer, Reply, TaskFinished
 from conveyor.streams.machine import Outcome as MachineOutcome
+from conveyor.streams.machine.handlers.workflows import child_id
 from conveyor.streams.machine.lifecycle import grace_timer, run_timer
 from conveyor.streams.machine.transitions import TRANSITIONS
 
@@ -326,6 +330,34 @@ class MachineModel(RuleBasedStateMachine):
             replies = [a for a in out.actions if isinstance(a, Reply)]
             assert len(replies) == len(items)
 
+    @precondition(lambda self: self.leases)
+    @rule(
+        index=pick,
+        stale=st.sampled_from([0, 0, 0, 1, 2]),
+        width=st.integers(1, 3),
+        mode=st.sampled_from(ParallelMode),
+        identity=st.sampled_from(["fan#0", "fan#1"]),
+    )
+    def fan_out(
+        self, index: int, stale: int, width: int, mode: ParallelMode, identity: str
+    ) -> None:
+        """A workflow attempt ends in ``ctx.parallel`` (a stale lease's is refused)."""
+        live = sorted(self.live.items())
+        lease = choose(live, index) if stale == 0 and live else self._lease(index, stale)
+        if lease is None:
+            return
+        kids = [
+            codec.TASK_SPEC.encode(
+                TaskSpec(task_id="", tenant="", app="", task_type="child", attempts_max=2)
+            )
+            for _ in range(width)
+        ]
+        step = FanOut(identity=identity, position=0, mode=mode, children=kids)
+        item = Completion(
+            task_id=lease[0], lease_id=lease[1], outcome=Outcome.FAN_OUT, fan_out=step
+        )
+        self._apply(CompleteAttempts(items=[item]))
+
     # -- leader rules ------------------------------------------------------------------------
 
     @rule(
@@ -476,6 +508,21 @@ class MachineModel(RuleBasedStateMachine):
             if t.status == TaskStatus.LEASED and t.cancel_cause is not None:
                 assert grace_timer(t) in timers
                 assert t.cancel_cause in set(CancelCause)
+        # (g) a WAITING workflow has exactly one open barrier and it still waits for a child;
+        # a fired barrier's step is committed unless its workflow ended first
+        for t in tasks.values():
+            barriers = fresh.barriers(t.task_id)
+            open_ = [b for b in barriers if not b.fired]
+            if t.status == TaskStatus.WAITING:
+                assert len(open_) == 1, (t.task_id, barriers)
+                b = open_[0]
+                kids = [tasks[child_id(t.task_id, b.identity, i)] for i in range(b.total)]
+                assert any(k.status not in TERMINAL for k in kids), "the fan-in never fired"
+            else:
+                assert t.status in TERMINAL or not open_, (t.task_id, t.status, open_)
+            for b in barriers:
+                if b.fired and t.status not in TERMINAL:
+                    assert fresh.step(t.task_id, b.identity) is not None
         # no timer outlives its task, but the one that forgets its idempotency key
         for ref in timers:
             assert ref.task_id in tasks, ref
