@@ -7,6 +7,8 @@ idempotent and can be rebuilt from state (a new leader rebuilds its lease table 
 ``leased`` index and gives every running lease a fresh interval).
 Rule 3: on start the processor replays the log from the offset after the applied one; every
 record is applied to state exactly once.
+Rule 4: a corrupt log (``LogCorruption``, at start or later) halts this partition only: nothing
+after the bad record is applied, waiters get a retryable error, the other partitions go on.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from conveyor.store import keys
 from conveyor.store.api import KV
 from conveyor.store.tables import Tables, TaskCache
 from conveyor.streams.clock import Clock
-from conveyor.streams.log.api import Log, LogRecord, LogSealed
+from conveyor.streams.log.api import Log, LogCorruption, LogRecord, LogSealed
 from conveyor.streams.machine import (
     Action,
     CancelLease,
@@ -109,7 +111,12 @@ class PartitionProcessor:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, *, lead: bool = True) -> None:
-        await self._replay()
+        try:
+            await self._replay()
+        except LogCorruption as exc:  # rule 4: halted, but the node starts
+            self._failed = exc
+            log.error("partition %d halted: %s", self.partition, exc)
+            return
         self._tasks.append(asyncio.create_task(self._apply_loop(), name=f"apply-{self.partition}"))
         if lead:
             await self._become_leader()
@@ -208,6 +215,11 @@ class PartitionProcessor:
     def reader(self) -> Tables:
         """Committed state, for reads between batches (never for writes)."""
         return Tables(self.kv, self.cache)
+
+    @property
+    def halted(self) -> BaseException | None:
+        """Why this partition stopped applying records (rule 4), or None while it runs."""
+        return self._failed
 
     def _check_alive(self) -> None:
         if self._failed is not None:
