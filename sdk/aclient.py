@@ -17,17 +17,19 @@ from conveyor.client import (
     DEFAULT_URL,
     WAIT_SLICE_MS,
     backoff_s,
+    bulk_body,
     items_of,
     local_dev_key,
     outcome,
     parse,
     retry_after_ms,
-    retry_body,
 )
 from conveyor.errors import TransientError
 from conveyor.wire import (
+    BulkFilter,
     Enqueue,
     EnqueueOptions,
+    OperationInfo,
     ScheduleInfo,
     ScheduleList,
     ScheduleOptions,
@@ -198,13 +200,46 @@ class AsyncClient:
         since_ms: int | None = None,
         limit: int = 1000,
     ) -> dict[str, str]:
+        """Re-enqueue FAILED tasks as new tasks now: {old task id: new task id}. Without ids,
+        the first ``limit`` (at most 1000) FAILED tasks the filters list (``since_ms``: created
+        at or after); for more, ``retry_where`` runs a bulk operation on the server."""
+        if task_ids is None:
+            page = await self.list(
+                status="FAILED",
+                task_type=task_type,
+                queue=queue,
+                since_ms=since_ms,
+                limit=min(limit, 1000),
+            )
+            task_ids = [t.task_id for t in page.tasks]
+        ids = list(task_ids)
+        if not ids:
+            return {}
         reply = await self._send(
-            "POST",
-            "/v1/tasks:retry",
-            body=retry_body(task_ids, task_type, queue, since_ms, limit),
-            idempotent=False,
+            "POST", "/v1/tasks:retry", body={"task_ids": ids}, idempotent=False
         )
         return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}
+
+    async def retry_where(
+        self, *, limit: int | None = None, **flt: Unpack[BulkFilter]
+    ) -> OperationInfo:
+        """Start a bulk retry of every FAILED task matching ``flt`` on the server; it runs in
+        the background (``operation`` reports progress) and survives node restarts."""
+        body = bulk_body(dict(flt), limit)
+        reply = await self._send("POST", "/v1/tasks:retry", body=body, idempotent=False)
+        return OperationInfo.from_json(reply)
+
+    async def cancel_where(
+        self, *, reason: str | None = None, limit: int | None = None, **flt: Unpack[BulkFilter]
+    ) -> OperationInfo:
+        """Start a bulk cancel of every unfinished task matching ``flt`` (see ``retry_where``)."""
+        body = bulk_body(dict(flt), limit, reason)
+        reply = await self._send("POST", "/v1/tasks:cancel", body=body, idempotent=False)
+        return OperationInfo.from_json(reply)
+
+    async def operation(self, operation_id: str) -> OperationInfo:
+        path = f"/v1/operations/{quote(operation_id, safe='')}"
+        return OperationInfo.from_json(await self._send("GET", path))
 
     # -- schedules --------------------------------------------------------------------------
 

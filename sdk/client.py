@@ -23,8 +23,10 @@ import httpx
 from conveyor.app import TaskType
 from conveyor.errors import ContractError, TaskFailed, TransientError
 from conveyor.wire import (
+    BulkFilter,
     Enqueue,
     EnqueueOptions,
+    OperationInfo,
     ScheduleInfo,
     ScheduleList,
     ScheduleOptions,
@@ -261,14 +263,42 @@ class Client:
         since_ms: int | None = None,
         limit: int = 1000,
     ) -> dict[str, str]:
-        """Re-enqueue FAILED tasks as new tasks: {old task id: new task id}."""
-        reply = self._send(
-            "POST",
-            "/v1/tasks:retry",
-            body=retry_body(task_ids, task_type, queue, since_ms, limit),
-            idempotent=False,
-        )
+        """Re-enqueue FAILED tasks as new tasks now: {old task id: new task id}. Without ids,
+        the first ``limit`` (at most 1000) FAILED tasks the filters list (``since_ms``: created
+        at or after); for more, ``retry_where`` runs a bulk operation on the server."""
+        if task_ids is None:
+            page = self.list(
+                status="FAILED",
+                task_type=task_type,
+                queue=queue,
+                since_ms=since_ms,
+                limit=min(limit, 1000),
+            )
+            task_ids = [t.task_id for t in page.tasks]
+        ids = list(task_ids)
+        if not ids:
+            return {}
+        reply = self._send("POST", "/v1/tasks:retry", body={"task_ids": ids}, idempotent=False)
         return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}
+
+    def retry_where(self, *, limit: int | None = None, **flt: Unpack[BulkFilter]) -> OperationInfo:
+        """Start a bulk retry of every FAILED task matching ``flt`` on the server; it runs in
+        the background (``operation`` reports progress) and survives node restarts."""
+        body = bulk_body(dict(flt), limit)
+        reply = self._send("POST", "/v1/tasks:retry", body=body, idempotent=False)
+        return OperationInfo.from_json(reply)
+
+    def cancel_where(
+        self, *, reason: str | None = None, limit: int | None = None, **flt: Unpack[BulkFilter]
+    ) -> OperationInfo:
+        """Start a bulk cancel of every unfinished task matching ``flt`` (see ``retry_where``)."""
+        body = bulk_body(dict(flt), limit, reason)
+        reply = self._send("POST", "/v1/tasks:cancel", body=body, idempotent=False)
+        return OperationInfo.from_json(reply)
+
+    def operation(self, operation_id: str) -> OperationInfo:
+        path = f"/v1/operations/{quote(operation_id, safe='')}"
+        return OperationInfo.from_json(self._send("GET", path))
 
     # -- schedules --------------------------------------------------------------------------
 
@@ -303,17 +333,15 @@ class Client:
         return ScheduleInfo.from_json(self._send("POST", path))
 
 
-def retry_body(
-    task_ids: Iterable[str] | None,
-    task_type: str | None,
-    queue: str | None,
-    since_ms: int | None,
-    limit: int,
-) -> dict[str, Any]:
-    if task_ids is not None:
-        return {"task_ids": list(task_ids)}
-    flt = {"task_type": task_type, "queue": queue, "since_ms": since_ms}
-    return {"filter": {k: v for k, v in flt.items() if v is not None}, "limit": limit}
+def bulk_body(flt: dict[str, Any], limit: int | None, reason: str | None = None) -> dict[str, Any]:
+    """The body of a bulk retry or cancel. Sent with ``idempotent=False``: a resent POST
+    would start a second operation."""
+    body: dict[str, Any] = {"filter": flt}
+    if limit is not None:
+        body["limit"] = limit
+    if reason is not None:
+        body["reason"] = reason
+    return body
 
 
 # --- the default client, used by ``task.enqueue(...)`` ------------------------------------------

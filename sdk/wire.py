@@ -254,6 +254,49 @@ class TaskPage:
     next_cursor: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperationInfo:
+    """A bulk retry or cancel by filter, as ``GET /v1/operations/{id}`` reports it."""
+
+    operation_id: str
+    kind: str  # "retry" | "cancel"
+    state: str  # "running" | "done" | "failed"
+    matched: int | None  # tasks the filter matched at start; None while counting
+    done: int  # tasks processed so far
+    changed: int  # of those: re-enqueued, or canceled / asked to stop
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state != "running"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OperationInfo:
+        return cls(
+            operation_id=str(data["operation_id"]),
+            kind=str(data["kind"]),
+            state=str(data["state"]),
+            matched=data.get("matched"),
+            done=int(data.get("done", 0)),
+            changed=int(data.get("changed", 0)),
+            error=data.get("error"),
+        )
+
+
+class BulkFilter(TypedDict, total=False):
+    """Which tasks a bulk operation takes: the list API's filters."""
+
+    status: list[str]
+    queue: str
+    task_type: str
+    error_class: str
+    error_text: str
+    since_ms: int
+    created_to_ms: int
+    finished_from_ms: int
+    finished_to_ms: int
+
+
 # --- errors ------------------------------------------------------------------------------------
 
 _BY_CODE: dict[str, type[ContractError]] = {

@@ -191,6 +191,21 @@ class Node:
         )
         return replies[0]
 
+    async def cancel_many(self, tenant: str, task_ids: Sequence[str], reason: str) -> list[Reply]:
+        """One CancelTasks record per partition, appended concurrently; one reply per task."""
+        by_partition: dict[int, list[str]] = defaultdict(list)
+        for task_id in task_ids:
+            by_partition[self.partition_of(task_id)].append(task_id)
+        results = await asyncio.gather(
+            *(
+                self.processors[p].submit(
+                    CancelTasks(tenant=tenant, task_ids=ids, reason=reason), ids[0]
+                )
+                for p, ids in by_partition.items()
+            )
+        )
+        return [r for replies in results for r in replies]
+
     async def retry_failed(self, tenant: str, task_ids: Sequence[str]) -> list[Reply]:
         """Replies name the NEW tasks (one per task that was still dead-lettered)."""
         by_partition: dict[int, list[str]] = defaultdict(list)

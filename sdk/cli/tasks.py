@@ -191,25 +191,32 @@ def retry(
     task_ids: Annotated[list[str] | None, typer.Argument(help="FAILED task ids")] = None,
     task_type: Annotated[str | None, typer.Option("--task-type")] = None,
     queue: Annotated[str | None, typer.Option("--queue")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 1000,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="filter: at most")] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Re-enqueue FAILED tasks as new tasks: the ids given, or every match of the filter."""
+    """Re-enqueue FAILED tasks as new tasks: the ids given now, or every match of the filter
+    as a bulk operation that the node runs in the background."""
     body: dict[str, Any]
     if task_ids:
         body = {"task_ids": task_ids}
     else:
         flt = {"task_type": task_type, "queue": queue}
-        body = {"filter": {k: v for k, v in flt.items() if v}, "limit": limit}
+        body = {"filter": {k: v for k, v in flt.items() if v}}
+        if limit is not None:
+            body["limit"] = limit
     try:
         reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks:retry", body)
     except CliError as exc:
         raise fail(str(exc)) from None
     if as_json:
         print_json(reply)
+        return
+    if "operation_id" in reply:
+        console.print(f"bulk retry {reply['operation_id']} started")
+        console.print(f"[dim]progress: GET /v1/operations/{reply['operation_id']}[/]")
         return
     table = Table(id_column("failed task"), id_column("new task"))
     for row in reply["retried"]:

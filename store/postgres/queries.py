@@ -81,6 +81,25 @@ async def list_tasks(
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` rows after the keyset ``after`` = (created_ms, task_id) of the last row
     of the previous page."""
+    sql, args = _page_sql(TASK_LIST_COLUMNS, q, limit, after)
+    return [dict(r) for r in await conn.fetch(sql, *args)]
+
+
+async def task_keys(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    q: TaskQuery,
+    limit: int,
+    after: tuple[int, str] | None = None,
+) -> list[tuple[int, str]]:
+    """The keys (created_ms, task_id) of the next ``limit`` matching rows after ``after``, in
+    listing order: the batches of a bulk operation."""
+    sql, args = _page_sql("created_ms, task_id", q, limit, after)
+    return [(int(r["created_ms"]), str(r["task_id"])) for r in await conn.fetch(sql, *args)]
+
+
+def _page_sql(
+    columns: str, q: TaskQuery, limit: int, after: tuple[int, str] | None
+) -> tuple[str, list[Any]]:
     w = _where(q)
     if after is not None:
         w.args.extend(after)
@@ -88,10 +107,10 @@ async def list_tasks(
         w.clauses.append(f"(created_ms, task_id) < (${n - 1}, ${n})")
     w.args.append(limit)
     sql = (
-        f"SELECT {TASK_LIST_COLUMNS} FROM tasks WHERE {w.sql()} "
+        f"SELECT {columns} FROM tasks WHERE {w.sql()} "
         f"ORDER BY created_ms DESC, task_id DESC LIMIT ${len(w.args)}"
     )
-    return [dict(r) for r in await conn.fetch(sql, *w.args)]
+    return sql, w.args
 
 
 async def count_tasks(conn: asyncpg.Connection | asyncpg.Pool, q: TaskQuery) -> int:

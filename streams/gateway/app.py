@@ -24,6 +24,7 @@ from conveyor.streams.gateway import openapi, routes, usage
 from conveyor.streams.gateway.auth import KeyStore, authenticate
 from conveyor.streams.gateway.errors import Handler, error_middleware
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX
+from conveyor.streams.gateway.operations import BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.service import Gateway
@@ -98,8 +99,25 @@ def build_app(
     app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)
     routes.add_routes(app)
+    _run_operations(app, app[routes.GATEWAY].operations)
     usage.add_route(app, metrics)
     return app
+
+
+def _run_operations(app: web.Application, operations: BulkOperations | None) -> None:
+    """Resume unfinished bulk operations when serving starts; stop their runners (they stay
+    resumable) when it ends, before the caller closes the snapshot's pool."""
+    if operations is None:
+        return
+
+    async def resume(_: web.Application) -> None:
+        await operations.resume()
+
+    async def stop(_: web.Application) -> None:
+        await operations.close()
+
+    app.on_startup.append(resume)
+    app.on_cleanup.append(stop)
 
 
 async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

@@ -16,7 +16,7 @@ import binascii
 from dataclasses import dataclass
 
 from conveyor.errors import ContractError
-from conveyor.schemas.types import Task, TaskStatus
+from conveyor.schemas.types import Task
 from conveyor.store import keys
 from conveyor.streams.gateway.fields import check_task_id
 from conveyor.streams.gateway.validation import TaskFilter
@@ -99,23 +99,3 @@ def list_tasks(
             if len(found) >= limit or scanned >= SCAN_ROWS_MAX:
                 return found, Cursor(p, task.task_id).encode()
     return found, None
-
-
-def failed_tasks(node: Node, tenant: str, flt: TaskFilter, limit: int) -> list[str]:
-    """Up to ``limit`` FAILED tasks of the tenant matching ``flt`` (``since_ms`` compares the
-    time they failed), from the dead-letter index of every partition."""
-    out: list[str] = []
-    for p in range(node.partitions):
-        tables = node.tables(p)
-        for task_id in tables.dead(tenant):
-            task = tables.task(task_id)
-            if task is None or task.status != TaskStatus.FAILED:
-                continue
-            failed = task.finished_ms or task.updated_ms
-            if flt.since_ms is not None and failed < flt.since_ms:
-                continue
-            if matches(task, tenant, TaskFilter(queue=flt.queue, task_type=flt.task_type)):
-                out.append(task_id)
-                if len(out) >= limit:
-                    return out
-    return out

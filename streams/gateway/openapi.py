@@ -311,17 +311,50 @@ _LIST = [
     _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
     _param("cursor", {"type": "string", "description": "next_cursor of the previous page"}),
 ]
+# A bulk operation's filter: the list API's filters as a JSON object.
+_FILTER = obj(
+    {
+        "status": {
+            "oneOf": [
+                array({"enum": [s.value for s in TaskStatus]}, 0, len(TaskStatus)),
+                {"type": "string", "description": "comma-separated statuses"},
+            ]
+        },
+        "queue": NAME,
+        "task_type": NAME,
+        "since_ms": integer(0, description="created at or after"),
+        "created_from_ms": integer(0, description="created at or after"),
+        "created_to_ms": integer(0, description="created before"),
+        "finished_from_ms": integer(0, description="finished at or after"),
+        "finished_to_ms": integer(0, description="finished before"),
+        "error_class": NAME,
+        "error_text": {"type": "string", "description": "in the error message, any case"},
+    }
+)
+_BULK_LIMIT = integer(1, fields.INT_MAX, description="stop after this many tasks")
 _RETRY = obj(
     {
         "task_ids": array(TASK_ID, 1),
-        "filter": obj(
-            {
-                "task_type": NAME,
-                "queue": NAME,
-                "since_ms": integer(0, description="failed at or after"),
-            }
-        ),
-        "limit": integer(1, validation.BATCH_MAX),
+        "filter": _FILTER,
+        "limit": _BULK_LIMIT,
+    }
+)
+_BULK_CANCEL = obj(
+    {"filter": _FILTER, "reason": {"type": "string"}, "limit": _BULK_LIMIT}, "filter"
+)
+_OPERATION = obj(
+    {
+        "operation_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "kind": {"enum": ["retry", "cancel"]},
+        "state": {"enum": ["running", "done", "failed"]},
+        "matched": nullable(integer(0, description="tasks matched at start; null: counting")),
+        "done": integer(0, description="tasks processed"),
+        "changed": integer(0, description="re-enqueued, or canceled / asked to stop"),
+        "limit": nullable(integer(1)),
+        "filter": {"type": "object"},
+        "created_ms": integer(0),
+        "updated_ms": integer(0),
+        "error": TEXT,
     }
 )
 _WINDOW = obj({"finished_per_s": {"type": "number"}, "error_rate": {"type": "number"}})
@@ -386,7 +419,31 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         obj({"task_id": TASK_ID, "status": {"type": "string"}}),
         [_ID],
     ),
-    ("post", "/v1/tasks:retry", "Re-enqueue FAILED tasks as new tasks", _RETRY, _RETRIED, []),
+    (
+        "post",
+        "/v1/tasks:retry",
+        "Re-enqueue FAILED tasks as new tasks: task_ids now (200), or a filter as a bulk "
+        "operation in the background (202)",
+        _RETRY,
+        _RETRIED,
+        [],
+    ),
+    (
+        "post",
+        "/v1/tasks:cancel",
+        "Cancel every unfinished task a filter matches, as a bulk operation (202)",
+        _BULK_CANCEL,
+        _OPERATION,
+        [],
+    ),
+    (
+        "get",
+        "/v1/operations/{operation_id}",
+        "A bulk operation's progress: matched, done, changed, state",
+        None,
+        _OPERATION,
+        [_param("operation_id", {"type": "string"}, "path")],
+    ),
     (
         "post",
         "/v1/schedules",
@@ -487,14 +544,24 @@ def _json_of(schema: Schema) -> Schema:
 
 # Operations that answer 201 when they create something (200 when it already existed).
 CREATES = frozenset({("post", "/v1/tasks"), ("post", "/v1/tasks:batch"), ("post", "/v1/schedules")})
+# Operations that start a bulk operation and answer 202 with it.
+ACCEPTS = frozenset({("post", "/v1/tasks:retry"), ("post", "/v1/tasks:cancel")})
 
 
 def _operation(
-    summary: str, body: Schema | None, reply: Schema, params: list[Schema], *, creates: bool
+    summary: str,
+    body: Schema | None,
+    reply: Schema,
+    params: list[Schema],
+    *,
+    creates: bool,
+    accepts: bool = False,
 ) -> Schema:
     responses: Schema = {"200": {"description": "ok", "content": _json_of(reply)}}
     if creates:
         responses["201"] = {"description": "created", "content": _json_of(reply)}
+    if accepts:
+        responses["202"] = {"description": "operation started", "content": _json_of(_OPERATION)}
     for status in sorted({s for _, s, _ in ERRORS}):
         codes = ", ".join(sorted({c for _, s, c in ERRORS if s == status}))
         responses[str(status)] = {"description": codes, "content": _json_of(ref("Error"))}
@@ -511,7 +578,12 @@ def document() -> Schema:
     paths: Schema = {}
     for method, path, summary, body, reply, params in ENDPOINTS:
         paths.setdefault(path, {})[method] = _operation(
-            summary, body, reply, params, creates=(method, path) in CREATES
+            summary,
+            body,
+            reply,
+            params,
+            creates=(method, path) in CREATES,
+            accepts=(method, path) in ACCEPTS,
         )
     return {
         "openapi": "3.1.0",

@@ -100,7 +100,21 @@ async def cancel(request: web.Request) -> web.Response:
 async def retry(request: web.Request) -> web.Response:
     gw, tenant = context(request)
     req = validation.parse_retry(await read_body(request))
-    return reply({"retried": await gw.retry(tenant, req)})
+    if req.filter is not None:
+        return reply(await gw.bulk_retry(tenant, req.filter, req.limit), 202)
+    assert req.task_ids is not None
+    return reply({"retried": await gw.retry(tenant, req.task_ids)})
+
+
+async def bulk_cancel(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    req = validation.parse_bulk_cancel(await read_body(request))
+    return reply(await gw.bulk_cancel(tenant, req), 202)
+
+
+async def get_operation(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    return reply(await gw.operation(tenant, request.match_info["operation_id"]))
 
 
 # -- schedules -----------------------------------------------------------------------------
@@ -183,6 +197,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/tasks", enqueue)
     app.router.add_post("/v1/tasks:batch", enqueue_batch)
     app.router.add_post("/v1/tasks:retry", retry)
+    app.router.add_post("/v1/tasks:cancel", bulk_cancel)
+    app.router.add_get("/v1/operations/{operation_id}", get_operation, allow_head=False)
     app.router.add_get("/v1/tasks", list_tasks, allow_head=False)
     app.router.add_get("/v1/tasks/{task_id}", get_task, allow_head=False)
     app.router.add_get("/v1/queues", list_queues, allow_head=False)

@@ -31,10 +31,17 @@ from conveyor.store.postgres import queries
 from conveyor.streams.gateway import listing, render, snapshot
 from conveyor.streams.gateway.auth import KeyStore
 from conveyor.streams.gateway.fields import compact
+from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.schedules import ScheduleRequest, schedule_json, to_record
-from conveyor.streams.gateway.validation import EnqueueRequest, ListQuery, RetryRequest, to_spec
+from conveyor.streams.gateway.validation import (
+    BulkCancelRequest,
+    EnqueueRequest,
+    ListQuery,
+    TaskFilter,
+    to_spec,
+)
 from conveyor.streams.gateway.worker_requests import (
     CheckpointRequest,
     CompletionRequest,
@@ -65,6 +72,8 @@ class Gateway:
         self.registry = registry
         self.payloads = payloads
         self.snapshot = snapshot  # the Postgres query snapshot; None: list by RocksDB scans
+        # Bulk operations by filter select from the snapshot and keep their cursor there.
+        self.operations = BulkOperations(node, snapshot) if snapshot is not None else None
         self._round_robin = itertools.count()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -166,12 +175,9 @@ class Gateway:
             raise NotFound(f"no task {task_id}", field="task_id")
         return {"task_id": task_id, "status": reply.status.value}
 
-    async def retry(self, tenant: str, req: RetryRequest) -> list[dict[str, str]]:
-        if req.task_ids is not None:
-            ids = [i for i in dict.fromkeys(req.task_ids) if self.owns(tenant, i)]
-        else:
-            assert req.filter is not None
-            ids = listing.failed_tasks(self.node, tenant, req.filter, req.limit)
+    async def retry(self, tenant: str, task_ids: list[str]) -> list[dict[str, str]]:
+        """Retry the listed tasks now (at most ``BATCH_MAX``); a filter is a bulk operation."""
+        ids = [i for i in dict.fromkeys(task_ids) if self.owns(tenant, i)]
         by_prefix: dict[str, list[str]] = defaultdict(list)
         for task_id in ids:
             by_prefix[task_id[:4]].append(task_id)
@@ -185,6 +191,30 @@ class Gateway:
                     out.append({"task_id": old, "new_task_id": reply.task_id})
                     break
         return out
+
+    # -- bulk operations (operations.py) ------------------------------------------------------
+
+    def _bulk(self) -> BulkOperations:
+        if self.operations is None:
+            raise ContractError(
+                "operations by filter need the Postgres snapshot; run the node without "
+                "--no-projection, or send task_ids",
+                field="filter",
+            )
+        return self.operations
+
+    async def bulk_retry(self, tenant: str, flt: TaskFilter, limit: int | None) -> dict[str, Any]:
+        query = snapshot.task_query(tenant, flt)
+        return await self._bulk().start(RETRY, query, reason=None, limit=limit)
+
+    async def bulk_cancel(self, tenant: str, req: BulkCancelRequest) -> dict[str, Any]:
+        query = snapshot.task_query(tenant, req.filter)
+        return await self._bulk().start(CANCEL, query, reason=req.reason, limit=req.limit)
+
+    async def operation(self, tenant: str, operation_id: str) -> dict[str, Any]:
+        if self.operations is None:
+            raise NotFound(f"no operation {operation_id}", field="operation_id")
+        return await self.operations.get(tenant, operation_id)
 
     # -- schedules ----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.schemas.types import TaskSpec, TaskStatus
+from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
 from conveyor.streams.gateway.fields import (
     INT_MAX,
     Fields,
@@ -280,30 +280,82 @@ def _query_int(q: Fields, name: str, lo: int, hi: int) -> int | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryRequest:
+    """``task_ids``: retried in the request, at most ``BATCH_MAX``. ``filter``: a bulk
+    operation over every FAILED match (up to ``limit`` tasks when given), run in the
+    background."""
+
     task_ids: list[str] | None
     filter: TaskFilter | None
-    limit: int
+    limit: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkCancelRequest:
+    filter: TaskFilter
+    reason: str
+    limit: int | None
+
+
+# A bulk operation's filter: the list API's filters, as a JSON object.
+_FILTER_FIELDS = _LIST_FIELDS - {"limit", "cursor", "count"}
+
+
+def parse_filter(f: Fields, name: str = "filter") -> TaskFilter:
+    """The list API's filters as a JSON object; ``status`` is an array of statuses or one
+    comma-separated string. ``since_ms`` and ``created_from_ms`` both bound the creation."""
+    flt = f.obj(name, _FILTER_FIELDS)
+    if flt is None:
+        raise invalid(f.at(name), "is required (an object of list filters, {} for every task)")
+    raw = flt.raw("status")
+    names = raw.split(",") if isinstance(raw, str) else flt.strs("status", len(TaskStatus))
+    statuses: set[TaskStatus] = set()
+    for text in filter(None, (n.strip() for n in names)):
+        try:
+            statuses.add(TaskStatus(text.upper()))
+        except ValueError:
+            known = ", ".join(s.value for s in TaskStatus)
+            raise invalid(flt.at("status"), f"unknown status {text!r}; expected {known}") from None
+    since = flt.opt_int("since_ms", 0, INT_MAX)
+    created_from = flt.opt_int("created_from_ms", 0, INT_MAX)
+    return TaskFilter(
+        statuses=frozenset(statuses),
+        queue=flt.opt_str("queue"),
+        task_type=flt.opt_str("task_type"),
+        since_ms=max(since or 0, created_from or 0) if since or created_from else None,
+        error_class=flt.opt_str("error_class"),
+        error_text=flt.opt_text("error_text", bytes_max=256),
+        created_to_ms=flt.opt_int("created_to_ms", 0, INT_MAX),
+        finished_from_ms=flt.opt_int("finished_from_ms", 0, INT_MAX),
+        finished_to_ms=flt.opt_int("finished_to_ms", 0, INT_MAX),
+    )
 
 
 def parse_retry(body: Any) -> RetryRequest:
     f = Fields(body, "", {"task_ids", "filter", "limit"})
     if f.has("task_ids") == f.has("filter"):
         raise invalid("task_ids", 'send either "task_ids" or "filter", not both or neither')
-    limit = f.int_or("limit", 1, BATCH_MAX, BATCH_MAX)
     if f.has("task_ids"):
+        if f.has("limit"):
+            raise invalid("limit", 'applies to a "filter" only; send at most 1000 task_ids')
         items = f.items("task_ids", 1, BATCH_MAX)
         ids = [check_task_id(v, f"task_ids[{i}]") for i, v in enumerate(items)]
-        return RetryRequest(task_ids=ids, filter=None, limit=limit)
-    flt = f.obj("filter", {"task_type", "queue", "since_ms"})
-    assert flt is not None
-    return RetryRequest(
-        task_ids=None,
-        filter=TaskFilter(
-            queue=flt.opt_str("queue"),
-            task_type=flt.opt_str("task_type"),
-            since_ms=flt.opt_int("since_ms", 0, INT_MAX),
-        ),
-        limit=limit,
+        return RetryRequest(task_ids=ids, filter=None, limit=None)
+    flt = parse_filter(f)
+    if flt.statuses and flt.statuses != {TaskStatus.FAILED}:
+        raise invalid("filter.status", "a retry takes FAILED tasks only; leave status out")
+    return RetryRequest(task_ids=None, filter=flt, limit=f.opt_int("limit", 1, INT_MAX))
+
+
+def parse_bulk_cancel(body: Any) -> BulkCancelRequest:
+    f = Fields(body, "", {"filter", "reason", "limit"})
+    flt = parse_filter(f)
+    if flt.statuses & TERMINAL:
+        finished = ", ".join(sorted(s.value for s in flt.statuses & TERMINAL))
+        raise invalid("filter.status", f"{finished}: finished tasks cannot be canceled")
+    return BulkCancelRequest(
+        filter=flt,
+        reason=f.opt_text("reason", bytes_max=1024) or "canceled by request",
+        limit=f.opt_int("limit", 1, INT_MAX),
     )
 
 
@@ -316,13 +368,16 @@ def parse_cancel(body: Any) -> str:
 
 
 __all__ = [
+    "BulkCancelRequest",
     "EnqueueRequest",
     "ListQuery",
     "RetryRequest",
     "TaskFilter",
     "check_name",
     "parse_batch",
+    "parse_bulk_cancel",
     "parse_cancel",
+    "parse_filter",
     "parse_list_query",
     "parse_retry",
     "parse_task",

@@ -14,6 +14,7 @@ from conveyor.streams.gateway.fields import BODY_BYTES_MAX, DEPTH_MAX, compact, 
 from conveyor.streams.gateway.validation import (
     BATCH_MAX,
     parse_batch,
+    parse_bulk_cancel,
     parse_list_query,
     parse_retry,
     parse_task,
@@ -204,7 +205,23 @@ def test_retry_request() -> None:
     rejects(parse_retry, {}, "task_ids")
     rejects(parse_retry, {"task_ids": ["a" * 32], "filter": {}}, "task_ids")
     rejects(parse_retry, {"task_ids": ["nope"]}, "task_ids[0]")
-    rejects(parse_retry, {"filter": {"status": "FAILED"}}, "filter.status")
+    # A filter takes the list API's filters; a retry takes FAILED tasks only.
+    full = parse_retry({"filter": {"status": ["failed"], "error_text": "sku", "since_ms": 7}})
+    assert full.filter is not None and full.filter.statuses == {TaskStatus.FAILED}
+    assert (full.filter.error_text, full.filter.since_ms, full.limit) == ("sku", 7, None)
+    rejects(parse_retry, {"filter": {"status": "ENQUEUED"}}, "filter.status")
+    rejects(parse_retry, {"filter": {"status": ["NOPE"]}}, "filter.status")
+    rejects(parse_retry, {"filter": {"colour": "red"}}, "filter.colour")
+    rejects(parse_retry, {"task_ids": ["a" * 32], "limit": 5}, "limit")
+
+
+def test_bulk_cancel_request() -> None:
+    req = parse_bulk_cancel({"filter": {"queue": "q", "status": "ENQUEUED,leased"}})
+    assert req.filter.queue == "q" and req.reason == "canceled by request"
+    assert req.filter.statuses == {TaskStatus.ENQUEUED, TaskStatus.LEASED}
+    rejects(parse_bulk_cancel, {}, "filter")
+    rejects(parse_bulk_cancel, {"filter": {"status": ["SUCCEEDED"]}}, "filter.status")
+    rejects(parse_bulk_cancel, {"filter": {}, "limit": 0}, "limit")
 
 
 # --- worker requests ----------------------------------------------------------------------
