@@ -20,7 +20,7 @@ import asyncpg
 from aiohttp import web
 
 from conveyor.store.blobs import Blobs
-from conveyor.streams.gateway import openapi, routes, usage
+from conveyor.streams.gateway import dashboard, openapi, routes, usage
 from conveyor.streams.gateway.auth import KeyStore, authenticate
 from conveyor.streams.gateway.errors import Handler, error_middleware
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX
@@ -43,7 +43,7 @@ _TIMED_ROUTES = {"/v1/tasks": "enqueue", "/v1/tasks:batch": "enqueue_batch"}
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path not in _PUBLIC:
+    if request.path not in _PUBLIC and not dashboard.is_public(request.path):
         gw = request.app[routes.GATEWAY]
         request[routes.TENANT] = authenticate(gw.keys, request.headers.get("Authorization"))
     return await handler(request)
@@ -101,6 +101,7 @@ def build_app(
     routes.add_routes(app)
     _run_operations(app, app[routes.GATEWAY].operations)
     usage.add_route(app, metrics)
+    dashboard.add_routes(app)
     return app
 
 

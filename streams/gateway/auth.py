@@ -1,4 +1,5 @@
-"""API keys -> tenants, from ``$home/keys.json``: ``{"keys": {"<key>": {"tenant": "<t>"}}}``.
+"""API keys -> tenants, from ``$home/keys.json``: ``{"keys": {"<key>": {"tenant": "<t>"}}}``,
+plus per-tenant settings from its ``tenants`` object (``tenants.py``).
 
 Keys are looked up by their SHA-256, so the lookup's timing says nothing about a stored key.
 The store re-reads the file when it changes (checked at most once a second): adding a key
@@ -16,6 +17,7 @@ from pathlib import Path
 from conveyor.errors import Unauthorized
 from conveyor.streams.clock import Clock, SystemClock
 from conveyor.streams.gateway.files import read_json, write_json_atomic
+from conveyor.streams.gateway.tenants import DEFAULT_SETTINGS, TenantSettings, parse_tenants
 
 log = logging.getLogger("conveyor.gateway")
 
@@ -45,18 +47,25 @@ def parse_keys(doc: Mapping[str, object]) -> dict[str, str]:
 
 class KeyStore:
     def __init__(
-        self, keys: Mapping[str, str], path: Path | None = None, *, clock: Clock | None = None
+        self,
+        keys: Mapping[str, str],
+        path: Path | None = None,
+        *,
+        clock: Clock | None = None,
+        settings: Mapping[str, TenantSettings] | None = None,
     ) -> None:
         self._path = path
         self._clock = clock or SystemClock()
         self._tenants = {_digest(k): t for k, t in keys.items()}
+        self._settings = dict(settings or {})
         self._stamp = self._file_stamp()
         self._checked_ms = self._clock.monotonic_ms()
 
     @classmethod
     def load(cls, home: str | Path, *, clock: Clock | None = None) -> KeyStore:
         path = Path(home) / KEYS_FILE
-        return cls(parse_keys(read_json(path) or {}), path, clock=clock)
+        doc = read_json(path) or {}
+        return cls(parse_keys(doc), path, clock=clock, settings=parse_tenants(doc))
 
     def _file_stamp(self) -> tuple[int, int] | None:
         if self._path is None:
@@ -76,16 +85,23 @@ class KeyStore:
         if stamp == self._stamp:
             return
         try:
-            keys = parse_keys(read_json(self._path) or {})
+            doc = read_json(self._path) or {}
+            keys, settings = parse_keys(doc), parse_tenants(doc)
         except ValueError as exc:  # includes JSON errors
             log.warning("%s: keeping the keys last read: %s", self._path, exc)
             return
         self._tenants = {_digest(k): t for k, t in keys.items()}
+        self._settings = settings
         self._stamp = stamp
 
     def tenant(self, key: str) -> str | None:
         self._maybe_reload()
         return self._tenants.get(_digest(key))
+
+    def settings(self, tenant: str) -> TenantSettings:
+        """The tenant's settings (the defaults when keys.json names none)."""
+        self._maybe_reload()
+        return self._settings.get(tenant, DEFAULT_SETTINGS)
 
 
 def authenticate(store: KeyStore, header: str | None) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.store.blobs import Blobs, is_ref
 from conveyor.streams.gateway.errors import PayloadTooLarge
 from conveyor.streams.gateway.fields import compact, invalid
+from conveyor.streams.gateway.tenants import HIDDEN_MARKER
 
 INLINE_BYTES_MAX = 256 * 1024
 BLOB_MARKER = "$blob"
@@ -23,8 +24,11 @@ _MARKER_HEAD = b'{"$blob":"'
 
 
 def check_not_marker(value: Any, path: str) -> None:
-    if isinstance(value, dict) and list(value) == [BLOB_MARKER]:
-        raise invalid(path, f'an object whose only key is "{BLOB_MARKER}" is reserved')
+    """Markers are ours: ``$blob`` (a blob reference) and ``$hidden`` (tenants.HIDDEN)."""
+    if isinstance(value, dict) and len(value) == 1:
+        (key,) = value
+        if key in (BLOB_MARKER, HIDDEN_MARKER):
+            raise invalid(path, f'an object whose only key is "{key}" is reserved')
 
 
 class Payloads:

@@ -35,6 +35,7 @@ from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.schedules import ScheduleRequest, schedule_json, to_record
+from conveyor.streams.gateway.tenants import HIDDEN
 from conveyor.streams.gateway.validation import (
     BulkCancelRequest,
     EnqueueRequest,
@@ -143,10 +144,17 @@ class Gateway:
         return render.task_detail(
             task,
             tables.attempts(task_id),
-            payload=await self.payloads.value(tables.payload(task_id)),
+            payload=await self._visible(tenant, tables.payload(task_id)),
             result=await self.payloads.value(task.result),
-            checkpoint=await self.payloads.value(task.checkpoint),
+            checkpoint=await self._visible(tenant, task.checkpoint),
         )
+
+    async def _visible(self, tenant: str, stored: bytes | None) -> Any:
+        """A payload as the client API shows it: ``HIDDEN`` when the tenant's settings say
+        ``show_payloads: false`` (tenants.py), the value otherwise."""
+        if stored and not self.keys.settings(tenant).show_payloads:
+            return HIDDEN
+        return await self.payloads.value(stored)
 
     async def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
         if self.snapshot is not None:
@@ -235,13 +243,13 @@ class Gateway:
 
     async def schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
         row = self.node.get_schedule(tenant, schedule_id)
-        payload = await self.payloads.value(codec.TASK_SPEC.decode(row.template).payload)
+        payload = await self._visible(tenant, codec.TASK_SPEC.decode(row.template).payload)
         return schedule_json(row, payload=payload)
 
     async def schedules(self, tenant: str) -> dict[str, Any]:
         out = []
         for row in self.node.list_schedules(tenant):
-            payload = await self.payloads.value(codec.TASK_SPEC.decode(row.template).payload)
+            payload = await self._visible(tenant, codec.TASK_SPEC.decode(row.template).payload)
             out.append(schedule_json(row, payload=payload))
         return {"schedules": out}
 

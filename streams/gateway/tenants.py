@@ -1,0 +1,56 @@
+"""Per-tenant settings, from the ``tenants`` object of ``$home/keys.json``::
+
+    {"keys": {"<key>": {"tenant": "alpha"}},
+     "tenants": {"alpha": {"show_payloads": false}}}
+
+Rule 1: a tenant without an entry (or an entry without a setting) gets the default; every
+default keeps the behaviour of a node without the section.
+Rule 2: an unknown setting or a wrong type is an error naming it, never ignored: a typo in
+``show_payloads`` must not quietly show payloads the operator meant to hide.
+
+``show_payloads`` (default true): false hides the task payload and checkpoint from the client
+API (``GET /v1/tasks/{id}``, the task template of ``/v1/schedules``) and so from the dashboard,
+because payloads often carry personal data. Those fields then hold ``HIDDEN`` instead of the
+value. Agents still receive payloads (a handler needs its input), and results stay visible
+(``handle.result()`` reads them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+HIDDEN_MARKER = "$hidden"
+# The value a hidden payload is replaced with. Clients cannot send an object whose only key is
+# "$hidden" (payloads.check_not_marker), so this shape always means "hidden by the server".
+HIDDEN: dict[str, Any] = {HIDDEN_MARKER: "payloads are hidden for this tenant (show_payloads)"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantSettings:
+    show_payloads: bool = True
+
+
+DEFAULT_SETTINGS = TenantSettings()
+_SETTINGS = frozenset({"show_payloads"})
+
+
+def parse_tenants(doc: Mapping[str, object]) -> dict[str, TenantSettings]:
+    """tenant -> settings from a keys.json document; ValueError naming what is wrong."""
+    tenants = doc.get("tenants", {})
+    if not isinstance(tenants, dict):
+        raise ValueError('"tenants" must be an object of tenant name -> settings')
+    out: dict[str, TenantSettings] = {}
+    for tenant, entry in tenants.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"tenants.{tenant} must be an object of settings")
+        unknown = sorted(set(entry) - _SETTINGS)
+        if unknown:
+            known = ", ".join(sorted(_SETTINGS))
+            raise ValueError(f"tenants.{tenant}.{unknown[0]}: unknown setting; known: {known}")
+        show = entry.get("show_payloads", DEFAULT_SETTINGS.show_payloads)
+        if not isinstance(show, bool):
+            raise ValueError(f"tenants.{tenant}.show_payloads must be true or false")
+        out[tenant] = TenantSettings(show_payloads=show)
+    return out

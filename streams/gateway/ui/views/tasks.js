@@ -1,0 +1,179 @@
+// The tasks list (every filter of GET /v1/tasks, keyset pages) and the dead-letter view
+// (FAILED tasks, bulk retry). Filters live in the URL, so a filtered view can be shared.
+
+import { api } from "../api.js";
+import {
+  badge, field, fmtTime, fromLocalInput, h, mount, STATUSES, table, taskLink, toLocalInput,
+} from "../dom.js";
+
+const TEXT_FILTERS = [
+  ["queue", "Queue"],
+  ["task_type", "Task type"],
+  ["error_class", "Error class"],
+  ["error_text", "Error message contains"],
+];
+const RANGE_FILTERS = [
+  ["created_from_ms", "Created from"],
+  ["created_to_ms", "Created to"],
+  ["finished_from_ms", "Finished from"],
+  ["finished_to_ms", "Finished to"],
+];
+const PAGE_SIZE = 50;
+
+// Cursors of the pages before the current one, per filter: "Previous page" pops one.
+const history = new Map();
+
+function filterForm(query, { withStatus, onApply }) {
+  const status = h("select", { name: "status" },
+    h("option", { value: "" }, "any"),
+    STATUSES.map((name) => h("option", { value: name, selected: query.status === name }, name)));
+  const texts = TEXT_FILTERS.map(([name, label]) =>
+    field(label, h("input", { name, value: query[name] || "", size: 14 })));
+  const ranges = RANGE_FILTERS.map(([name, label]) =>
+    field(label, h("input", { name, type: "datetime-local", step: 1,
+      value: toLocalInput(query[name]) })));
+  const form = h("form", { class: "filters", onsubmit: (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const next = {};
+    for (const [name] of [...TEXT_FILTERS, ["status"]]) next[name] = (data.get(name) || "").trim();
+    for (const [name] of RANGE_FILTERS) next[name] = fromLocalInput(data.get(name));
+    onApply(next);
+  } },
+    withStatus ? field("State", status) : null,
+    texts,
+    ranges,
+    h("div", { class: "actions" },
+      h("button", { type: "submit" }, "Apply"),
+      h("button", { type: "button", class: "secondary", onclick: () => onApply({}) }, "Clear")),
+  );
+  return form;
+}
+
+function errorCell(error) {
+  if (!error) return "";
+  const text = [error.class, error.message].filter(Boolean).join(": ");
+  return h("span", { class: "error-text", title: text }, text);
+}
+
+function row(task, selectable) {
+  const box = selectable
+    ? h("td", {}, h("input", { type: "checkbox", class: "pick", "data-task-id": task.task_id,
+      "aria-label": `select ${task.task_id}` }))
+    : null;
+  return h("tr", { "data-task-id": task.task_id },
+    box,
+    h("td", {}, taskLink(task.task_id)),
+    h("td", {}, task.task_type),
+    h("td", {}, task.queue),
+    h("td", {}, badge(task.status)),
+    h("td", { class: "num" }, task.attempt),
+    h("td", {}, fmtTime(task.created_ms)),
+    h("td", {}, fmtTime(task.finished_ms)),
+    h("td", {}, errorCell(task.error)),
+  );
+}
+
+async function page(target, query, { nav, view, selectable, fixed }) {
+  const filterKey = JSON.stringify({ ...query, cursor: undefined });
+  const stack = history.get(filterKey) || [];
+  const params = { ...query, ...fixed, limit: PAGE_SIZE, count: query.cursor ? "" : "true" };
+  const reply = await api("GET", "/v1/tasks", { query: params });
+  const headers = ["Task", "Type", "Queue", "State", "Attempt", "Created", "Finished", "Error"];
+  const rows = reply.tasks.map((task) => row(task, selectable));
+  const pager = h("div", { class: "pager" },
+    reply.count !== undefined && reply.count !== null
+      ? h("span", { class: "muted count" }, `${reply.count} matching`) : null,
+    h("button", { type: "button", class: "secondary", disabled: !query.cursor, onclick: () => {
+      const previous = stack.pop();
+      history.set(filterKey, stack);
+      nav(view, "", { ...query, cursor: previous || "" });
+    } }, "Previous page"),
+    h("button", { type: "button", class: "secondary", disabled: !reply.next_cursor, onclick: () => {
+      history.set(filterKey, [...stack, query.cursor || ""]);
+      nav(view, "", { ...query, cursor: reply.next_cursor });
+    } }, "Next page"),
+  );
+  const body = rows.length
+    ? table(selectable ? ["", ...headers] : headers, rows, { class: "tasks" })
+    : h("p", { class: "muted empty" }, "No tasks match.");
+  mount(target, body, pager);
+  return reply;
+}
+
+export async function renderTasks(main, { query, nav }) {
+  const results = h("div", { class: "results" });
+  mount(main,
+    h("h1", {}, "Tasks"),
+    filterForm(query, { withStatus: true, onApply: (next) => nav("tasks", "", next) }),
+    h("p", { class: "muted" }, "Newest first, from the query snapshot (it trails the " +
+      "processors by the projection lag)."),
+    results);
+  await page(results, query, { nav, view: "tasks", selectable: false, fixed: {} });
+}
+
+function filterOf(query) {
+  const filter = { status: "FAILED" };
+  for (const [name] of TEXT_FILTERS) if (query[name]) filter[name] = query[name];
+  for (const [name] of RANGE_FILTERS) if (query[name]) filter[name] = Number(query[name]);
+  return filter;
+}
+
+/** Follows a bulk operation (GET /v1/operations/{id}) until it is no longer running. */
+async function follow(operation, progress) {
+  let op = operation;
+  for (;;) {
+    const matched = op.matched === null || op.matched === undefined ? "?" : op.matched;
+    mount(progress, h("span", { class: `op op-${op.state}` },
+      `Bulk retry ${op.state}: ${op.done} of ${matched} done, ${op.changed} retried`,
+      op.error ? ` (${op.error})` : ""));
+    if (op.state !== "running") return op;
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    op = await api("GET", `/v1/operations/${encodeURIComponent(op.operation_id)}`);
+  }
+}
+
+export async function renderDeadLetters(main, { query, nav, flash }) {
+  const results = h("div", { class: "results" });
+  const progress = h("div", { class: "progress", role: "status" });
+  const again = () => nav("dead", "", { ...query, cursor: "" });
+  const retrySelected = h("button", { type: "button", id: "retry-selected", onclick: async () => {
+    const ids = [...results.querySelectorAll("input.pick:checked")].map((b) => b.dataset.taskId);
+    if (!ids.length) return flash("Select tasks first.", "warn");
+    try {
+      const reply = await api("POST", "/v1/tasks:retry", { body: { task_ids: ids } });
+      flash(`Retried ${reply.retried.length} task(s) as new tasks.`, "ok");
+      again();
+    } catch (err) {
+      flash(err.message, "error");
+    }
+  } }, "Retry selected");
+  const retryAll = h("button", { type: "button", class: "secondary", id: "retry-matching",
+    onclick: async () => {
+      try {
+        // The server runs a filter retry as a background operation (202) and reports progress.
+        const reply = await api("POST", "/v1/tasks:retry", { body: { filter: filterOf(query) } });
+        if (reply.retried) {
+          flash(`Retried ${reply.retried.length} task(s) as new tasks.`, "ok");
+        } else {
+          const op = await follow(reply, progress);
+          flash(`Bulk retry ${op.state}: ${op.changed} task(s) retried.`,
+            op.state === "failed" ? "error" : "ok");
+        }
+        again();
+      } catch (err) {
+        flash(err.message, "error");
+      }
+    } }, "Retry all matching");
+  const selectAll = h("button", { type: "button", class: "secondary", onclick: () => {
+    for (const box of results.querySelectorAll("input.pick")) box.checked = true;
+  } }, "Select page");
+  mount(main,
+    h("h1", {}, "Dead letters"),
+    h("p", { class: "muted" }, "FAILED tasks keep their payload, last error and stack. A " +
+      "retry enqueues each as a new task; the failed one stays as it is."),
+    filterForm(query, { withStatus: false, onApply: (next) => nav("dead", "", next) }),
+    h("div", { class: "bulk" }, selectAll, retrySelected, retryAll, progress),
+    results);
+  await page(results, query, { nav, view: "dead", selectable: true, fixed: { status: "FAILED" } });
+}

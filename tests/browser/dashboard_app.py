@@ -1,0 +1,20 @@
+"""The app ``conveyor dev`` runs for the dashboard tests (imported as ``dashboard_app:app``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import conveyor
+
+app = conveyor.App("dashboard-tests")
+
+
+@app.task(retry=conveyor.Retry(attempts=2, base="50ms", cap="100ms"))
+def explode(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
+    print(f"charging order {payload['order']} in attempt {ctx.attempt}")
+    raise ValueError(f"card declined for order {payload['order']}")
+
+
+@app.task
+def double(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, int]:
+    return {"twice": payload["n"] * 2}
