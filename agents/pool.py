@@ -29,7 +29,7 @@ from conveyor.agents.sandbox import AttemptResult, Hooks, Job, crashed
 
 log = logging.getLogger("conveyor.agent.pool")
 
-OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP"})
+OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_OUT"})
 EXIT_WAIT_S = 5.0
 
 
@@ -186,6 +186,7 @@ class GuestSandbox:
             retry_after_ms=int(retry_after) if isinstance(retry_after, int | float) else None,
             log_ref=_log_ref(self.guest.log_path, frame.get("log_range")),
             sleep=_sleep_of(frame.get("sleep")) if outcome == "SLEEP" else None,
+            fan_out=_fan_out_of(frame.get("fan_out")) if outcome == "FAN_OUT" else None,
         )
 
     async def _died(self) -> AttemptResult:
@@ -228,6 +229,21 @@ def _sleep_of(raw: Any) -> dict[str, Any] | None:
         "position": num("position") if num("position") is not None else -1,
         "sleep_ms": num("sleep_ms"),
         "wake_at_ms": num("wake_at_ms"),
+    }
+
+
+def _fan_out_of(raw: Any) -> dict[str, Any] | None:
+    """A guest's fan-out report, reduced to its fields (the gateway checks each child)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("children"), list):
+        return None
+    position = raw.get("position")
+    if not isinstance(position, int) or isinstance(position, bool):
+        position = -1
+    return {
+        "identity": str(raw.get("identity")),
+        "position": position,
+        "mode": str(raw.get("mode")),
+        "children": raw["children"],
     }
 
 

@@ -11,6 +11,7 @@ Shared by the guest stub and the in-process executor, so a handler behaves the s
     raised ctx's Cancelled          CANCELED
     raised anything else            FAILED; the platform retries per policy
     step.sleep                      SLEEP (the attempt ends; no retry is spent)
+    ctx.parallel (first call)       FAN_OUT (the attempt ends; the children run; no retry spent)
     a step divergence or overlap    FATAL (the same code would do it again)
     a lost lease (a refused step)   FAILED; the agent drops it anyway
     swallowed one of those three    FATAL, naming what was swallowed, whatever it returned
@@ -30,7 +31,7 @@ from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
 from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
-from conveyor.steps import ClaimLost, Sleep, StepSignal
+from conveyor.steps import ClaimLost, FanOut, Sleep, StepSignal
 
 STACK_CHARS_MAX = 16 * 1024
 MESSAGE_CHARS_MAX = 4 * 1024
@@ -129,6 +130,16 @@ def swallowed(signal: StepSignal) -> AttemptResult:
 
 
 def signal_result(signal: StepSignal) -> AttemptResult:
+    if isinstance(signal, FanOut):
+        return AttemptResult(
+            outcome="FAN_OUT",
+            fan_out={
+                "identity": signal.identity,
+                "position": signal.position,
+                "mode": signal.mode,
+                "children": signal.children,
+            },
+        )
     if isinstance(signal, Sleep):
         return AttemptResult(
             outcome="SLEEP",

@@ -125,6 +125,7 @@ class Running:
             retry_after_ms=None if retry_after is None else min(max(0, retry_after), DAY_MS * 365),
             log_ref=result.log_ref,
             sleep=result.sleep if result.outcome == "SLEEP" else None,
+            fan_out=result.fan_out if result.outcome == "FAN_OUT" else None,
         )
 
 

@@ -39,6 +39,8 @@ class AttemptResult:
     log_ref: str | None = None
     crashed: bool = False  # the sandbox died on its own (counts for the circuit breaker)
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
+    # outcome FAN_OUT: identity, position, mode, children (enqueue bodies)
+    fan_out: dict[str, Any] | None = None
 
 
 TRUNCATED = "[... earlier output not kept ...]\n"

@@ -60,6 +60,8 @@ class CompletionItem:
     retry_after_ms: int | None = None
     log_ref: str | None = None
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
+    # outcome FAN_OUT: identity, position, mode, children (enqueue bodies)
+    fan_out: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -79,6 +81,8 @@ class CompletionItem:
             body["log"] = log
         if self.sleep is not None:
             body["sleep"] = self.sleep
+        if self.fan_out is not None:
+            body["fan_out"] = self.fan_out
         return body
 
 

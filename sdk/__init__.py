@@ -30,6 +30,7 @@ from conveyor.errors import (
     Unauthorized,
 )
 from conveyor.wire import Enqueue, ErrorInfo, TaskInfo, TaskPage
+from conveyor.workflows import ChildError, ChildFailed
 
 if TYPE_CHECKING:
     from conveyor import testing
@@ -39,6 +40,8 @@ __all__ = [
     "AsyncClient",
     "AsyncTaskHandle",
     "Cancelled",
+    "ChildError",
+    "ChildFailed",
     "Client",
     "Conflict",
     "Context",

@@ -104,6 +104,7 @@ class TaskType(Generic[P, R]):
         self.name = name
         self.options = options
         self.takes_context = _takes_context(fn, name)
+        self.is_workflow = False  # registered with ``@app.workflow``
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -199,6 +200,24 @@ class App:
                 raise ContractError(f"app {self.name!r} already has a task {task_name!r}")
             task: TaskType[Any, Any] = TaskType(self, f, task_name, options)
             self.tasks[task_name] = task
+            return task
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def workflow(self, fn: Callable[P, R], /) -> TaskType[P, R]: ...
+
+    @overload
+    def workflow(self, /, **options: Any) -> Register: ...
+
+    def workflow(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Register a workflow: a task whose body orchestrates durable steps, sleeps and
+        ``ctx.parallel`` fan-outs. It takes the options of ``task`` and runs like a task;
+        ``POST /v1/workflows`` enqueues only task types registered this way."""
+
+        def register(f: Callable[..., Any]) -> TaskType[Any, Any]:
+            task: TaskType[Any, Any] = self.task(**options)(f)
+            task.is_workflow = True
             return task
 
         return register(fn) if fn is not None else register

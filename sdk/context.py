@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
@@ -69,6 +69,13 @@ class Context:
             logging.getLogger(f"conveyor.task.{task_type}"),
             {"task_id": task_id, "attempt": attempt},
         )
+
+    def parallel(self, name: str, children: Iterable[Any], mode: str = "collect") -> list[Any]:
+        """Fan out to child tasks and return their results in order: ``mode="collect"``
+        returns a ``conveyor.ChildError`` in place of a child that did not succeed,
+        ``mode="fail_fast"`` raises ``conveyor.ChildFailed`` at the first one and cancels the
+        rest. The attempt ends while the children run (see ``conveyor.workflows``)."""
+        return self.step.parallel(name, children, mode=mode)
 
     @property
     def cancelled(self) -> bool:

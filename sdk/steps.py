@@ -15,7 +15,8 @@ returns; a memo hit returns the value decoded from its stored bytes, and so does
 Rule 4 (fencing): before a non-memoized body runs, a claim is recorded under the attempt's
 lease; the claim count is ``ctx.step.attempt``. A claim or commit the platform refuses as
 stale means the lease is gone: the body unwinds and the attempt is dropped.
-Rule 5 (signals): sleep, divergence, overlap and a lost lease unwind the body as
+Rule 5 (signals): sleep, a fan-out (``ctx.parallel``, see ``conveyor.workflows``), divergence,
+overlap and a lost lease unwind the body as
 ``StepSignal`` (a BaseException). Each is latched: every later step call raises it again, and
 a body that swallowed one and returned anyway fails the attempt naming it.
 """
@@ -26,7 +27,7 @@ import json
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -34,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError, FatalError, TransientError
 from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, over_cap
+from conveyor.workflows import check_mode, child_bodies, results_of
 
 T = TypeVar("T")
 log = logging.getLogger("conveyor.steps")
@@ -79,6 +81,21 @@ class Sleep(StepSignal):
         self.position = position
         self.sleep_ms = sleep_ms
         self.wake_at_ms = wake_at_ms
+
+
+class FanOut(StepSignal):
+    """``ctx.parallel`` ends the attempt; the task comes back when the children are done."""
+
+    error_class = "FanOut"
+
+    def __init__(
+        self, identity: str, position: int, *, mode: str, children: list[dict[str, Any]]
+    ) -> None:
+        super().__init__(f"fanning out at step {identity!r} to {len(children)} children")
+        self.identity = identity
+        self.position = position
+        self.mode = mode
+        self.children = children
 
 
 class Divergence(StepSignal):
@@ -243,6 +260,20 @@ class StepContext:
         self._enter(identity)  # a sleep inside a step body overlaps that step
         self._leave()
         raise self._latch(Sleep(identity, position, sleep_ms=sleep_ms, wake_at_ms=wake_at_ms))
+
+    def parallel(self, name: str, children: Iterable[Any], *, mode: str = "collect") -> list[Any]:
+        """Run ``children`` as tasks and return their results in order (``conveyor.workflows``
+        has the rules); the first call ends the attempt until they are all done."""
+        self._reraise()
+        wire_mode = check_mode(mode)
+        identity, position = self._identify(name, None)
+        row = self._by_identity.get(identity)
+        if row is not None and row.committed:
+            return results_of(row.value)
+        bodies = child_bodies(children)
+        self._enter(identity)  # a fan-out inside a step body overlaps that step
+        self._leave()
+        raise self._latch(FanOut(identity, position, mode=wire_mode, children=bodies))
 
     # -- the rules ------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ and checkpoints are stored as compact JSON bytes (the gateway stores them the sa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -20,10 +21,13 @@ from conveyor.agents.worker_api import (
     StepItem,
 )
 from conveyor.errors import ContractError
+from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Checkpoint,
     Completion,
+    FanOut,
     Outcome,
+    ParallelMode,
     SleepStep,
     StepOp,
     StepRow,
@@ -79,6 +83,17 @@ def sleep_step(raw: dict[str, Any] | None) -> SleepStep | None:
         position=int(raw["position"]),
         sleep_ms=raw.get("sleep_ms"),
         wake_at_ms=raw.get("wake_at_ms"),
+    )
+
+
+def bad_fan_out(completion: Completion, why: str) -> Completion:
+    """A fan-out whose children cannot be enqueued fails its workflow without retries."""
+    return dataclasses.replace(
+        completion,
+        outcome=Outcome.FATAL,
+        error_class="BadFanOut",
+        error_message=f"ctx.parallel step: {why}",
+        fan_out=None,
     )
 
 
@@ -246,23 +261,51 @@ class NodeWorkerAPI:
         return {task_id: self.node.heartbeat(task_id, lease_id) for task_id, lease_id in leases}
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
-        replies = await self.node.complete(
-            [
-                Completion(
-                    task_id=i.task_id,
-                    lease_id=i.lease_id,
-                    outcome=Outcome(i.outcome),
-                    result=None if i.outcome != "SUCCEEDED" else to_bytes(i.result),
-                    error_class=i.error_class,
-                    error_message=i.error_message,
-                    error_stack=i.error_stack,
-                    retry_after_ms=i.retry_after_ms,
-                    sleep=sleep_step(i.sleep),
-                )
-                for i in items
-            ]
-        )
+        replies = await self.node.complete([self._completion(i) for i in items])
         return [ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason) for r in replies]
+
+    def _completion(self, i: CompletionItem) -> Completion:
+        completion = Completion(
+            task_id=i.task_id,
+            lease_id=i.lease_id,
+            outcome=Outcome(i.outcome),
+            result=None if i.outcome != "SUCCEEDED" else to_bytes(i.result),
+            error_class=i.error_class,
+            error_message=i.error_message,
+            error_stack=i.error_stack,
+            retry_after_ms=i.retry_after_ms,
+            sleep=sleep_step(i.sleep),
+        )
+        if i.outcome != Outcome.FAN_OUT:
+            return completion
+        try:
+            return dataclasses.replace(completion, fan_out=self._fan_out(i))
+        except (ContractError, ValueError, KeyError, TypeError) as exc:  # as the gateway does
+            return bad_fan_out(completion, str(exc))
+
+    def _fan_out(self, i: CompletionItem) -> FanOut:
+        """The children as the gateway would store them: checked enqueue bodies, in the
+        workflow's app unless they name one, without ids or keys (the machine derives them)."""
+        raw = i.fan_out or {}
+        app = self.node.get(self.tenant, i.task_id).app
+        children = []
+        for body in raw.get("children") or []:
+            body = {"app": app, **body, "idempotency_key": "-"}
+            spec = spec_from_body(
+                body,
+                tenant=self.tenant,
+                partitions=self.node.partitions,
+                now_ms=self.node.clock.now_ms(),
+                known=self.known,
+            )
+            spec = dataclasses.replace(spec, task_id="", idempotency_key=None)
+            children.append(codec.TASK_SPEC.encode(spec))
+        return FanOut(
+            identity=str(raw.get("identity")),
+            position=int(raw.get("position", -1)),
+            mode=ParallelMode(str(raw.get("mode"))),
+            children=children,
+        )
 
     async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]:
         replies = await self.node.checkpoint(
