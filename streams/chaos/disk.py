@@ -214,13 +214,7 @@ def random_tears(
     """A power cut's choice: a random prefix of each file's and directory's pending changes."""
 
     def choose(kind: str, key: Path | int) -> Tear:
-        pending: list[FileOp] | list[DirOp]
-        if kind == "dir":
-            assert isinstance(key, Path)
-            pending = model.dirs[key].pending
-        else:
-            assert isinstance(key, int)
-            pending = model.files[key].pending
+        pending = _pending(model, (kind, key))
         ops = rng.randint(0, len(pending))
         if kind == "dir" or ops == len(pending) or not torn or pending[ops][0] != "write":
             return Tear(ops)
@@ -481,3 +475,59 @@ def replay(initial: FsModel, ops: list[tuple[str, Any]]) -> Iterator[tuple[int, 
         else:
             continue  # a marker: no state change, no new crash point
         yield i, model
+
+
+CrashChoice: TypeAlias = "dict[tuple[str, Path | int], Tear]"
+
+
+def tear_options(pending: list[FileOp] | list[DirOp], *, files: bool) -> list[Tear]:
+    """Every prefix of the pending changes; for a file, also the next write torn after 1 byte,
+    half of it and all but 1 byte, and half of it followed by zeros (an extended, unwritten
+    page)."""
+    options = [Tear(n) for n in range(len(pending) + 1)]
+    if files:
+        for n, op in enumerate(pending):
+            size = len(op[2]) if op[0] == "write" else 0
+            if size > 1:
+                cuts = sorted({1, size // 2, size - 1})
+                options += [Tear(n, cut) for cut in cuts]
+                options.append(Tear(n, size // 2, bytes(size - size // 2)))
+    return options
+
+
+def crash_choices(model: FsModel, rng: random.Random, cap: int) -> list[CrashChoice]:
+    """The crash states a power cut can leave now: per directory and per reachable file, one of
+    its ``tear_options``, combined freely. All combinations when there are at most ``cap``;
+    otherwise ``cap`` of them, always including "nothing pending survived" and "everything
+    did"."""
+    reachable: set[int] = set()
+    axes: list[tuple[tuple[str, Path | int], list[Tear]]] = []
+    for path, state in model.dirs.items():
+        reachable.update(i for i in (*state.durable.values(), *state.current.values()) if i > 0)
+        if state.pending:
+            axes.append((("dir", path), tear_options(state.pending, files=False)))
+    for inode in sorted(reachable):
+        pending = model.files[inode].pending
+        if pending:
+            axes.append((("file", inode), tear_options(pending, files=True)))
+    total = 1
+    for _, options in axes:
+        total *= len(options)
+    if total <= cap:
+        combos: list[CrashChoice] = [{}]
+        for key, options in axes:
+            combos = [{**c, key: t} for c in combos for t in options]
+        return combos
+    nothing = {key: options[0] for key, options in axes}
+    everything = {key: Tear(len(_pending(model, key))) for key, _ in axes}
+    sampled = [{key: rng.choice(options) for key, options in axes} for _ in range(cap - 2)]
+    return [nothing, everything, *sampled]
+
+
+def _pending(model: FsModel, key: tuple[str, Path | int]) -> list[FileOp] | list[DirOp]:
+    kind, what = key
+    if kind == "dir":
+        assert isinstance(what, Path)
+        return model.dirs[what].pending
+    assert isinstance(what, int)
+    return model.files[what].pending
