@@ -487,7 +487,8 @@ def tear_options(pending: list[FileOp] | list[DirOp], *, files: bool) -> list[Te
     options = [Tear(n) for n in range(len(pending) + 1)]
     if files:
         for n, op in enumerate(pending):
-            size = len(op[2]) if op[0] == "write" else 0
+            payload = op[2]
+            size = len(payload) if isinstance(payload, bytes) and op[0] == "write" else 0
             if size > 1:
                 cuts = sorted({1, size // 2, size - 1})
                 options += [Tear(n, cut) for cut in cuts]
