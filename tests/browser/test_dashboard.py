@@ -186,6 +186,45 @@ def test_dead_letters_bulk_retry_of_selected(page: Any, dev: Dev) -> None:
     until(four_tasks, "two new tasks next to the two failed ones")
 
 
+def test_dead_letters_retry_all_matching_runs_an_operation(page: Any, dev: Dev) -> None:
+    queue = queue_name()
+    failed = [
+        dev.enqueue("explode", {"order": n}, queue=queue, retry=FAST_RETRY) for n in (1, 2, 3)
+    ]
+    for task_id in failed:
+        dev.wait_status(task_id, "FAILED")
+
+    open_dashboard(page, dev, f"#/dead?queue={queue}")
+    for task_id in failed:
+        apply_until_row(page, task_id)
+    page.click("#retry-matching")
+    page.wait_for_selector("#flash:has-text('Bulk retry done: 3 task(s) retried')")
+
+    def six_tasks() -> bool:
+        status, body = http(dev.base, "GET", f"/v1/tasks?queue={queue}", key=dev.key)
+        return status == 200 and len(body["tasks"]) == 6
+
+    until(six_tasks, "three new tasks next to the three failed ones")
+
+
+def test_cancel_all_matching_asks_for_confirmation(page: Any, dev: Dev) -> None:
+    queue = queue_name()
+    waiting = [dev.enqueue("double", {"n": n}, queue=queue, delay_ms=600_000) for n in (1, 2)]
+    open_dashboard(page, dev)
+    assert page.is_disabled("#cancel-matching")  # no filter: never "cancel everything"
+    page.fill("input[name=queue]", queue)
+    for task_id in waiting:
+        apply_until_row(page, task_id)
+
+    page.click("#cancel-matching")
+    page.wait_for_selector("#cancel-matching:has-text('Confirm')")
+    assert [dev.call("GET", f"/v1/tasks/{t}")["status"] for t in waiting] == ["ENQUEUED"] * 2
+    page.click("#cancel-matching")
+    page.wait_for_selector("#flash:has-text('Bulk cancel done: 2 task(s) canceled')")
+    for task_id in waiting:
+        dev.wait_status(task_id, "CANCELED")
+
+
 def test_markup_in_task_data_is_shown_as_text(page: Any, dev: Dev) -> None:
     evil = "<img src=x onerror=window.__pwned=1><script>window.__pwned=2</script>"
     task_id = dev.enqueue("explode", {"order": evil}, queue=queue_name(), retry=FAST_RETRY)
@@ -242,3 +281,10 @@ def test_schedules_view_lists_the_tenants_schedules(page: Any, dev: Dev) -> None
     row.wait_for()
     text = row.inner_text()
     assert "30 2 * * *" in text and "Europe/Paris" in text and "double" in text
+
+    row.locator("button.toggle:has-text('Pause')").click()
+    row.locator(".state:has-text('PAUSED')").wait_for()
+    assert dev.call("GET", "/v1/schedules/nightly-ui")["paused"] is True
+    row.locator("button.toggle:has-text('Resume')").click()
+    row.locator("button.toggle:has-text('Pause')").wait_for()
+    assert dev.call("GET", "/v1/schedules/nightly-ui")["paused"] is False

@@ -78,7 +78,8 @@ export function fromLocalInput(text) {
 
 export const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"]);
 export const STATUSES = [
-  "ENQUEUED", "LEASED", "RETRY_WAIT", "SLEEPING", "SUCCEEDED", "FAILED", "CANCELED", "EXPIRED",
+  "ENQUEUED", "LEASED", "RETRY_WAIT", "SLEEPING", "WAITING", "SUCCEEDED", "FAILED", "CANCELED",
+  "EXPIRED",
 ];
 
 export function badge(status) {

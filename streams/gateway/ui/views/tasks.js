@@ -101,19 +101,54 @@ async function page(target, query, { nav, view, selectable, fixed }) {
   return reply;
 }
 
-export async function renderTasks(main, { query, nav }) {
+/** "Cancel all matching": a second click confirms; the server runs it as an operation. */
+function bulkCancel(query, { nav, flash, progress }) {
+  const filter = filterOf(query);
+  const filtered = Object.keys(filter).length > 0;
+  let armed = false;
+  const button = h("button", { type: "button", class: "danger", id: "cancel-matching",
+    disabled: !filtered, title: filtered ? "" : "set a filter first", onclick: async () => {
+      if (!armed) {
+        armed = true;
+        button.textContent = "Confirm: cancel every unfinished match";
+        return;
+      }
+      button.disabled = true;
+      try {
+        const reply = await api("POST", "/v1/tasks:cancel",
+          { body: { filter, reason: "canceled from the dashboard" } });
+        const op = await follow(reply, progress);
+        flash(`Bulk cancel ${op.state}: ${op.changed} task(s) canceled.`,
+          op.state === "failed" ? "error" : "ok");
+        nav("tasks", "", { ...query, cursor: "" });
+      } catch (err) {
+        flash(err.message, "error");
+        button.disabled = false;
+      }
+    } }, "Cancel all matching…");
+  return button;
+}
+
+export async function renderTasks(main, { query, nav, flash }) {
   const results = h("div", { class: "results" });
+  const progress = h("div", { class: "progress", role: "status" });
   mount(main,
     h("h1", {}, "Tasks"),
     filterForm(query, { withStatus: true, onApply: (next) => nav("tasks", "", next) }),
-    h("p", { class: "muted" }, "Newest first, from the query snapshot (it trails the " +
-      "processors by the projection lag)."),
+    h("div", { class: "bulk" },
+      h("span", { class: "muted" }, "Newest first, from the query snapshot (it trails the " +
+        "processors by the projection lag)."),
+      h("span", { class: "spacer" }),
+      progress,
+      bulkCancel(query, { nav, flash, progress })),
     results);
   await page(results, query, { nav, view: "tasks", selectable: false, fixed: {} });
 }
 
+/** The URL's filters as the JSON filter of the bulk operations. */
 function filterOf(query) {
-  const filter = { status: "FAILED" };
+  const filter = {};
+  if (query.status) filter.status = query.status;
   for (const [name] of TEXT_FILTERS) if (query[name]) filter[name] = query[name];
   for (const [name] of RANGE_FILTERS) if (query[name]) filter[name] = Number(query[name]);
   return filter;
@@ -125,7 +160,7 @@ async function follow(operation, progress) {
   for (;;) {
     const matched = op.matched === null || op.matched === undefined ? "?" : op.matched;
     mount(progress, h("span", { class: `op op-${op.state}` },
-      `Bulk retry ${op.state}: ${op.done} of ${matched} done, ${op.changed} retried`,
+      `Bulk ${op.kind} ${op.state}: ${op.done} of ${matched} done, ${op.changed} changed`,
       op.error ? ` (${op.error})` : ""));
     if (op.state !== "running") return op;
     await new Promise((resolve) => setTimeout(resolve, 500));
@@ -152,7 +187,8 @@ export async function renderDeadLetters(main, { query, nav, flash }) {
     onclick: async () => {
       try {
         // The server runs a filter retry as a background operation (202) and reports progress.
-        const reply = await api("POST", "/v1/tasks:retry", { body: { filter: filterOf(query) } });
+        const filter = { ...filterOf(query), status: "FAILED" };
+        const reply = await api("POST", "/v1/tasks:retry", { body: { filter } });
         if (reply.retried) {
           flash(`Retried ${reply.retried.length} task(s) as new tasks.`, "ok");
         } else {
