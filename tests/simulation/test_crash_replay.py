@@ -15,6 +15,9 @@ A partition's state is a pure function of its log prefix (DESIGN.md). Per seed:
     finds.
 (A) an uninterrupted run over the log that survived, into a fresh KV.
 
+With real RocksDB, crashes also delete the database or restore an older copy of its directory
+(S7 of RELIABILITY.md); the rebuilt state must have the reference's state hash.
+
 The two KVs must be byte-identical. Outbox rows are compared as the flattened stream of the
 events they hold, not row by row: a row is keyed by the offset that ended its write batch, and
 batch boundaries legitimately differ between (A) and (B) (a batch read after a crash starts at
@@ -32,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import os
 import random
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,20 +139,45 @@ class MemoryStore:
 
 
 class RocksStore:
-    """Real RocksDB on disk; the crash closes and reopens it."""
+    """Real RocksDB on disk. Crashes take turns at S7's faults: close and reopen (kill -9);
+    delete the directory (nuke: rebuilt from the log); restore the copy of the directory taken
+    at the previous crash (rollback: state behind the log, like a stale checkpoint)."""
+
+    FAULTS = ("reopen", "nuke", "rollback")
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.snapshot = path.with_name(path.name + ".snapshot")
         self.kv: RocksKV = RocksKV(path)
+        self.faults: collections.Counter[str] = collections.Counter()
 
     def crash(self, rng: random.Random) -> None:
         self.kv.close()
+        fault = self.FAULTS[sum(self.faults.values()) % len(self.FAULTS)]
+        taken = self.path.with_name(self.path.name + ".taking")
+        shutil.copytree(self.path, taken)  # the copy the next rollback restores
+        if fault == "nuke" or (fault == "rollback" and self.snapshot.exists()):
+            shutil.rmtree(self.path)
+            if fault == "rollback":
+                shutil.copytree(self.snapshot, self.path)
+        self.faults[fault] += 1
+        STATS[f"rocksdb {fault}"] += 1
+        shutil.rmtree(self.snapshot, ignore_errors=True)
+        taken.rename(self.snapshot)
         self.kv = RocksKV(self.path)
 
 
 def dump(kv: KV) -> dict[bytes, bytes]:
     """Every pair but the outbox rows (compared as an event stream, see the module doc)."""
     return {k: v for k, v in kv.scan(b"") if not k.startswith(keys.OUTBOX)}
+
+
+def state_hash(kv: KV) -> str:
+    """I8's state hash: every pair but the outbox rows, in key order."""
+    digest = hashlib.sha256()
+    for k, v in sorted(dump(kv).items()):
+        digest.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+    return digest.hexdigest()
 
 
 def events_of(kv: KV) -> list[TaskEvent]:
@@ -453,7 +483,7 @@ def test_crashes_and_torn_tails_replay_to_the_same_state(seed: int) -> None:
         raise AssertionError(f"FAILED seed={seed} (CONVEYOR_SIM_SEED={seed}): {exc!r}") from exc
 
 
-def test_rocksdb_close_and_reopen_replays_to_the_same_state(tmp_path: Path) -> None:
+def test_rocksdb_reopened_nuked_or_rolled_back_replays_to_the_same_state(tmp_path: Path) -> None:
     seed = SEEDS[0] + 1_000
 
     async def body() -> None:
@@ -462,7 +492,9 @@ def test_rocksdb_close_and_reopen_replays_to_the_same_state(tmp_path: Path) -> N
             survived = await crashing_run(seed, store, STEPS // 2)
             reference = MemoryKV()
             await reference_run(survived, reference, 16)
-            compare(seed, store.kv, reference)
+            compare(seed, store.kv, reference)  # S7: the same state, byte for byte
+            assert state_hash(store.kv) == state_hash(reference)
+            assert all(store.faults[f] >= 1 for f in RocksStore.FAULTS), store.faults
         finally:
             store.kv.close()
 
