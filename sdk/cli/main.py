@@ -5,7 +5,7 @@ enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
-chaos kill9|zombie|lost-replies   fault-injection runs (tools.py, streams/chaos)
+chaos kill9|soak|zombie|lost-replies   fault-injection runs (tools.py, streams/chaos)
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ bench_app.command("projection")(tools.bench_projection)
 projection_app.command("rebuild")(tools.projection_rebuild)
 docs_app.command("lifecycle")(tools.docs_lifecycle)
 chaos_app.command("kill9")(tools.chaos_kill9)
+chaos_app.command("soak")(tools.chaos_soak)
 chaos_app.command("zombie")(tools.chaos_zombie)
 chaos_app.command("lost-replies")(tools.chaos_lost_replies)
 app.add_typer(log_app, name="log")

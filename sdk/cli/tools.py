@@ -303,21 +303,54 @@ def chaos_kill9(
     rate: Annotated[float, typer.Option("--rate", min=1, help="Enqueues/s, all clients")] = 80.0,
     agents: Annotated[int, typer.Option("--agents", min=1)] = 1,
     home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    scenario: Annotated[
+        str, typer.Option("--scenario", help="p1 | p4 (crash loops) | p5 (failpoint) | p6")
+    ] = "p1",
     as_json: JsonOpt = False,
 ) -> None:
-    """P1: kill -9 the node, agents and guests under load; check no lost acks, no phantoms,
-    one terminal state. Prints the run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    """P1 (and P4, P5, P6 with --scenario): kill -9 under load; check no lost acks, no
+    phantoms, one terminal state. Prints the run's figure (RELIABILITY.md §11); exits 1 unless
+    valid."""
+    _chaos_run(scenario, seconds, seed, clients, rate, agents, home, as_json)
+
+
+def chaos_soak(
+    minutes: Annotated[float, typer.Option("--minutes", min=0.1, help="Load under faults")] = 30,
+    seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    agents: Annotated[int, typer.Option("--agents", min=1)] = 2,
+    home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The long opt-in soak: every kill -9 fault mixed (node, agents, guests, crash loops,
+    the lease-delivery failpoint) for --minutes, then the same checks as kill9."""
+    _chaos_run("soak", minutes * 60, seed, 6, 80.0, agents, home, as_json)
+
+
+def _chaos_run(
+    name: str,
+    seconds: float,
+    seed: int | None,
+    clients: int,
+    rate: float,
+    agents: int,
+    home: Path | None,
+    as_json: bool,
+) -> None:
     import random
 
-    from conveyor.streams.chaos.runner import Config, run_kill9
+    from conveyor.streams.chaos.runner import SCENARIOS, run_kill9, scenario
 
-    config = Config(
+    if name not in SCENARIOS:
+        raise fail(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
+    config = scenario(
+        name,
         seconds=seconds,
         seed=random.randrange(2**31) if seed is None else seed,
         clients=clients,
         rate=rate,
         agents=agents,
         home=home,
+        drain_s=max(60.0, seconds / 10),
     )
     result = asyncio.run(run_kill9(config))
     _print_result(result, as_json)

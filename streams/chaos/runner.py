@@ -1,4 +1,12 @@
-"""P1 of RELIABILITY.md: total-queue under kill -9 (``conveyor chaos kill9``).
+"""P1, P4, P5, P6 of RELIABILITY.md: total-queue under kill -9 (``conveyor chaos kill9``,
+``--scenario``), and the long mixed soak (``conveyor chaos soak``).
+
+Scenarios differ only in the nemesis and the agents' prefetch (``SCENARIOS``):
+    p1     kill -9 of the node, agents and guests
+    p4     crash loops: the node killed again while it recovers
+    p5     the node crashes at a failpoint between a lease grant and its delivery
+    p6     agents killed while they hold prefetched leases (deep prefetch, agent kills only)
+    soak   all of the above, mixed, for as long as a person wants to wait
 
 Phases: start a node and agents on a temp home; drive ``clients`` concurrent enqueuers (each
 key unique, SDK transport retries OFF so every reply the history records is the one the server
@@ -54,6 +62,47 @@ class Config:
     nemesis: NemesisConfig = field(default_factory=NemesisConfig)
     thresholds: checker.Thresholds = field(default_factory=checker.Thresholds)
     home: Path | None = None  # keep the run's files here (default: a temp dir, removed)
+    test: str = "P1-total-queue-kill9"  # the name in the result line
+
+
+# name -> (test name, nemesis, agents' prefetch, (node, agent) kills a run must show)
+SCENARIOS: dict[str, tuple[str, NemesisConfig, int, tuple[int, int]]] = {
+    "p1": ("P1-total-queue-kill9", NemesisConfig(), 4, (1, 1)),
+    "p4": (
+        "P4-crash-loop-during-recovery",
+        NemesisConfig(interval_s=(2.0, 5.0), weights=(0.1, 0.2, 0.1, 0.6)),
+        4,
+        (3, 0),
+    ),
+    "p5": (
+        "P5-kill-between-lease-granted-and-delivered",
+        NemesisConfig(weights=(0.0, 0.5, 0.5, 0.0), failpoints="lease-granted=0.03"),
+        4,
+        (1, 1),
+    ),
+    "p6": (
+        "P6-agent-killed-holding-prefetched-leases",
+        NemesisConfig(interval_s=(1.0, 3.0), weights=(0.0, 1.0, 0.0, 0.0)),
+        32,
+        (0, 1),
+    ),
+    "soak": (
+        "soak-mixed",
+        NemesisConfig(weights=(0.3, 0.3, 0.2, 0.2), failpoints="lease-granted=0.002"),
+        16,
+        (1, 1),
+    ),
+}
+
+
+def scenario(name: str, **overrides: Any) -> Config:
+    """The ``Config`` of a scenario of ``SCENARIOS``; ``overrides`` set other fields."""
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    test, nemesis, prefetch, (node_kills, agent_kills) = SCENARIOS[name]
+    least = checker.Thresholds(min_node_kills=node_kills, min_agent_kills=agent_kills)
+    thresholds = overrides.pop("thresholds", None) or least
+    return Config(test=test, nemesis=nemesis, prefetch=prefetch, thresholds=thresholds, **overrides)
 
 
 @dataclass
@@ -75,6 +124,7 @@ async def run_kill9(config: Config) -> dict[str, Any]:
         cluster = ChaosCluster(
             root, config.partitions, config.agents, config.concurrency, config.prefetch
         )
+        cluster.failpoints = config.nemesis.failpoints  # armed from the node's first start
         history = History(root / "history.jsonl")
         run = Run(cluster, history, root / "executions.log")
         try:
@@ -85,7 +135,7 @@ async def run_kill9(config: Config) -> dict[str, Any]:
             history.close()
         evidence = _evidence(root / "node", run.journal, drained)
         result = checker.check(history.ops, evidence, config.thresholds)
-    head = {"test": "P1-total-queue-kill9", "seed": config.seed, "duration_s": config.seconds}
+    head = {"test": config.test, "seed": config.seed, "duration_s": config.seconds}
     return {**head, **result, "wall_s": round(time.monotonic() - started, 1)}
 
 

@@ -28,6 +28,7 @@ from conveyor.schemas.types import (
     TaskSpec,
 )
 from conveyor.store.postgres import queries
+from conveyor.streams import failpoints
 from conveyor.streams.gateway import listing, render, snapshot
 from conveyor.streams.gateway.auth import KeyStore
 from conveyor.streams.gateway.fields import compact
@@ -283,6 +284,8 @@ class Gateway:
             lease_ms=req.lease_ms,
             wait_ms=req.wait_ms,
         )
+        if leases:
+            failpoints.hit("lease-granted")  # durable grants, not yet delivered
         return [
             render.lease_json(
                 lease,
