@@ -26,6 +26,7 @@ from conveyor.client import (
 )
 from conveyor.errors import TransientError
 from conveyor.wire import (
+    AttemptInfo,
     BulkFilter,
     Enqueue,
     EnqueueOptions,
@@ -145,6 +146,12 @@ class AsyncClient:
 
     async def get(self, task_id: str) -> TaskInfo:
         return TaskInfo.from_json(await self._send("GET", f"/v1/tasks/{task_id}"))
+
+    async def attempt_log(self, attempt: AttemptInfo) -> str:
+        """What ``attempt`` printed (its tail), or "" when it left no output."""
+        if attempt.log_url is None:
+            return ""
+        return str((await self._send("GET", attempt.log_url))["log"])
 
     async def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
         deadline = None if timeout is None else time.monotonic() + timeout

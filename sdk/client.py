@@ -23,6 +23,7 @@ import httpx
 from conveyor.app import TaskType
 from conveyor.errors import ContractError, TaskFailed, TransientError
 from conveyor.wire import (
+    AttemptInfo,
     BulkFilter,
     Enqueue,
     EnqueueOptions,
@@ -207,6 +208,12 @@ class Client:
 
     def get(self, task_id: str) -> TaskInfo:
         return TaskInfo.from_json(self._send("GET", f"/v1/tasks/{task_id}"))
+
+    def attempt_log(self, attempt: AttemptInfo) -> str:
+        """What ``attempt`` printed (its tail), or "" when it left no output."""
+        if attempt.log_url is None:
+            return ""
+        return str(self._send("GET", attempt.log_url)["log"])
 
     def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
         """The task once it is terminal, or as it is when ``timeout`` seconds have passed."""

@@ -186,6 +186,7 @@ class AttemptInfo:
     finished_ms: int | None
     outcome: str | None
     error: ErrorInfo | None = None
+    log_url: str | None = None  # what the attempt printed: ``client.attempt_log(attempt)``
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +225,7 @@ class TaskInfo:
                 finished_ms=a.get("finished_ms"),
                 outcome=a.get("outcome"),
                 error=ErrorInfo.from_json(a.get("error")),
+                log_url=a.get("log_url"),
             )
             for a in data.get("attempts") or []
         ]

@@ -156,6 +156,7 @@ async def _run_node(
     concurrency: int = 8,
     snapshot_config: SnapshotConfig | None = None,
 ) -> None:
+    from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.store.blobs import LocalBlobs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.node import Node
@@ -181,6 +182,7 @@ async def _run_node(
             blobs=LocalBlobs(home / "blobs"),
             snapshot=snapshot.pool if snapshot is not None else None,
             metrics=metrics,
+            logs=AttemptLogs(home / "logs"),
         )
         try:
             runner, url = await start(app, host, port)

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
 from conveyor.streams.gateway import dashboard, openapi, routes, usage
 from conveyor.streams.gateway.auth import KeyStore, authenticate
@@ -83,6 +84,7 @@ def build_app(
     blobs: Blobs | None = None,
     snapshot: asyncpg.Pool | None = None,
     metrics: Metrics | None = None,
+    logs: AttemptLogs | None = None,
 ) -> web.Application:
     """The gateway. ``snapshot``: list from Postgres (else RocksDB scans). ``metrics``: the
     process's metrics to serve at /metrics (a fresh set watching ``node`` if not given)."""
@@ -93,7 +95,9 @@ def build_app(
         middlewares=[error_middleware, timing_middleware, auth_middleware],
         client_max_size=BODY_BYTES_MAX,  # routes.read_body turns the overflow into a 413
     )
-    app[routes.GATEWAY] = Gateway(node, keys, registry, Payloads(blobs), snapshot=snapshot)
+    app[routes.GATEWAY] = Gateway(
+        node, keys, registry, Payloads(blobs), snapshot=snapshot, logs=logs
+    )
     app[METRICS] = metrics
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/metrics", metrics_route, allow_head=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
 from conveyor.schemas.types import Outcome, TaskStatus
 from conveyor.streams.gateway import fields, payloads, validation, worker_requests
 from conveyor.streams.gateway.errors import ERRORS
@@ -118,6 +119,7 @@ def _task_shapes() -> dict[str, Schema]:
             "finished_ms": nullable(integer()),
             "outcome": TEXT,
             "error": ERROR,
+            "log_url": nullable({"type": "string", "description": "its captured output"}),
         }
     )
     codes = sorted({code for _, _, code in ERRORS} | {"internal"})
@@ -240,6 +242,13 @@ def _worker_shapes() -> dict[str, Schema]:
                         "identity",
                         "position",
                     )
+                ),
+                "log": nullable(
+                    {
+                        "type": "string",
+                        "maxLength": ATTEMPT_LOG_BYTES_MAX,
+                        "description": "the tail of what the attempt printed",
+                    }
                 ),
             },
             "task_id",
@@ -402,6 +411,14 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         None,
         ref("Task"),
         [_ID, _param("wait_ms", integer(0, validation.WAIT_MS_MAX))],
+    ),
+    (
+        "get",
+        "/v1/tasks/{task_id}/logs/{lease_id}",
+        "What one attempt printed (the tail the agent kept); the attempt's log_url",
+        None,
+        obj({"task_id": TASK_ID, "lease_id": integer(1), "log": {"type": "string"}}),
+        [_ID, _param("lease_id", integer(1), "path")],
     ),
     (
         "get",

@@ -35,7 +35,7 @@ def task_summary(task: Task) -> dict[str, Any]:
     }
 
 
-def attempt_json(a: Attempt) -> dict[str, Any]:
+def attempt_json(a: Attempt, logged: set[int]) -> dict[str, Any]:
     return {
         "attempt": a.attempt,
         "worker": a.agent_id,
@@ -43,15 +43,28 @@ def attempt_json(a: Attempt) -> dict[str, Any]:
         "finished_ms": a.finished_ms,
         "outcome": a.outcome,
         "error": error_json(a.error_class, a.error_message, a.error_stack),
+        "log_url": log_url(a.task_id, a.lease_id, logged),
     }
 
 
+def log_url(task_id: str, lease_id: int, logged: set[int]) -> str | None:
+    """Where the attempt's captured output is, if it left any."""
+    return f"/v1/tasks/{task_id}/logs/{lease_id}" if lease_id in logged else None
+
+
 def task_detail(
-    task: Task, attempts: list[Attempt], *, payload: Any, result: Any, checkpoint: Any
+    task: Task,
+    attempts: list[Attempt],
+    *,
+    payload: Any,
+    result: Any,
+    checkpoint: Any,
+    logged: set[int],
 ) -> dict[str, Any]:
+    """``logged``: the lease ids whose attempts left captured output."""
     body = task_summary(task)
     body.update(payload=payload, result=result, checkpoint=checkpoint)
-    rows = [attempt_json(a) for a in attempts]
+    rows = [attempt_json(a, logged) for a in attempts]
     in_row = task.status in (TaskStatus.LEASED, TaskStatus.SUCCEEDED)
     if in_row and all(a.attempt != task.attempt for a in attempts):
         # The attempt under way, and the one that succeeded, live in the task row only.
@@ -64,6 +77,7 @@ def task_detail(
                 "finished_ms": task.finished_ms if done else None,
                 "outcome": task.status.value if done else None,
                 "error": None,
+                "log_url": log_url(task.task_id, task.lease_id, logged),
             }
         )
     body["attempts"] = rows

@@ -81,6 +81,14 @@ async def get_task(request: web.Request) -> web.Response:
     return reply(await gw.task(tenant, request.match_info["task_id"], wait_ms))
 
 
+async def attempt_log(request: web.Request) -> web.Response:
+    gw, tenant = context(request)
+    task_id = request.match_info["task_id"]
+    lease_id = validation.parse_lease_id(request.match_info["lease_id"])
+    log = gw.attempt_log(tenant, task_id, lease_id)
+    return reply({"task_id": task_id, "lease_id": lease_id, "log": log})
+
+
 async def list_tasks(request: web.Request) -> web.Response:
     gw, tenant = context(request)
     return reply(await gw.list_tasks(tenant, validation.parse_list_query(request.query)))
@@ -201,6 +209,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/operations/{operation_id}", get_operation, allow_head=False)
     app.router.add_get("/v1/tasks", list_tasks, allow_head=False)
     app.router.add_get("/v1/tasks/{task_id}", get_task, allow_head=False)
+    app.router.add_get("/v1/tasks/{task_id}/logs/{lease_id}", attempt_log, allow_head=False)
     app.router.add_get("/v1/queues", list_queues, allow_head=False)
     app.router.add_post("/v1/tasks/{task_id}/cancel", cancel)
     app.router.add_post("/v1/schedules", upsert_schedule)

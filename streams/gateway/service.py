@@ -27,6 +27,7 @@ from conveyor.schemas.types import (
     Task,
     TaskSpec,
 )
+from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.postgres import queries
 from conveyor.streams import failpoints
 from conveyor.streams.gateway import listing, render, snapshot
@@ -68,8 +69,10 @@ class Gateway:
         payloads: Payloads,
         *,
         snapshot: asyncpg.Pool | None = None,
+        logs: AttemptLogs | None = None,
     ) -> None:
         self.node = node
+        self.logs = logs  # what attempts printed; None: not kept
         self.keys = keys
         self.registry = registry
         self.payloads = payloads
@@ -148,7 +151,15 @@ class Gateway:
             payload=await self._visible(tenant, tables.payload(task_id)),
             result=await self.payloads.value(task.result),
             checkpoint=await self._visible(tenant, task.checkpoint),
+            logged=self.logs.leases(task_id) if self.logs is not None else set(),
         )
+
+    def attempt_log(self, tenant: str, task_id: str, lease_id: int) -> str:
+        self.find(tenant, task_id)
+        text = self.logs.get(task_id, lease_id) if self.logs is not None else None
+        if text is None:
+            raise NotFound(f"no log of lease {lease_id} of task {task_id}", field="lease_id")
+        return text
 
     async def _visible(self, tenant: str, stored: bytes | None) -> Any:
         """A payload as the client API shows it: ``HIDDEN`` when the tenant's settings say
@@ -321,6 +332,9 @@ class Gateway:
         # The node answers one reply per item, in order.
         for i, reply in zip(mine, await self.node.complete(batch) if batch else [], strict=True):
             results[i] = _result(reply)
+            item = items[i]
+            if reply.ok and item.log and self.logs is not None:
+                self.logs.put(item.task_id, item.lease_id, item.log)  # fenced: after the ok
         return results
 
     async def steps(self, tenant: str, items: list[StepRequest]) -> list[dict[str, Any]]:

@@ -270,6 +270,12 @@ def parse_wait_ms(query: Mapping[str, str]) -> int:
     return _query_int(q, "wait_ms", 0, WAIT_MS_MAX) or 0
 
 
+def parse_lease_id(text: str) -> int:
+    """A lease id in a path: a positive 64-bit integer."""
+    value: Any = int(text) if re.fullmatch(r"\d{1,19}", text) else text
+    return check_int(value, "lease_id", 1, 2**63 - 1)
+
+
 def _query_int(q: Fields, name: str, lo: int, hi: int) -> int | None:
     text = q.raw(name)
     if text is None or text == "":

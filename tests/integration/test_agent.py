@@ -351,6 +351,9 @@ def test_end_to_end_over_http(gateway: str, tmp_path: Path) -> None:
 async def over_http(client: conveyor.AsyncClient, marker: Path) -> None:
     echo = await client.enqueue(agent_app.echo, {"n": 1})
     assert (await echo.result(timeout=DEADLINE_S))["payload"] == {"n": 1}
+    # What the attempt printed travels with its completion and is kept with the task.
+    (ran,) = (await echo.get()).attempts
+    assert await client.attempt_log(ran) == "echo of {'n': 1} in attempt 1\n"
 
     refused = await client.enqueue(agent_app.refuse, "this")
     with pytest.raises(conveyor.TaskFailed) as err:

@@ -602,10 +602,11 @@ def test_stale_lease_is_rejected_and_changes_nothing(node: NodeProcess) -> None:
     assert second["lease_id"] > first["lease_id"]
     assert second["attempt"] == first["attempt"] + 1
     before = get(node.base, task_id)
-    stale = complete(node.base, first, result="zombie")
+    stale = complete(node.base, first, result="zombie", log="zombie output")
     assert stale["ok"] is False and "stale lease" in stale["reason"]
     after = get(node.base, task_id)
     assert after == before and after["status"] == "LEASED"
+    assert [a["log_url"] for a in after["attempts"]] == [None, None]  # the zombie left none
     hb = call(
         node.base,
         "POST",
@@ -613,10 +614,21 @@ def test_stale_lease_is_rejected_and_changes_nothing(node: NodeProcess) -> None:
         {"leases": [{"task_id": task_id, "lease_id": first["lease_id"]}]},
     )
     assert hb[1]["actions"][0]["action"] == "LOST"
-    assert complete(node.base, second, result="live")["ok"] is True
+    ref = {"task_id": task_id, "lease_id": second["lease_id"]}
+    too_long = {"completions": [{**ref, "outcome": "SUCCEEDED", "log": "x" * 65_537}]}
+    status, error = call(node.base, "POST", "/worker/complete", too_long)
+    assert status == 400 and error["error"]["field"] == "completions[0].log", error
+    assert complete(node.base, second, result="live", log="live output\n")["ok"] is True
     # A duplicate completion of a finished task changes nothing either.
-    assert complete(node.base, second, result="again")["ok"] is False
-    assert get(node.base, task_id)["result"] == "live"
+    assert complete(node.base, second, result="again", log="again")["ok"] is False
+    done = get(node.base, task_id)
+    assert done["result"] == "live"
+    url = done["attempts"][-1]["log_url"]
+    assert url == f"/v1/tasks/{task_id}/logs/{second['lease_id']}"
+    status, log = call(node.base, "GET", url)
+    assert status == 200 and log["log"] == "live output\n"
+    assert call(node.base, "GET", url, key=KEY_B)[0] == 404  # another tenant's task
+    assert call(node.base, "GET", f"/v1/tasks/{task_id}/logs/{first['lease_id']}")[0] == 404
 
 
 def test_cancel_of_a_leased_task_reaches_the_worker(node: NodeProcess) -> None:
