@@ -70,6 +70,11 @@ class Context:
             {"task_id": task_id, "attempt": attempt},
         )
 
+    def version(self, name: str) -> bool:
+        """Whether this task takes the new branch of a deliberate control-flow change
+        (``StepContext.version`` has the rules)."""
+        return self.step.version(name)
+
     def parallel(self, name: str, children: Iterable[Any], mode: str = "collect") -> list[Any]:
         """Fan out to child tasks and return their results in order: ``mode="collect"``
         returns a ``conveyor.ChildError`` in place of a child that did not succeed,

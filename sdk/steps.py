@@ -146,6 +146,14 @@ def _recorded(rows: list[dict[str, Any]]) -> list[_Recorded]:
     ]
 
 
+VERSION_PREFIX = "@version:"  # the identity of a ``version`` marker; no step name starts so
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not name or len(name.encode()) > STEP_NAME_BYTES_MAX:
+        raise StepRefused(f"a step name is 1..{STEP_NAME_BYTES_MAX} bytes, got {name!r:.200}")
+
+
 def encode_value(identity: str, value: Any) -> str:
     """The stored form of a step's value (compact JSON), checked against the per-step cap."""
     try:
@@ -180,6 +188,7 @@ class StepContext:
         rows = _recorded(recorded)
         self._by_identity = {r.identity: r for r in rows}
         self._at = {r.position: r for r in rows if r.committed and r.position >= 0}
+        self._reached = {r.position for r in rows if r.position >= 0}  # claimed or committed
         self._occurrences: Counter[str] = Counter()
         self._running: list[str] = []  # unkeyed identities asked for, in order
         self._used: set[str] = set()
@@ -275,12 +284,51 @@ class StepContext:
         self._leave()
         raise self._latch(FanOut(identity, position, mode=wire_mode, children=bodies))
 
+    def version(self, name: str) -> bool:
+        """A deliberate change of control flow for tasks already under way (the patch
+        pattern), checked like a step, at its position among the unkeyed steps:
+
+        - ``True`` where the task reached this point under code that asks (an earlier
+          attempt recorded the marker), or reaches it for the first time: the marker is
+          recorded now, and this task takes the new branch for good;
+        - ``False`` where the task's recorded steps already went on past this point under
+          code that did not ask: it takes the old branch, and the marker takes no position,
+          so its recorded steps still line up.
+
+            if ctx.version("charge-with-tax"):
+                total = ctx.step.run("charge_with_tax", charge_with_tax)
+            else:
+                total = ctx.step.run("charge", charge)
+        """
+        self._reraise()
+        _check_name(name)
+        identity = f"{VERSION_PREFIX}{name}"
+        position = len(self._running)
+        recorded = self._at.get(position)
+        if recorded is not None and recorded.identity == identity:
+            self._running.append(identity)
+            self._used.add(identity)
+            return True
+        if position in self._reached:
+            return False  # another step was recorded here first: the old branch
+        if identity in self._used:
+            raise StepRefused(f"ctx.version({name!r}) is asked twice in one attempt")
+        self._running.append(identity)
+        self._used.add(identity)
+        self._enter(identity)
+        try:
+            self._write(COMMIT, identity, position, True)
+        finally:
+            self._leave()
+        return True
+
     # -- the rules ------------------------------------------------------------------------------
 
     def _identify(self, name: str, key: str | None) -> tuple[str, int]:
         """Rule 1, then rule 2 for an unkeyed call. Returns (identity, position or -1)."""
-        if not isinstance(name, str) or not name or len(name.encode()) > STEP_NAME_BYTES_MAX:
-            raise StepRefused(f"a step name is 1..{STEP_NAME_BYTES_MAX} bytes, got {name!r:.200}")
+        _check_name(name)
+        if name.startswith(VERSION_PREFIX[0]):
+            raise StepRefused(f"step names beginning with {VERSION_PREFIX[0]!r} are reserved")
         if key is not None:
             if not isinstance(key, str) or len(key.encode()) > STEP_KEY_BYTES_MAX:
                 raise StepRefused(f"a step key is a string of at most {STEP_KEY_BYTES_MAX} bytes")

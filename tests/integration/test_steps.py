@@ -398,3 +398,48 @@ def test_a_commit_under_a_lost_lease_is_refused_and_the_attempt_dropped(engine: 
     assert [a.outcome for a in info.attempts] == ["FAILED", "SUCCEEDED"]
     assert info.attempts[0].error is not None
     assert info.attempts[0].error.error_class == "LeaseExpired"  # the zombie reported nothing
+
+
+@app.task(retry=RETRY)
+def migrating(ctx: conveyor.Context, _: Any) -> list[str]:
+    """Its code changes while tasks are asleep in it: ``flags["v2"]`` is the deploy."""
+    out = [ctx.step.run("quote", lambda: note("quote"))]
+    ctx.step.sleep("1h")
+    if flags.get("v2") and ctx.version("charge-with-tax"):
+        out.append(ctx.step.run("charge_with_tax", lambda: note("charge with tax")))
+    else:
+        out.append(ctx.step.run("charge", lambda: note("charge")))
+    out.append(ctx.step.run("receipt", lambda: note("receipt")))
+    return out
+
+
+def test_version_markers_let_new_code_branch_without_breaking_old_runs(engine: Engine) -> None:
+    old = engine.client.enqueue(migrating)
+    engine.run_until_idle()  # asleep before the branch point, under the old code
+    flags["v2"] = True  # the deploy
+    new = engine.client.enqueue(migrating)
+    engine.run_until_idle()
+    engine.advance("1h")
+    engine.drain()
+    # The old run had not reached the branch point: it records the marker and branches too.
+    assert old.result() == new.result() == ["quote", "charge with tax", "receipt"]
+
+
+@app.task(retry=RETRY)
+def past_the_point(ctx: conveyor.Context, _: Any) -> list[Any]:
+    """Attempt 1 (the old code) records ``charge`` at position 0 and fails; attempt 2 (the new
+    code) asks for the marker at that position."""
+    if ctx.attempt == 1:
+        ctx.step.run("charge", lambda: note("charge"))
+        raise RuntimeError("failed after the charge")
+    took_new = ctx.version("charge-with-tax")
+    charged = ctx.step.run("charge_with_tax" if took_new else "charge", lambda: note("again"))
+    return [took_new, charged]
+
+
+def test_a_run_already_past_the_branch_point_keeps_the_old_branch(engine: Engine) -> None:
+    handle = engine.client.enqueue(past_the_point)
+    engine.drain()
+    # The marker takes no position in the old run, so its steps still line up: no
+    # divergence, and the committed charge is not run again.
+    assert handle.result() == [False, "charge"] and calls == ["charge"]
