@@ -73,8 +73,10 @@ def dev() -> Iterator[Dev]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope, not session: playwright's sync API keeps an event loop running in this
+    # thread while it is started, and every later test calling asyncio.run() would fail.
     if not CHROMIUM.exists():
         _unavailable(f"chromium not found at {CHROMIUM}")
     try:

@@ -18,3 +18,10 @@ def explode(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
 @app.task
 def double(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, int]:
     return {"twice": payload["n"] * 2}
+
+
+@app.workflow
+def checkout(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
+    price = ctx.step.run("price", lambda: payload["n"] * 10)
+    doubled = ctx.parallel("fan", [(double, {"n": i}) for i in range(3)])
+    return {"price": price, "doubled": doubled}

@@ -66,8 +66,13 @@ let openapi = null;
 /** Whether the node's OpenAPI document lists a path (feature detection, e.g. workflows). */
 export async function hasPath(prefix) {
   if (openapi === null) {
-    const reply = await fetch("/openapi.json");
-    openapi = reply.ok ? await reply.json() : { paths: {} };
+    try {
+      const reply = await fetch("/openapi.json");
+      if (!reply.ok) return false;
+      openapi = await reply.json();
+    } catch {
+      return false; // asked again next time
+    }
   }
   return Object.keys(openapi.paths || {}).some((path) => path.startsWith(prefix));
 }

@@ -1,14 +1,14 @@
 // One task: its state, the attempt timeline (worker, timings, error, stack, captured log),
 // payload, result and checkpoint, with cancel and retry. Refreshes itself until terminal.
 
-import { api } from "../api.js";
+import { api, hasPath } from "../api.js";
 import {
   badge, fmtDuration, fmtTime, h, jsonBlock, mount, s, table, taskLink, TERMINAL,
 } from "../dom.js";
 
 const REFRESH_MS = 2000;
 
-function facts(task) {
+function facts(task, workflows) {
   const items = [
     ["Task type", task.task_type],
     ["App", task.app],
@@ -20,9 +20,9 @@ function facts(task) {
     ["Updated", fmtTime(task.updated_ms)],
     ["Finished", fmtTime(task.finished_ms)],
   ];
-  if (task.workflow_id) {
-    items.push(["Workflow", h("a", { href: `#/workflow/${encodeURIComponent(task.workflow_id)}` },
-      task.workflow_id)]);
+  if (workflows) {
+    items.push(["Steps", h("a", { href: `#/workflow/${encodeURIComponent(task.task_id)}`,
+      class: "workflow-link" }, "workflow view")]);
   }
   return h("dl", { class: "facts" }, items.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")]));
 }
@@ -130,6 +130,7 @@ function actions(task, { nav, flash, reload }) {
 
 export async function renderTask(main, ctx) {
   const path = `/v1/tasks/${encodeURIComponent(ctx.arg)}`;
+  const workflows = await hasPath("/v1/workflows/");
   let shown = null;
   const paint = (task) => {
     shown = task;
@@ -140,7 +141,7 @@ export async function renderTask(main, ctx) {
         task.cancel_requested ? h("span", { class: "badge s-canceled" }, "cancel requested") : null,
         h("span", { class: "spacer" }),
         actions(task, { ...ctx, reload })),
-      facts(task),
+      facts(task, workflows),
       errorBlock(task.error),
       h("section", { class: "card" }, h("h2", {}, "Attempts"), timeline(task, task.attempts),
         attemptsTable(task.attempts)),

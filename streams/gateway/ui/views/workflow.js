@@ -1,97 +1,113 @@
-// Workflow detail: its steps in order as a small graph with per-step state, and its child
-// tasks. Needs GET /v1/workflows/{id}; on a node without it the view says so.
+// Workflow detail (GET /v1/workflows/{id}): the steps in order as a graph with per-step state,
+// each parallel step fanned out to its children, and the step values from the paged history.
+// On a node without the endpoint the view says so and links the root task instead.
 //
-// Read tolerantly (field names as the endpoint documents them, with fallbacks):
-//   {"workflow_id"|"task_id", "status", "task_type", "created_ms", "finished_ms",
-//    "steps": [{"identity"|"name", "position", "state"|"status"|"committed", "claims",
-//               "value"|"result", "error"}],
-//    "children": [{"task_id", "task_type", "status", "step"?}]}
+//   {"workflow": <task summary>,
+//    "steps": [{"identity", "position", "kind": run|sleep|parallel, "state", "claims",
+//               "wake_at_ms"}],
+//    "parallel": [{"identity", "position", "mode", "total", "fired", "counts": {status: n},
+//                  "children": [{"index", "task_id", "status"}], "children_truncated"}]}
 
 import { api, hasPath } from "../api.js";
 import {
   badge, field, fmtTime, h, jsonBlock, mount, s, table, taskLink, TERMINAL,
 } from "../dom.js";
 
-const NODE_W = 220;
+const NODE_W = 200;
 const NODE_H = 30;
-const GAP = 16;
+const CHILD_W = 110;
+const GAP = 18;
+const CHILDREN_DRAWN_MAX = 8;
+const HISTORY_PAGE = 1000;
+const REFRESH_MS = 3000;
 
-function stepName(step) {
-  return step.identity || step.name || step.step_id || `step ${step.position}`;
+function label(text, max) {
+  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }
 
-function stepState(step) {
-  if (step.state || step.status) return String(step.state || step.status).toUpperCase();
-  if (step.committed !== undefined) return step.committed ? "COMMITTED" : "PENDING";
-  return "UNKNOWN";
-}
-
-/** Steps top to bottom, each child task of a step fanned out to its right. */
-function graph(steps, children) {
-  const rows = steps.length + (children.length && !children.some((c) => c.step) ? 1 : 0);
-  if (!rows) return null;
-  const byStep = new Map();
-  for (const child of children) {
-    const key = child.step || "";
-    byStep.set(key, [...(byStep.get(key) || []), child]);
-  }
-  const nodes = [];
-  const edges = [];
+/** Steps top to bottom; a parallel step's children to its right (the first few, then "+n"). */
+function graph(steps, parallel) {
+  if (!steps.length) return null;
+  const byIdentity = new Map(parallel.map((p) => [p.identity, p]));
+  const edges = []; // drawn first, under the nodes they join
+  const parts = [];
   let y = 4;
-  const box = (x, top, label, state, title, href) => {
-    const g = s("g", { class: `node st-${state.toLowerCase()}` },
-      s("rect", { x, y: top, width: NODE_W, height: NODE_H, rx: 5 }),
-      s("text", { x: x + 8, y: top + 19 }, label.length > 26 ? `${label.slice(0, 25)}…` : label),
-      s("title", {}, title));
-    nodes.push(href ? s("a", { href }, g) : g);
-  };
+  let width = NODE_W + 8;
   steps.forEach((step, i) => {
-    const state = stepState(step);
-    if (i > 0) edges.push(s("line", { x1: 4 + NODE_W / 2, y1: y - GAP, x2: 4 + NODE_W / 2, y2: y }));
-    box(4, y, stepName(step), state, `${stepName(step)}: ${state}`);
-    (byStep.get(stepName(step)) || []).forEach((child, j) => {
-      const cx = 4 + (NODE_W + 40) * (j + 1);
-      edges.push(s("line", { x1: cx - 40, y1: y + NODE_H / 2, x2: cx, y2: y + NODE_H / 2 }));
-      box(cx, y, child.task_type || child.task_id, child.status || "UNKNOWN",
-        `${child.task_id}: ${child.status}`, `#/task/${encodeURIComponent(child.task_id)}`);
-    });
+    if (i > 0) {
+      edges.push(s("line", { x1: 4 + NODE_W / 2, y1: y - GAP, x2: 4 + NODE_W / 2, y2: y }));
+    }
+    parts.push(s("g", { class: `node st-${step.state.toLowerCase()}`, "data-step": step.identity },
+      s("rect", { x: 4, y, width: NODE_W, height: NODE_H, rx: 5 }),
+      s("text", { x: 12, y: y + 19 }, label(`${step.identity} · ${step.state}`, 30)),
+      s("title", {}, `${step.identity} (${step.kind}): ${step.state}, ${step.claims} claim(s)`)));
+    const fan = byIdentity.get(step.identity);
+    if (fan) {
+      const drawn = fan.children.slice(0, CHILDREN_DRAWN_MAX);
+      drawn.forEach((child, j) => {
+        const x = 4 + NODE_W + 30 + j * (CHILD_W + 8);
+        edges.push(s("line", { x1: 4 + NODE_W, y1: y + NODE_H / 2, x2: x, y2: y + NODE_H / 2,
+          class: "fan" }));
+        parts.push(s("a", { href: `#/task/${encodeURIComponent(child.task_id)}` },
+          s("g", { class: `node child st-${child.status.toLowerCase()}` },
+            s("rect", { x, y, width: CHILD_W, height: NODE_H, rx: 5 }),
+            s("text", { x: x + 8, y: y + 19 }, `#${child.index} ${label(child.status, 10)}`),
+            s("title", {}, `child ${child.index} ${child.task_id}: ${child.status}`))));
+        width = Math.max(width, x + CHILD_W + 4);
+      });
+      const rest = fan.total - drawn.length;
+      if (rest > 0) {
+        const x = 4 + NODE_W + 30 + drawn.length * (CHILD_W + 8);
+        parts.push(s("text", { x, y: y + 19, class: "more" }, `+${rest} more`));
+        width = Math.max(width, x + 80);
+      }
+    }
     y += NODE_H + GAP;
   });
-  const loose = byStep.get("") || [];
-  loose.forEach((child, j) => {
-    const cx = 4 + (NODE_W + 12) * j;
-    box(cx, y, child.task_type || child.task_id, child.status || "UNKNOWN",
-      `${child.task_id}: ${child.status}`, `#/task/${encodeURIComponent(child.task_id)}`);
-  });
-  if (loose.length) y += NODE_H + GAP;
-  const widest = Math.max(1, ...[...byStep.values()].map((list) => list.length + 1));
-  const width = 8 + (NODE_W + 40) * widest;
-  return s("svg", { class: "graph", viewBox: `0 0 ${width} ${y}`, width, height: y,
-    role: "img", "aria-label": "workflow steps" }, edges, nodes);
+  return s("svg", { class: "graph", viewBox: `0 0 ${width} ${y - GAP + 8}`, width,
+    height: y - GAP + 8, role: "img", "aria-label": "workflow steps" }, edges, parts);
 }
 
-function stepsTable(steps) {
+function stepsTable(steps, values) {
   if (!steps.length) return h("p", { class: "muted" }, "No steps recorded yet.");
-  const rows = steps.map((step) => h("tr", { "data-step": stepName(step) },
-    h("td", { class: "num" }, step.position ?? "—"),
-    h("td", { class: "mono" }, stepName(step)),
-    h("td", {}, badge(stepState(step))),
-    h("td", { class: "num" }, step.claims ?? "—"),
-    h("td", {}, step.error ? `${step.error.class || "Error"}: ${step.error.message || ""}` : ""),
-    h("td", {}, h("details", {}, h("summary", {}, "value"),
-      jsonBlock(step.value !== undefined ? step.value : step.result)))));
-  return table(["#", "Step", "State", "Claims", "Error", "Value"], rows, { class: "steps" });
+  const rows = steps.map((step) => h("tr", { "data-step": step.identity },
+    h("td", { class: "num" }, step.position < 0 ? "keyed" : step.position),
+    h("td", { class: "mono" }, step.identity),
+    h("td", {}, step.kind),
+    h("td", {}, badge(step.state)),
+    h("td", { class: "num" }, step.claims),
+    h("td", {}, step.wake_at_ms ? fmtTime(step.wake_at_ms) : "—"),
+    h("td", {}, values.has(step.identity)
+      ? h("details", {}, h("summary", {}, "value"), jsonBlock(values.get(step.identity)))
+      : h("span", { class: "muted" }, "—"))));
+  return table(["#", "Step", "Kind", "State", "Claims", "Wakes", "Value"], rows,
+    { class: "steps" });
 }
 
-function childrenTable(children) {
-  if (!children.length) return null;
-  const rows = children.map((child) => h("tr", {},
+function parallelCard(fan) {
+  const counts = Object.entries(fan.counts).map(([status, n]) =>
+    h("span", { class: "legend" }, badge(status), ` ${n}`));
+  const rows = fan.children.map((child) => h("tr", {},
+    h("td", { class: "num" }, child.index),
     h("td", {}, taskLink(child.task_id)),
-    h("td", {}, child.task_type || "—"),
-    h("td", {}, child.step || "—"),
     h("td", {}, badge(child.status))));
-  return h("section", { class: "card" }, h("h2", {}, "Child tasks"),
-    table(["Task", "Type", "Step", "State"], rows, { class: "children" }));
+  return h("section", { class: "card parallel", "data-step": fan.identity },
+    h("h2", {}, `Parallel step ${fan.identity}`),
+    h("p", {}, `${fan.total} children · ${fan.mode.toLowerCase().replace("_", " ")} · `,
+      fan.fired ? "fan-in done" : "waiting for children"),
+    h("div", { class: "legends" }, counts),
+    h("details", {}, h("summary", {}, "children"),
+      table(["#", "Task", "State"], rows, { class: "children" }),
+      fan.children_truncated ? h("p", { class: "muted" }, "Only the first children are listed.")
+        : null));
+}
+
+async function stepValues(id) {
+  const values = new Map();
+  const reply = await api("GET", `/v1/workflows/${encodeURIComponent(id)}/history`,
+    { query: { limit: HISTORY_PAGE } }).catch(() => ({ steps: [] }));
+  for (const row of reply.steps) if (row.committed) values.set(row.identity, row.value);
+  return values;
 }
 
 export async function renderWorkflowLookup(main, { nav, arg }) {
@@ -103,8 +119,8 @@ export async function renderWorkflowLookup(main, { nav, arg }) {
       nav("workflow", input.value.trim());
     } }, field("Workflow id", input), h("div", { class: "actions" },
       h("button", { type: "submit" }, "Open"))),
-    h("p", { class: "muted" }, "A workflow's id is the id of its root task; a task's page links " +
-      "to its workflow."));
+    h("p", { class: "muted" }, "A workflow is a task that uses steps: its id is the task's " +
+      "id, and every task page links to its step view."));
 }
 
 export async function renderWorkflow(main, { arg, live }) {
@@ -115,23 +131,29 @@ export async function renderWorkflow(main, { arg, live }) {
         "is still visible: ", taskLink(arg)));
     return;
   }
+  let shown = "";
   const draw = async () => {
-    const wf = await api("GET", `/v1/workflows/${encodeURIComponent(arg)}`);
-    const steps = [...(wf.steps || [])].sort((a, b) =>
-      (a.position ?? 1e9) - (b.position ?? 1e9) || stepName(a).localeCompare(stepName(b)));
-    const children = wf.children || [];
-    const id = wf.workflow_id || wf.task_id || arg;
+    const path = `/v1/workflows/${encodeURIComponent(arg)}`;
+    const [reply, values] = await Promise.all([api("GET", path), stepValues(arg)]);
+    const wf = reply.workflow;
+    // Repaint only on a change, so open <details> stay open between refreshes.
+    const key = JSON.stringify([reply, [...values]]);
+    if (key === shown) return wf;
+    shown = key;
     mount(main,
-      h("div", { class: "title-row" }, h("h1", {}, "Workflow ", h("span", { class: "mono" }, id)),
+      h("div", { class: "title-row" },
+        h("h1", {}, "Workflow ", h("span", { class: "mono", id: "workflow-id" }, wf.task_id)),
         badge(wf.status)),
       h("dl", { class: "facts" },
-        h("dt", {}, "Root task"), h("dd", {}, taskLink(wf.task_id || id)),
-        h("dt", {}, "Task type"), h("dd", {}, wf.task_type || "—"),
+        h("dt", {}, "Task"), h("dd", {}, taskLink(wf.task_id)),
+        h("dt", {}, "Task type"), h("dd", {}, wf.task_type),
+        h("dt", {}, "Queue"), h("dd", {}, wf.queue),
         h("dt", {}, "Created"), h("dd", {}, fmtTime(wf.created_ms)),
-        h("dt", {}, "Finished"), h("dd", {}, fmtTime(wf.finished_ms))),
-      h("section", { class: "card" }, h("h2", {}, "Steps"), graph(steps, children),
-        stepsTable(steps)),
-      childrenTable(children));
+        h("dt", {}, "Finished"), h("dd", {}, fmtTime(wf.finished_ms)),
+        h("dt", {}, "Attempt"), h("dd", {}, wf.attempt)),
+      h("section", { class: "card" }, h("h2", {}, "Steps"), graph(reply.steps, reply.parallel),
+        stepsTable(reply.steps, values)),
+      reply.parallel.map(parallelCard));
     return wf;
   };
   const wf = await draw();
@@ -139,6 +161,6 @@ export async function renderWorkflow(main, { arg, live }) {
     const stop = live(async () => {
       const now = await draw().catch(() => null);
       if (now && TERMINAL.has(now.status)) stop();
-    }, 3000);
+    }, REFRESH_MS);
   }
 }
