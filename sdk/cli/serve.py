@@ -121,6 +121,7 @@ def _banner(url: str, key: str, home: Path) -> None:
     console.print(f"  url      {url}")
     console.print(f"  api key  {key}")
     console.print(f"  home     {home.resolve()}")
+    console.print(f"  ui       {url}/ui/  (paste the api key)")
     console.print(f"  try      CONVEYOR_API_KEY={key} conveyor list --url {url}")
     sys.stdout.flush()  # a supervisor (or a test) may be waiting for these lines on a pipe
 
