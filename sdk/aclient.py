@@ -172,6 +172,20 @@ class AsyncClient:
     async def cancel(self, task_id: str) -> str:
         return str((await self._send("POST", f"/v1/tasks/{task_id}/cancel"))["status"])
 
+    async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
+        """``GET /v1/workflows/{id}`` (see ``Client.get_workflow``)."""
+        return dict(await self._send("GET", f"/v1/workflows/{workflow_id}"))
+
+    async def workflow_history(
+        self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of the workflow's step rows (see ``Client.workflow_history``)."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        path = f"/v1/workflows/{workflow_id}/history"
+        return dict(await self._send("GET", path, params=params))
+
     async def list(
         self,
         *,

@@ -235,6 +235,20 @@ class Client:
     def cancel(self, task_id: str) -> str:
         return str(self._send("POST", f"/v1/tasks/{task_id}/cancel")["status"])
 
+    def get_workflow(self, workflow_id: str) -> dict[str, Any]:
+        """``GET /v1/workflows/{id}``: the workflow, its steps with their states, and each
+        parallel step with its children (a workflow is enqueued like any task)."""
+        return dict(self._send("GET", f"/v1/workflows/{workflow_id}"))
+
+    def workflow_history(
+        self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of the workflow's step rows with their values; pass ``next_cursor`` on."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        return dict(self._send("GET", f"/v1/workflows/{workflow_id}/history", params=params))
+
     def list(
         self,
         *,

@@ -35,6 +35,7 @@ from conveyor.schemas.types import (
     Task,
     TaskSpec,
 )
+from conveyor.streams.gateway.worker_requests import bad_fan_out
 from conveyor.streams.machine import Reply
 from conveyor.streams.node import Node
 from conveyor.streams.routing import mint_task_id, partition_for_key
@@ -83,17 +84,6 @@ def sleep_step(raw: dict[str, Any] | None) -> SleepStep | None:
         position=int(raw["position"]),
         sleep_ms=raw.get("sleep_ms"),
         wake_at_ms=raw.get("wake_at_ms"),
-    )
-
-
-def bad_fan_out(completion: Completion, why: str) -> Completion:
-    """A fan-out whose children cannot be enqueued fails its workflow without retries."""
-    return dataclasses.replace(
-        completion,
-        outcome=Outcome.FATAL,
-        error_class="BadFanOut",
-        error_message=f"ctx.parallel step: {why}",
-        fan_out=None,
     )
 
 

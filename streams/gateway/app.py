@@ -21,7 +21,7 @@ from aiohttp import web
 
 from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
-from conveyor.streams.gateway import dashboard, openapi, routes, usage
+from conveyor.streams.gateway import dashboard, openapi, routes, usage, workflows
 from conveyor.streams.gateway.auth import KeyStore, authenticate
 from conveyor.streams.gateway.errors import Handler, error_middleware
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX
@@ -105,6 +105,7 @@ def build_app(
     routes.add_routes(app)
     _run_operations(app, app[routes.GATEWAY].operations)
     usage.add_route(app, metrics)
+    workflows.add_routes(app)
     dashboard.add_routes(app)
     return app
 

@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
+from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
 from conveyor.schemas.types import Outcome, TaskStatus
 from conveyor.streams.gateway import fields, payloads, validation, worker_requests
 from conveyor.streams.gateway.errors import ERRORS
@@ -249,6 +250,20 @@ def _worker_shapes() -> dict[str, Schema]:
                         "maxLength": ATTEMPT_LOG_BYTES_MAX,
                         "description": "the tail of what the attempt printed",
                     }
+                ),
+                "fan_out": nullable(
+                    obj(
+                        {
+                            "identity": TEXT,
+                            "position": integer(-1),
+                            "mode": {"enum": ["COLLECT", "FAIL_FAST"]},
+                            "children": array(ref("TaskRequest"), 1, PARALLEL_CHILDREN_MAX),
+                        },
+                        "identity",
+                        "position",
+                        "mode",
+                        "children",
+                    )
                 ),
             },
             "task_id",
@@ -664,3 +679,94 @@ ENDPOINTS.append(
         [],
     )
 )
+
+
+# -- workflows (issue 4) -------------------------------------------------------------------
+
+
+def _list(item: Schema) -> Schema:
+    return {"type": "array", "items": item}
+
+
+_STEP_STATES = {"enum": ["CLAIMED", "COMMITTED", "SLEEPING", "WAITING", "ENDED"]}
+_WORKFLOW = obj(
+    {
+        "workflow": ref("TaskSummary"),
+        "steps": _list(
+            obj(
+                {
+                    "identity": {"type": "string"},
+                    "position": integer(-1),
+                    "kind": {"enum": ["run", "sleep", "parallel"]},
+                    "state": _STEP_STATES,
+                    "claims": integer(0),
+                    "wake_at_ms": nullable(integer()),
+                }
+            ),
+        ),
+        "parallel": _list(
+            obj(
+                {
+                    "identity": {"type": "string"},
+                    "position": integer(-1),
+                    "mode": {"enum": ["COLLECT", "FAIL_FAST"]},
+                    "total": integer(1),
+                    "fired": {"type": "boolean"},
+                    "created_ms": integer(),
+                    "counts": {"type": "object", "additionalProperties": integer(0)},
+                    "children": _list(
+                        obj(
+                            {
+                                "index": integer(0),
+                                "task_id": TASK_ID,
+                                "status": {"type": "string"},
+                            }
+                        )
+                    ),
+                    "children_truncated": {"type": "boolean"},
+                }
+            ),
+        ),
+    },
+    "workflow",
+    "steps",
+    "parallel",
+)
+_HISTORY = obj(
+    {"steps": array(ref("StepRow"), 0, validation.LIST_LIMIT_MAX), "next_cursor": TEXT},
+    "steps",
+    "next_cursor",
+)
+ENDPOINTS.extend(
+    [
+        (
+            "post",
+            "/v1/workflows",
+            "Enqueue a workflow: the body and replies of POST /v1/tasks (a workflow is a task)",
+            ref("TaskRequest"),
+            ref("EnqueueReply"),
+            [],
+        ),
+        (
+            "get",
+            "/v1/workflows/{task_id}",
+            "A workflow, its steps with their states, its parallel steps with their children",
+            None,
+            _WORKFLOW,
+            [_ID],
+        ),
+        (
+            "get",
+            "/v1/workflows/{task_id}/history",
+            "The workflow's step rows with their values, a page at a time (keyset cursor)",
+            None,
+            _HISTORY,
+            [
+                _ID,
+                _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
+                _param("cursor", {"type": "string"}),
+            ],
+        ),
+    ]
+)
+CREATES = CREATES | {("post", "/v1/workflows")}

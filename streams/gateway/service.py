@@ -10,6 +10,7 @@ after, for the race of two first attempts).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import defaultdict
 from typing import Any
@@ -21,7 +22,9 @@ from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Checkpoint,
     Completion,
+    FanOut,
     LeaseRef,
+    Outcome,
     StepOp,
     StepWrite,
     Task,
@@ -43,14 +46,17 @@ from conveyor.streams.gateway.validation import (
     EnqueueRequest,
     ListQuery,
     TaskFilter,
+    parse_task,
     to_spec,
 )
 from conveyor.streams.gateway.worker_requests import (
     CheckpointRequest,
     CompletionRequest,
+    FanOutRequest,
     Poll,
     Register,
     StepRequest,
+    bad_fan_out,
 )
 from conveyor.streams.machine import Reply
 from conveyor.streams.machine.handlers.cancel import retry_id
@@ -328,7 +334,10 @@ class Gateway:
             if item.result is not None:
                 result = await self.payloads.pack(compact(item.result), f"{item.path}.result")
             mine.append(i)
-            batch.append(_completion(item, result))
+            completion = _completion(item, result)
+            if item.fan_out is not None and item.outcome == Outcome.FAN_OUT:
+                completion = await self._fan_out(tenant, item, item.fan_out, completion)
+            batch.append(completion)
         # The node answers one reply per item, in order.
         for i, reply in zip(mine, await self.node.complete(batch) if batch else [], strict=True):
             results[i] = _result(reply)
@@ -336,6 +345,31 @@ class Gateway:
             if reply.ok and item.log and self.logs is not None:
                 self.logs.put(item.task_id, item.lease_id, item.log)  # fenced: after the ok
         return results
+
+    async def _fan_out(
+        self, tenant: str, item: CompletionRequest, fan: FanOutRequest, completion: Completion
+    ) -> Completion:
+        """The children as enqueue specs (in the workflow's app unless they name one; ids and
+        keys are the machine's to derive); a child that cannot be enqueued fails the workflow."""
+        app = self.find(tenant, item.task_id).app
+        now_ms = self.node.clock.now_ms()
+        children = []
+        try:
+            for index, body in enumerate(fan.children):
+                path = f"{item.path}.fan_out.children[{index}]"
+                if isinstance(body, dict):
+                    body = {"app": app, **body, "idempotency_key": None}
+                req = parse_task(body, path)
+                self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
+                payload = await self.payloads.pack(req.payload, req.field("payload"))
+                spec = to_spec(req, task_id="", tenant=tenant, payload=payload, now_ms=now_ms)
+                children.append(codec.TASK_SPEC.encode(spec))
+        except ContractError as exc:
+            return bad_fan_out(completion, str(exc))
+        step = FanOut(
+            identity=fan.identity, position=fan.position, mode=fan.mode, children=children
+        )
+        return dataclasses.replace(completion, fan_out=step)
 
     async def steps(self, tenant: str, items: list[StepRequest]) -> list[dict[str, Any]]:
         """Step claims and commits; values are stored as compact JSON (the step cap is the

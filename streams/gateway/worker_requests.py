@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +12,13 @@ from conveyor.schemas.limits import (
     ERROR_MESSAGE_BYTES_MAX,
     ERROR_STACK_BYTES_MAX,
 )
-from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, STEPS_MAX
-from conveyor.schemas.types import LeaseRef, Outcome, SleepStep, StepOp
+from conveyor.schemas.steps import (
+    PARALLEL_CHILDREN_MAX,
+    STEP_KEY_BYTES_MAX,
+    STEP_NAME_BYTES_MAX,
+    STEPS_MAX,
+)
+from conveyor.schemas.types import Completion, LeaseRef, Outcome, ParallelMode, SleepStep, StepOp
 from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.validation import BATCH_MAX, DURATION_MS_MAX, WAIT_MS_MAX
@@ -91,9 +97,24 @@ class CompletionRequest:
     retry_after_ms: int | None
     sleep: SleepStep | None = None
     log: str | None = None  # the tail of what the attempt printed
+    fan_out: FanOutRequest | None = None
 
 
-_COMPLETION_FIELDS = frozenset({"outcome", "result", "error", "retry_after_ms", "sleep", "log"})
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanOutRequest:
+    """A FAN_OUT outcome's parallel step. ``children`` are enqueue bodies, checked by the
+    gateway service against the workflow (its app is their default): a bad child fails the
+    workflow (``bad_fan_out``) instead of refusing the agent's whole batch."""
+
+    identity: str
+    position: int
+    mode: ParallelMode
+    children: list[Any]
+
+
+_COMPLETION_FIELDS = frozenset(
+    {"outcome", "result", "error", "retry_after_ms", "sleep", "log", "fan_out"}
+)
 
 
 def parse_complete(body: Any) -> list[CompletionRequest]:
@@ -124,6 +145,39 @@ def _completion(item: Any, path: str) -> CompletionRequest:
         retry_after_ms=f.opt_int("retry_after_ms", 0, DURATION_MS_MAX),
         sleep=_sleep(f),
         log=f.opt_text("log", bytes_max=ATTEMPT_LOG_BYTES_MAX),
+        fan_out=_fan_out(f),
+    )
+
+
+def _fan_out(f: Fields) -> FanOutRequest | None:
+    s = f.obj("fan_out", {"identity", "position", "mode", "children"})
+    if s is None:
+        if f.raw("outcome") == Outcome.FAN_OUT:
+            raise invalid(f.at("fan_out"), "is required with outcome FAN_OUT")
+        return None
+    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    if not identity:
+        raise invalid(s.at("identity"), "is required")
+    mode = s.raw("mode")
+    if mode not in (ParallelMode.COLLECT, ParallelMode.FAIL_FAST):
+        raise invalid(s.at("mode"), f"must be COLLECT|FAIL_FAST, got {describe(mode)}")
+    return FanOutRequest(
+        identity=identity,
+        position=s.req_int("position", -1, STEPS_MAX),
+        mode=ParallelMode(mode),
+        children=s.items("children", 1, PARALLEL_CHILDREN_MAX),
+    )
+
+
+def bad_fan_out(completion: Completion, why: str) -> Completion:
+    """A fan-out whose children cannot be enqueued fails its workflow without retries: the same
+    code would ask for the same children again."""
+    return dataclasses.replace(
+        completion,
+        outcome=Outcome.FATAL,
+        error_class="BadFanOut",
+        error_message=f"ctx.parallel step: {why}",
+        fan_out=None,
     )
 
 

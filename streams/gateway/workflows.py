@@ -1,0 +1,164 @@
+"""The workflow API: ``POST /v1/workflows``, ``GET /v1/workflows/{id}`` and its paged
+``/history``.
+
+Rule 1 (a workflow is a task): ``POST /v1/workflows`` takes the body of ``POST /v1/tasks`` and
+enqueues it the same way. It does not refuse a task type registered with ``@app.task``: the
+registry knows names, not which bodies orchestrate, and any task may use steps; a task that
+never fanned out just shows no parallel steps.
+Rule 2 (tenancy): another tenant's workflow, a missing one and a malformed id are the same 404.
+Rule 3 (reads): from the partition's live state. ``GET`` shows the workflow, its steps in
+position order (keyed steps last) with their states, and each parallel step with its barrier
+and children (the first ``CHILDREN_SHOWN_MAX`` listed, all counted by status). ``history``
+pages the step rows, values included, with a keyset cursor (the last identity of the page,
+in identity order): each page is one seek, however many steps the workflow has.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from conveyor.schemas import codec
+from conveyor.schemas.types import Barrier, StepRow, Task, TaskStatus
+from conveyor.store import keys
+from conveyor.store.tables import Tables
+from conveyor.streams.gateway import render, routes
+from conveyor.streams.gateway.fields import Fields, invalid
+from conveyor.streams.gateway.validation import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, _query_int
+from conveyor.streams.machine.handlers.workflows import child_id
+
+CHILDREN_SHOWN_MAX = 1_000
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/workflows", routes.enqueue)  # rule 1: the same request
+    app.router.add_get("/v1/workflows/{task_id}", get_workflow, allow_head=False)
+    app.router.add_get("/v1/workflows/{task_id}/history", get_history, allow_head=False)
+
+
+def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
+    gw, tenant = routes.context(request)
+    task_id = request.match_info["task_id"]
+    task = gw.find(tenant, task_id)  # rule 2
+    return task, gw.node.tables(gw.node.partition_of(task_id)), gw.node.clock.now_ms()
+
+
+async def get_workflow(request: web.Request) -> web.Response:
+    task, tables, now_ms = _workflow(request)
+    return routes.reply(workflow_json(task, tables, now_ms))
+
+
+async def get_history(request: web.Request) -> web.Response:
+    task, tables, _ = _workflow(request)
+    limit, after = parse_history_query(request.query)
+    return routes.reply(history_page(tables, task.task_id, limit, after))
+
+
+# -- the workflow ---------------------------------------------------------------------------
+
+
+def workflow_json(task: Task, tables: Tables, now_ms: int) -> dict[str, Any]:
+    rows = sorted(
+        tables.steps(task.task_id), key=lambda r: (r.position < 0, r.position, r.identity)
+    )
+    barriers = {b.identity: b for b in tables.barriers(task.task_id)}
+    steps = [_step_summary(row, task, barriers.get(row.identity), now_ms) for row in rows]
+    seen = {row.identity for row in rows}
+    for barrier in barriers.values():  # a parallel step not committed yet has no step row
+        if barrier.identity not in seen:
+            steps.append(
+                {
+                    "identity": barrier.identity,
+                    "position": barrier.position,
+                    "kind": "parallel",
+                    "state": "WAITING" if not barrier.fired else "ENDED",
+                    "claims": 0,
+                    "wake_at_ms": None,
+                }
+            )
+    return {
+        "workflow": render.task_summary(task),
+        "steps": steps,
+        "parallel": [_parallel(tables, task.task_id, b) for b in barriers.values()],
+    }
+
+
+def _step_summary(row: StepRow, task: Task, barrier: Barrier | None, now_ms: int) -> dict[str, Any]:
+    if row.value is None:
+        state = "CLAIMED"  # its body started and has not committed
+    elif row.wake_at_ms is not None and row.wake_at_ms > now_ms:
+        state = "SLEEPING" if task.status == TaskStatus.SLEEPING else "COMMITTED"
+    else:
+        state = "COMMITTED"
+    kind = "parallel" if barrier is not None else "sleep" if row.wake_at_ms else "run"
+    return {
+        "identity": row.identity,
+        "position": row.position,
+        "kind": kind,
+        "state": state,
+        "claims": row.claims,
+        "wake_at_ms": row.wake_at_ms,
+    }
+
+
+def _parallel(tables: Tables, parent_id: str, barrier: Barrier) -> dict[str, Any]:
+    counts: Counter[str] = Counter()
+    shown = []
+    for index in range(barrier.total):
+        task_id = child_id(parent_id, barrier.identity, index)
+        child = tables.task(task_id)
+        status = child.status.value if child is not None else "UNKNOWN"
+        counts[status] += 1
+        if index < CHILDREN_SHOWN_MAX:
+            shown.append({"index": index, "task_id": task_id, "status": status})
+    return {
+        "identity": barrier.identity,
+        "position": barrier.position,
+        "mode": barrier.mode,
+        "total": barrier.total,
+        "fired": barrier.fired,
+        "created_ms": barrier.created_ms,
+        "counts": dict(sorted(counts.items())),
+        "children": shown,
+        "children_truncated": barrier.total > CHILDREN_SHOWN_MAX,
+    }
+
+
+# -- history --------------------------------------------------------------------------------
+
+
+def parse_history_query(query: Mapping[str, str]) -> tuple[int, str | None]:
+    """(limit, the identity after which the page starts)."""
+    q = Fields(dict(query), "", {"limit", "cursor"})
+    limit = _query_int(q, "limit", 1, LIST_LIMIT_MAX) or LIST_LIMIT_DEFAULT
+    cursor = q.raw("cursor")
+    if not cursor:
+        return limit, None
+    try:
+        after = base64.b64decode(cursor.encode(), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        after = ""
+    if not after:
+        raise invalid("cursor", "is not a cursor this endpoint returned")
+    return limit, after
+
+
+def history_page(tables: Tables, task_id: str, limit: int, after: str | None) -> dict[str, Any]:
+    prefix = keys.steps_of(task_id) + b"/"
+    start = None if after is None else keys.step(task_id, after) + b"\x00"
+    rows: list[StepRow] = []
+    more = False
+    for _, value in tables.scan(prefix, start):
+        if len(rows) == limit:
+            more = True
+            break
+        rows.append(codec.STEP_ROW.decode(value))
+    cursor = None
+    if more:
+        cursor = base64.urlsafe_b64encode(rows[-1].identity.encode()).decode()
+    return {"steps": [render.step_json(row) for row in rows], "next_cursor": cursor}
