@@ -322,10 +322,12 @@ class PartitionProcessor:
             self.outbox.poke()
             if self.leader and any(e.kind in READY_EVENTS for e in events):
                 self.dispatch.poke()
-            armed = self.tables.earliest_timer_ms
-            if armed is not None:
-                self.tables.earliest_timer_ms = None
-                self.timers.armed(armed)
+        # Not only after events: a schedule's pause, resume or upsert arms a timer silently,
+        # and the scanner must lower its floor to see it.
+        armed = self.tables.earliest_timer_ms
+        if armed is not None:
+            self.tables.earliest_timer_ms = None
+            self.timers.armed(armed)
 
     def _wake_applied(self) -> None:
         if not self._applied_waiters:

@@ -48,3 +48,27 @@ def test_a_bad_expression_is_refused_with_its_reason() -> None:
         pytest.raises(conveyor.ContractError, match="invalid cron expression '61 \\* \\* \\* \\*'"),
     ):
         engine.client.schedule(tick, 1, cron="61 * * * *")
+
+
+def test_pause_stops_firings_and_resume_skips_the_paused_window() -> None:
+    runs.clear()
+    with conveyor.testing.Engine(app) as engine:
+        info = engine.client.schedule(tick, 3, cron="*/5 * * * *")
+        assert info.next_fire_ms is not None
+        engine.advance((info.next_fire_ms - engine.now_ms()) / 1000)
+        assert runs == [3]
+        paused = engine.client.pause_schedule("tick")
+        assert paused.paused and paused.next_fire_ms is None and paused.fired == 1
+        engine.advance("1h")
+        assert runs == [3]  # twelve occurrences passed while paused: none fired
+        resumed = engine.client.resume_schedule("tick")
+        assert not resumed.paused and resumed.next_fire_ms is not None
+        assert 0 < resumed.next_fire_ms - engine.now_ms() <= 5 * 60_000
+        engine.advance("1m")
+        assert runs == [3]  # resuming does not catch up the paused hour
+        engine.advance("5m")
+        assert runs == [3, 3]
+        (row,) = engine.client.schedules()
+        assert (row.fired, row.paused) == (2, False)
+        with pytest.raises(conveyor.NotFound):
+            engine.client.pause_schedule("nope")

@@ -8,10 +8,13 @@ time) on the schedule's own partition, with idempotency key ``<schedule id>@<sch
 The schedule's partition owns the task, so a second firing of the same scheduled time (a clock
 that stepped back, an upsert stamped by a gateway whose clock lags) meets its twin in the same
 enqueue check every client enqueue goes through, and never needs a cross-partition message.
-Rule 3 (catch-up): a firing covers every occurrence up to the record's time. ``ONCE`` enqueues
-one task, for the latest of them; ``NONE`` enqueues only if that latest occurrence is within
-``MISFIRE_GRACE_MS`` of the record's time. Either way the next timer is armed after "now", so
-a long outage never replays its missed ticks.
+Rule 3 (catch-up): a firing covers every occurrence from the armed one up to the record's
+time. If the armed occurrence is more than ``MISFIRE_GRACE_MS`` before the record's time, the
+partition was down (or far behind) and the whole window counts as missed: ``ONCE`` enqueues one
+task for it, for its latest occurrence; ``NONE`` enqueues nothing for it. Within the grace the
+firing is merely late and enqueues as usual. Either way the next timer is armed after "now",
+so a long outage never replays its missed ticks, and a one-minute schedule that was down for
+an hour fires once (``ONCE``) or not at all (``NONE``) for that hour.
 Rule 4 (overlap): the row keeps the id of the task its last firing enqueued. While that task is
 not terminal, ``SKIP`` drops the firing and ``CANCEL_PREVIOUS`` cancels it in the same record,
 before enqueueing; ``ALLOW`` enqueues regardless.
@@ -50,7 +53,7 @@ from conveyor.streams.machine.handlers.cancel import stop_task
 from conveyor.streams.machine.handlers.enqueue import NAME_BYTES_MAX, enqueue_one, invalid
 from conveyor.streams.machine.outcome import Meta, Outcome, Reply
 
-MISFIRE_GRACE_MS = 60_000  # a firing later than this after its occurrence counts as missed
+MISFIRE_GRACE_MS = 60_000  # a timer firing later than this after its occurrence missed it
 UNKNOWN_SCHEDULE = "unknown schedule"
 
 
@@ -127,7 +130,9 @@ def fire_schedule(tables: Tables, ref: TimerRef, meta: Meta, out: Outcome, index
         return  # deleted or replaced since the timer was armed
     latest = cron.last_at_or_before(row.cron, row.timezone, meta.ts_ms)
     scheduled = max(ref.fire_at_ms, latest or 0)
-    missed = meta.ts_ms - scheduled > MISFIRE_GRACE_MS
+    # The ARMED occurrence decides: a timer that fired past the grace means the partition was
+    # down (or far behind) for the whole window from it up to now, the latest tick included.
+    missed = meta.ts_ms - ref.fire_at_ms > MISFIRE_GRACE_MS
     if missed and row.catch_up == CatchUp.NONE:
         row = dataclasses.replace(row, skipped=row.skipped + 1)
     else:
