@@ -39,6 +39,7 @@ _NESTED: dict[type, dict[str, type]] = {
     t.RecordSteps: {"items": t.StepWrite},
     t.ExpireLeases: {"items": t.LeaseRef},
     t.FireTimers: {"timers": t.TimerRef},
+    t.EventExtras: {"steps": t.StepEvent, "schedules": t.ScheduleEvent},
 }
 # Optional nested records (a union of null and a record) per class.
 _OPTIONAL: dict[type, dict[str, type]] = {
@@ -71,6 +72,14 @@ class Codec(Generic[T]):
 
     def decode(self, data: bytes) -> T:
         datum = cast(dict[str, Any], schemaless_reader(io.BytesIO(data), self.schema, None))
+        return cast(T, self._from_dict(datum))
+
+    def decode_exact(self, data: bytes) -> T:
+        """``decode``, refusing bytes after the datum: a log record is exactly one datum."""
+        buf = io.BytesIO(data)
+        datum = cast(dict[str, Any], schemaless_reader(buf, self.schema, None))
+        if buf.tell() != len(data):
+            raise ValueError(f"{len(data) - buf.tell()} bytes after the {self.cls.__name__}")
         return cast(T, self._from_dict(datum))
 
 
@@ -131,15 +140,23 @@ class EventBatchCodec:
             datum[name] = [getattr(e, name) for e in events]
         buf = io.BytesIO()
         schemaless_writer(buf, self.schema, datum)
+        if batch.steps or batch.schedules:  # the trailer (events/EventExtras.avsc)
+            extras = t.EventExtras(steps=batch.steps, schedules=batch.schedules)
+            buf.write(EVENT_EXTRAS.encode(extras))
         return buf.getvalue()
 
     def decode(self, data: bytes) -> t.EventBatch:
-        datum = _read(data, self.schema)
+        buf = io.BytesIO(data)
+        datum = cast(dict[str, Any], schemaless_reader(buf, self.schema, None))
         datum["kind"] = [t.EventKind(kind) for kind in datum["kind"]]
         names = self.columns
         rows = zip(*(datum[name] for name in names), strict=True)
         events = [t.TaskEvent(**dict(zip(names, row, strict=True))) for row in rows]
-        return t.EventBatch(partition=datum["partition"], offset=datum["offset"], events=events)
+        batch = t.EventBatch(partition=datum["partition"], offset=datum["offset"], events=events)
+        if buf.tell() == len(data):
+            return batch
+        extras = EVENT_EXTRAS.decode(data[buf.tell() :])
+        return dataclasses.replace(batch, steps=extras.steps, schedules=extras.schedules)
 
 
 def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
@@ -212,6 +229,9 @@ BARRIER = Codec(t.Barrier, _load("state/Barrier.avsc"))
 CHILD_LINK = Codec(t.ChildLink, _load("state/ChildLink.avsc"))
 CHILD_RESULT = Codec(t.ChildResult, _load("state/ChildResult.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
+STEP_EVENT = Codec(t.StepEvent, _load("events/StepEvent.avsc"))
+SCHEDULE_EVENT = Codec(t.ScheduleEvent, _load("events/ScheduleEvent.avsc"))
+EVENT_EXTRAS = Codec(t.EventExtras, _load("events/EventExtras.avsc"))
 EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"))
 
 
@@ -225,11 +245,19 @@ def encode_record(record: t.Record, *, epoch: int, ts_ms: int, key: str) -> byte
     return ENVELOPE.encode(t.Envelope(kind=kind, epoch=epoch, ts_ms=ts_ms, key=key, body=body))
 
 
+# Stamps at or after 10000-01-01T00:00:00Z are no real time and break datetime arithmetic; with
+# every duration in a record capped at 2^53 ms, stamp + duration still fits a long.
+TS_MS_END = 253_402_300_800_000
+
+
 def decode_envelope(data: bytes) -> t.Envelope:
     try:
-        return ENVELOPE.decode(data)
+        envelope = ENVELOPE.decode_exact(data)
     except Exception as exc:  # fastavro raises many types on hostile input
         raise RecordDecodeError(f"bad envelope: {exc!r}") from exc
+    if not 0 <= envelope.ts_ms < TS_MS_END:
+        raise RecordDecodeError(f"bad envelope: timestamp {envelope.ts_ms} ms is out of range")
+    return envelope
 
 
 def decode_body(envelope: t.Envelope) -> t.Record:
@@ -237,6 +265,6 @@ def decode_body(envelope: t.Envelope) -> t.Record:
     if codec is None:
         raise RecordDecodeError(f"unknown record kind {envelope.kind!r}")
     try:
-        return cast(t.Record, codec.decode(envelope.body))
+        return cast(t.Record, codec.decode_exact(envelope.body))
     except Exception as exc:
         raise RecordDecodeError(f"bad {envelope.kind} body: {exc!r}") from exc

@@ -104,13 +104,13 @@ def next_after(expression: str, timezone: str, after_ms: int) -> int | None:
     if zone is None:
         return None
     skip_repeats = not _every_hour(expression)
-    it = croniter(expression, datetime.fromtimestamp(after_ms / 1000, zone))
     try:
+        it = croniter(expression, datetime.fromtimestamp(after_ms / 1000, zone))
         for _ in range(3):  # a repeated occurrence is skipped at most once in a row
             at: datetime = it.get_next(datetime)
             if not (skip_repeats and _repeated(at)):
                 return _ms(at)
-    except CroniterBadDateError:
+    except (CroniterBadDateError, OverflowError, ValueError):  # none before year 10000
         return None
     return None
 
@@ -121,12 +121,12 @@ def last_at_or_before(expression: str, timezone: str, at_ms: int) -> int | None:
     if zone is None:
         return None
     skip_repeats = not _every_hour(expression)
-    it = croniter(expression, datetime.fromtimestamp((at_ms + 1) / 1000, zone))
     try:
+        it = croniter(expression, datetime.fromtimestamp((at_ms + 1) / 1000, zone))
         for _ in range(3):
             at: datetime = it.get_prev(datetime)
             if not (skip_repeats and _repeated(at)):
                 return _ms(at)
-    except CroniterBadDateError:
+    except (CroniterBadDateError, OverflowError, ValueError):  # out of datetime's range
         return None
     return None

@@ -278,7 +278,7 @@ def test_every_record_type_has_a_strategy() -> None:
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(record=records, epoch=I64, ts_ms=I64, key=TEXT)
+@given(record=records, epoch=I64, ts_ms=st.integers(0, codec.TS_MS_END - 1), key=TEXT)
 def test_records_round_trip(record: t.Record, epoch: int, ts_ms: int, key: str) -> None:
     raw = codec.encode_record(record, epoch=epoch, ts_ms=ts_ms, key=key)
     envelope = codec.decode_envelope(raw)
@@ -295,6 +295,17 @@ def test_records_round_trip(record: t.Record, epoch: int, ts_ms: int, key: str) 
         for item in getattr(decoded, "items", []) + getattr(decoded, "timers", []):
             if hasattr(item, name):
                 assert isinstance(getattr(item, name), enum.Enum)
+
+
+@given(record=records, ts_ms=st.sampled_from([-(2**63), -1, codec.TS_MS_END, 2**63 - 1]))
+def test_records_stamped_outside_real_time_or_with_trailing_bytes_do_not_decode(
+    record: t.Record, ts_ms: int
+) -> None:
+    with pytest.raises(codec.RecordDecodeError, match="timestamp"):
+        codec.decode_envelope(codec.encode_record(record, epoch=0, ts_ms=ts_ms, key="k"))
+    raw = codec.encode_record(record, epoch=0, ts_ms=0, key="k")
+    with pytest.raises(codec.RecordDecodeError, match="bytes after"):
+        codec.decode_envelope(raw + b"\x00")
 
 
 @settings(max_examples=100)

@@ -22,6 +22,8 @@ from conveyor.streams.machine.lifecycle import (
 )
 from conveyor.streams.machine.outcome import Meta, Outcome, Reply
 
+_NOT_A_SPEC = "task %d of the record is not an encoded TaskSpec"
+
 
 def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome) -> None:
     for index, raw in enumerate(record.tasks):
@@ -33,7 +35,12 @@ def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int
 
     ``index`` must be unique among the items of the record that become ready: it orders the
     ready queue (a schedule firing passes its timer's index in the FireTimers record)."""
-    spec = codec.TASK_SPEC.decode(raw)
+    try:
+        spec = codec.TASK_SPEC.decode(raw)
+    except Exception:  # fastavro raises many types on hostile input; never halt on it
+        return Reply(
+            offset=meta.offset, index=index, ok=False, task_id="", reason=_NOT_A_SPEC % index
+        )
     problem = invalid(spec)
     if problem is not None:
         # The gateway validates; anything else that appends (ingest, tools) may not.
