@@ -238,9 +238,7 @@ class Tables:
         raw = self._get(keys.child_result(parent_id, identity, index))
         return None if raw is None else codec.CHILD_RESULT.decode(raw)
 
-    def put_child_result(
-        self, parent_id: str, identity: str, index: int, row: ChildResult
-    ) -> None:
+    def put_child_result(self, parent_id: str, identity: str, index: int, row: ChildResult) -> None:
         self._put(keys.child_result(parent_id, identity, index), codec.CHILD_RESULT.encode(row))
 
     def child_results(self, parent_id: str, identity: str) -> Iterator[tuple[int, ChildResult]]:

@@ -189,6 +189,20 @@ def bench_engine(
     _print_result(result, as_json)
 
 
+def bench_fanout(
+    children: Annotated[int, typer.Option("--children", min=1, max=10_000)] = 10_000,
+    as_json: JsonOpt = False,
+) -> None:
+    """One workflow fans out to N no-op children and resumes, without HTTP: the fan-in must
+    fire exactly once, with the results in child order."""
+    from conveyor.streams.bench.fanout import bench_fanout as run
+
+    result = asyncio.run(run(children=children))
+    _print_result(result, as_json)
+    if not (result["fan_in_fired_once"] and result["results_in_order"]):
+        raise fail("the fan-in did not fire exactly once with the results in order")
+
+
 def bench_fairness(
     backlog: Annotated[int, typer.Option("--backlog", min=0)] = 200_000,
     b_tasks: Annotated[int, typer.Option("--b-tasks", min=1)] = 300,

@@ -55,12 +55,15 @@ from conveyor.schemas.types import (
     CompleteAttempts,
     Completion,
     EnqueueTasks,
+    EventKind,
     ExpireLeases,
+    FanOut,
     FireTimers,
     GrantLeases,
     LeaseRef,
     LeaseRequest,
     Outcome,
+    ParallelMode,
     Record,
     RetryFailed,
     SaveCheckpoints,
@@ -75,6 +78,7 @@ from conveyor.store.rocksdb import RocksKV
 from conveyor.store.tables import Tables, TaskCache
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.machine.handlers.workflows import child_id
 from conveyor.streams.machine.transitions import TRANSITIONS
 from conveyor.streams.processor.dispatch import WaitingPool
 from conveyor.streams.processor.loop import QUARANTINE, PartitionProcessor
@@ -266,9 +270,28 @@ class Workload:
                 ref = LeaseRef(task_id=task_id, lease_id=lease_id)
                 return [self.encode(ExpireLeases(items=[ref]), leader=True)]
             outcome = rng.choices(
-                [Outcome.SUCCEEDED, Outcome.FAILED, Outcome.FATAL, Outcome.CANCELED],
-                weights=[50, 30, 5, 15],
+                [
+                    Outcome.SUCCEEDED,
+                    Outcome.FAILED,
+                    Outcome.FATAL,
+                    Outcome.CANCELED,
+                    Outcome.FAN_OUT,
+                ],
+                weights=[50, 30, 5, 15, 10],
             )[0]
+            if outcome == Outcome.FAN_OUT:  # a workflow attempt ends in ctx.parallel
+                kids = [
+                    codec.TASK_SPEC.encode(
+                        TaskSpec(task_id="", tenant="", app="", task_type="child", attempts_max=2)
+                    )
+                    for _ in range(rng.randint(1, 3))
+                ]
+                mode = rng.choice([ParallelMode.COLLECT, ParallelMode.FAIL_FAST])
+                step = FanOut(
+                    identity=f"fan#{rng.randint(0, 1)}", position=0, mode=mode, children=kids
+                )
+                done = Completion(task_id=task_id, lease_id=lease_id, outcome=outcome, fan_out=step)
+                return [self.encode(CompleteAttempts(items=[done]), leader=False)]
             error = None if outcome == Outcome.SUCCEEDED else rng.choice(["Boom", "Permanent"])
             done = Completion(
                 task_id=task_id,
@@ -410,7 +433,8 @@ async def reference_run(records: list[bytes], kv: KV, max_batch: int) -> None:
 
 
 def check_history(events: list[TaskEvent]) -> collections.Counter[str]:
-    """I3 and I5 over the event stream: legal moves, one terminal state, terminal absorbs."""
+    """I3 and I5 over the event stream: legal moves, one terminal state, terminal absorbs;
+    and a workflow leaves WAITING at most once per fan-out (the fan-in fires once)."""
     status: dict[str, TaskStatus | None] = {}
     seen: collections.Counter[str] = collections.Counter()
     for e in events:
@@ -419,6 +443,9 @@ def check_history(events: list[TaskEvent]) -> collections.Counter[str]:
             assert (old, new) in TRANSITIONS, f"illegal move {old} -> {new}: {e}"
             assert old not in TERMINAL, f"{e.task_id} left terminal {old}: {e}"
             seen[new.value] += 1
+        if old == TaskStatus.WAITING:
+            assert e.kind != EventKind.TaskWaiting, f"{e.task_id} fanned out while WAITING"
+            seen["fan-in fired" if new == TaskStatus.ENQUEUED else "fan-in ended"] += 1
         status[e.task_id] = new
         seen[e.kind.value] += 1
     return seen
@@ -444,6 +471,13 @@ def check_indexes(kv: KV) -> None:
     for ref in timers:
         if ref.kind != "FORGET_KEY":  # forgets an idempotency key when its window ends
             assert tasks[ref.task_id].status not in TERMINAL, f"timer outlived its task: {ref}"
+    # a WAITING workflow waits on one open barrier that still has a child to land
+    for t in tasks.values():
+        open_ = [b for b in tables.barriers(t.task_id) if not b.fired]
+        if t.status == "WAITING":
+            assert len(open_) == 1, f"{t.task_id} WAITING with barriers {open_}"
+            kids = [child_id(t.task_id, open_[0].identity, i) for i in range(open_[0].total)]
+            assert any(tasks[k].status not in TERMINAL for k in kids), "the fan-in never fired"
     waiting = {r.task_id for r in timers if r.kind == "RUN"}
     for t in tasks.values():
         if t.status == "RETRY_WAIT" or (t.status == "ENQUEUED" and not t.ready_seq):
@@ -525,6 +559,8 @@ def test_sometimes_coverage() -> None:
         "seen CancelRequested",
         "seen CheckpointSaved",
         "seen TaskRequeued",
+        "seen TaskWaiting",
+        "seen fan-in fired",
     ):
         assert STATS[what] > 0, f"never happened: {what}; stats: {dict(STATS)}"
 
