@@ -229,7 +229,9 @@ class HttpWorkerAPI:
         self, *, agent_id: str, app: str, version: str, task_types: Sequence[str]
     ) -> None:
         body = {"agent_id": agent_id, "app": app, "version": version, "task_types": [*task_types]}
-        await self._post("/worker/register", body)
+        reply = await self._post("/worker/register", body)
+        for warning in reply.get("warnings", []):
+            log.warning("registering %s: %s", app, warning)  # a deploy removed handlers
 
     async def poll(
         self,

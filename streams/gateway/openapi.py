@@ -517,7 +517,14 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         ref("Schedule"),
         [_SCHEDULE_ID],
     ),
-    ("post", "/worker/register", "Declare an app's task types", ref("Register"), obj({}), []),
+    (
+        "post",
+        "/worker/register",
+        "Declare an app's task types; a new version that drops some warns (they are removed)",
+        ref("Register"),
+        obj({"warnings": array({"type": "string"}, 0)}),
+        [],
+    ),
     (
         "post",
         "/worker/poll",

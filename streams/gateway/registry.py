@@ -1,10 +1,17 @@
 """Known task types per (tenant, app), fed by ``/worker/register``, kept in ``registry.json``.
 
-Registration only ever adds: an agent of an older version registering fewer types does not
-make tasks of the newer types unenqueueable while a rolling deploy is in progress. The file is
-rewritten (atomically) only when something changed, so agent restarts cost no writes.
+Rule 1 (rolling deploys): registration adds types. An agent of a version seen before (an old
+agent still running while a deploy rolls out) registering fewer types removes nothing.
+Rule 2 (a deploy removes handlers): the first registration of a NEW version is the deploy. A
+known type it does not serve is removed by that version: enqueues of it are refused, and
+tasks of it still queued fail at dispatch (the gateway completes their lease as FATAL
+``HandlerRemoved``) instead of waiting forever for an agent that will never come. Only a
+later NEW version that serves the type brings it back, not an old agent still rolling out.
+The file is rewritten (atomically) only when something changed, so agent restarts cost no
+writes.
 
-    {"tenants": {"<tenant>": {"<app>": {"task_types": [...], "version": "..."}}}}
+    {"tenants": {"<tenant>": {"<app>": {"task_types": [...], "version": "...",
+                                        "versions": [...], "removed": {"<type>": "<version>"}}}}}
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ class Registry:
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
         self._types: dict[tuple[str, str], set[str]] = {}
-        self._versions: dict[tuple[str, str], str] = {}
+        self._versions: dict[tuple[str, str], str] = {}  # the newest version
+        self._seen: dict[tuple[str, str], set[str]] = {}  # every version registered
+        self._removed: dict[tuple[str, str], dict[str, str]] = {}  # type -> removed by version
 
     @classmethod
     def load(cls, home: str | Path) -> Registry:
@@ -32,24 +41,49 @@ class Registry:
                 registry._types[(tenant, app)] = set(entry.get("task_types", []))
                 if entry.get("version"):
                     registry._versions[(tenant, app)] = entry["version"]
+                registry._seen[(tenant, app)] = set(entry.get("versions", []))
+                registry._removed[(tenant, app)] = dict(entry.get("removed", {}))
         return registry
 
     def register(
         self, tenant: str, app: str, task_types: list[str], version: str | None = None
-    ) -> None:
-        known = self._types.setdefault((tenant, app), set())
-        changed = not known.issuperset(task_types)
-        known.update(task_types)
-        if version is not None and self._versions.get((tenant, app)) != version:
-            self._versions[(tenant, app)] = version
-            changed = True
-        if changed:
+    ) -> list[str]:
+        """Record an agent's types; returns the types this registration removed (rule 2)."""
+        key = (tenant, app)
+        known = self._types.setdefault(key, set())
+        seen = self._seen.setdefault(key, set())
+        removed = self._removed.setdefault(key, {})
+        before = (set(known), set(seen), dict(removed), self._versions.get(key))
+        served = set(task_types)
+        removed_now: list[str] = []
+        if version is not None and version not in seen:
+            if seen:  # a deploy; the first version of an app removes nothing
+                removed_now = sorted(known - served - set(removed))
+                removed.update(dict.fromkeys(removed_now, version))
+            for task_type in served & set(removed):
+                del removed[task_type]  # a deploy serves it again
+            seen.add(version)
+            self._versions[key] = version
+        known.update(served)
+        if (known, seen, removed, self._versions.get(key)) != before:
             self._save()
+        return removed_now
 
     def task_types(self, tenant: str, app: str) -> frozenset[str]:
         return frozenset(self._types.get((tenant, app), ()))
 
+    def removed_by(self, tenant: str, app: str, task_type: str) -> str | None:
+        """The version whose deploy removed ``task_type``, if one did."""
+        return self._removed.get((tenant, app), {}).get(task_type)
+
     def require(self, tenant: str, app: str, task_type: str, field: str) -> None:
+        version = self.removed_by(tenant, app, task_type)
+        if version is not None:
+            raise UnknownTaskType(
+                f"{field}: task type {task_type!r} was removed from app {app!r} by its version "
+                f"{version!r}; deploy a version that has the handler to enqueue it again",
+                field=field,
+            )
         if task_type in self._types.get((tenant, app), ()):
             return
         raise UnknownTaskType(
@@ -66,5 +100,9 @@ class Registry:
             entry: dict[str, object] = {"task_types": sorted(types)}
             if (tenant, app) in self._versions:
                 entry["version"] = self._versions[(tenant, app)]
+            if self._seen.get((tenant, app)):
+                entry["versions"] = sorted(self._seen[(tenant, app)])
+            if self._removed.get((tenant, app)):
+                entry["removed"] = dict(sorted(self._removed[(tenant, app)].items()))
             tenants.setdefault(tenant, {})[app] = entry
         write_json_atomic(self._path, {"tenants": tenants})

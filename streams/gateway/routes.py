@@ -167,8 +167,8 @@ async def resume_schedule(request: web.Request) -> web.Response:
 
 async def register(request: web.Request) -> web.Response:
     gw, tenant = context(request)
-    gw.register(tenant, worker_requests.parse_register(await read_body(request)))
-    return reply({})
+    warnings = await gw.register(tenant, worker_requests.parse_register(await read_body(request)))
+    return reply({"warnings": warnings})
 
 
 async def poll(request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ import asyncpg
 from conveyor.errors import Conflict, ContractError, NotFound
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
+    TERMINAL,
     Checkpoint,
     Completion,
     FanOut,
@@ -29,6 +30,7 @@ from conveyor.schemas.types import (
     StepWrite,
     Task,
     TaskSpec,
+    TaskStatus,
 )
 from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.postgres import queries
@@ -61,6 +63,7 @@ from conveyor.streams.gateway.worker_requests import (
 from conveyor.streams.machine import Reply
 from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.node import Node
+from conveyor.streams.processor.dispatch import Lease
 from conveyor.streams.routing import mint_task_id, partition_for_key
 
 UNKNOWN_TASK = "unknown task"
@@ -288,8 +291,29 @@ class Gateway:
 
     # -- worker API ---------------------------------------------------------------------------
 
-    def register(self, tenant: str, req: Register) -> None:
-        self.registry.register(tenant, req.app, req.task_types, req.version)
+    async def register(self, tenant: str, req: Register) -> list[str]:
+        """Record the agent's app; the warnings of a deploy that removed handlers."""
+        removed = self.registry.register(tenant, req.app, req.task_types, req.version)
+        return [
+            f"version {req.version!r} of app {req.app!r} removes the handler of task type "
+            f"{task_type!r}, referenced by {await self._live(tenant, task_type)} unfinished "
+            "task(s): they will fail at dispatch with HandlerRemoved"
+            for task_type in removed
+        ]
+
+    async def _live(self, tenant: str, task_type: str) -> int:
+        """How many of the tenant's tasks of ``task_type`` are not finished (from the
+        snapshot when there is one: a scan of every partition's state otherwise)."""
+        if self.snapshot is not None:
+            live = tuple(s.value for s in TaskStatus if s not in TERMINAL)
+            query = queries.TaskQuery(tenant=tenant, task_type=task_type, statuses=live)
+            return await queries.count_tasks(self.snapshot, query)
+        return sum(
+            1
+            for p in range(self.node.partitions)
+            for t in self.node.tables(p).tasks()
+            if t.tenant == tenant and t.task_type == task_type and t.finished_ms is None
+        )
 
     async def poll(self, tenant: str, req: Poll) -> list[dict[str, Any]]:
         leases = await self.node.poll(
@@ -303,6 +327,7 @@ class Gateway:
         )
         if leases:
             failpoints.hit("lease-granted")  # durable grants, not yet delivered
+            leases = await self._fail_removed(tenant, req.app, leases)
         return [
             render.lease_json(
                 lease,
@@ -311,6 +336,32 @@ class Gateway:
             )
             for lease in leases
         ]
+
+    async def _fail_removed(self, tenant: str, app: str, leases: list[Lease]) -> list[Lease]:
+        """Leases of task types a deploy removed end at once, as FATAL ``HandlerRemoved``
+        (dead letters, retryable by a person once a version with the handler is out); the
+        rest go to the agent."""
+        gone: list[Completion] = []
+        kept: list[Lease] = []
+        for lease in leases:
+            version = self.registry.removed_by(tenant, app, lease.task_type)
+            if version is None:
+                kept.append(lease)
+                continue
+            gone.append(
+                Completion(
+                    task_id=lease.task_id,
+                    lease_id=lease.lease_id,
+                    outcome=Outcome.FATAL,
+                    error_class="HandlerRemoved",
+                    error_message=f"version {version!r} of app {app!r} has no handler of task "
+                    f"type {lease.task_type!r}: a deploy removed it. Deploy a version with "
+                    "the handler, then retry this task from the dead letters.",
+                )
+            )
+        if gone:
+            await self.node.complete(gone)
+        return kept
 
     def heartbeat(self, tenant: str, refs: list[LeaseRef]) -> list[dict[str, str]]:
         return [

@@ -20,7 +20,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     proc = NodeProcess(home, ("node", "--no-projection"))
     proc.start()
     body = {"agent_id": "setup", "app": "shop", "version": "1", "task_types": ["report"]}
-    assert call(proc.base, "POST", "/worker/register", body) == (200, {})
+    assert call(proc.base, "POST", "/worker/register", body) == (200, {"warnings": []})
     try:
         yield proc
     finally:

@@ -135,7 +135,7 @@ def write_keys(home: Path) -> None:
 def register(base: str, key: str = KEY_A) -> None:
     for app, types in APPS.items():
         body = {"agent_id": "setup", "app": app, "version": "1", "task_types": types}
-        assert call(base, "POST", "/worker/register", body, key=key) == (200, {})
+        assert call(base, "POST", "/worker/register", body, key=key) == (200, {"warnings": []})
 
 
 @pytest.fixture(scope="module")
@@ -629,6 +629,43 @@ def test_stale_lease_is_rejected_and_changes_nothing(node: NodeProcess) -> None:
     assert status == 200 and log["log"] == "live output\n"
     assert call(node.base, "GET", url, key=KEY_B)[0] == 404  # another tenant's task
     assert call(node.base, "GET", f"/v1/tasks/{task_id}/logs/{first['lease_id']}")[0] == 404
+
+
+def test_a_deploy_that_removes_a_handler_warns_and_fails_its_queued_tasks(
+    node: NodeProcess,
+) -> None:
+    base = node.base
+    v1 = {"agent_id": "d1", "app": "deploys", "version": "1", "task_types": ["keep", "drop"]}
+    assert call(base, "POST", "/worker/register", v1) == (200, {"warnings": []})
+    dropped = [enqueue(base, "deploys", task_type="drop") for _ in range(2)]
+    enqueue(base, "deploys", task_type="keep")
+    deadline = time.monotonic() + 10
+    while len(_list_all(base, "task_type=drop")) < 2:  # the count comes from the snapshot
+        assert time.monotonic() < deadline, "the snapshot never showed the tasks"
+        time.sleep(0.05)
+    v2 = {**v1, "agent_id": "d2", "version": "2", "task_types": ["keep"]}
+    status, reply = call(base, "POST", "/worker/register", v2)
+    assert status == 200, reply
+    assert reply["warnings"] == [
+        "version '2' of app 'deploys' removes the handler of task type 'drop', referenced by 2 "
+        "unfinished task(s): they will fail at dispatch with HandlerRemoved"
+    ]
+    # An agent of the old version still rolling out removes nothing and brings nothing back.
+    assert call(base, "POST", "/worker/register", v1) == (200, {"warnings": []})
+    status, error = call(
+        base, "POST", "/v1/tasks", {"task_type": "drop", "app": "deploys", "payload": 1}
+    )
+    assert status == 400 and "removed from app 'deploys' by its version '2'" in str(error)
+    # Dispatch hands out only what a handler exists for; the rest fail as dead letters.
+    (lease,) = poll(base, "deploys", capacity=3)
+    assert lease["task_type"] == "keep"
+    for task_id in dropped:
+        task = wait_status(base, task_id, "FAILED")
+        assert task["error"]["class"] == "HandlerRemoved" and task["attempt"] == 1
+    # A version that serves the type again brings it back.
+    v3 = {**v1, "agent_id": "d3", "version": "3"}
+    assert call(base, "POST", "/worker/register", v3) == (200, {"warnings": []})
+    enqueue(base, "deploys", task_type="drop")
 
 
 def test_cancel_of_a_leased_task_reaches_the_worker(node: NodeProcess) -> None:

@@ -31,7 +31,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     proc.start()
     for key in (KEY_A, KEY_B):
         body = {"agent_id": "setup", "app": "pii", "version": "1", "task_types": ["charge"]}
-        assert call(proc.base, "POST", "/worker/register", body, key=key) == (200, {})
+        assert call(proc.base, "POST", "/worker/register", body, key=key) == (200, {"warnings": []})
     try:
         yield proc
     finally:

@@ -36,7 +36,7 @@ def node(
     proc.start()
     for key in (KEY_A, KEY_B):
         body = {"agent_id": "setup", "app": "use", "version": "1", "task_types": ["echo"]}
-        assert call(proc.base, "POST", "/worker/register", body, key=key) == (200, {})
+        assert call(proc.base, "POST", "/worker/register", body, key=key) == (200, {"warnings": []})
     try:
         yield proc
     finally:
