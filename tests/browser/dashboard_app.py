@@ -23,5 +23,7 @@ def double(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, int]:
 @app.workflow
 def checkout(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
     price = ctx.step.run("price", lambda: payload["n"] * 10)
-    doubled = ctx.parallel("fan", [(double, {"n": i}) for i in range(3)])
+    hold = f"{payload['hold_s']}s" if payload.get("hold_s") else None  # children wait that long
+    children = [conveyor.Enqueue(double, {"n": i}, delay=hold) for i in range(3)]
+    doubled = ctx.parallel("fan", children)
     return {"price": price, "doubled": doubled}

@@ -23,6 +23,10 @@ pytestmark = pytest.mark.timeout(240)
 FAST_RETRY = {"attempts_max": 2, "backoff_base_ms": 50, "backoff_cap_ms": 100}
 SNAPSHOT_WAIT_S = 20.0
 PAGE_SIZE = 50  # views/tasks.js
+FILTERS = (
+    "task_type", "error_class", "error_text",
+    "created_from_ms", "created_to_ms", "finished_from_ms", "finished_to_ms",
+)  # fmt: skip
 
 
 def queue_name() -> str:
@@ -44,13 +48,23 @@ def until(check: Callable[[], bool], what: str, timeout_s: float = SNAPSHOT_WAIT
         time.sleep(0.2)
 
 
+FRESH_RESULTS = "main .view:not([data-stale]) .results :is(table, .empty)"
+
+
+def fresh_list(page: Any, action: Callable[[], None]) -> None:
+    """Run ``action`` (a click, a navigation) and wait for the list it renders, never for the
+    list that was on the page before (a navigation renders a new view; the old one is marked)."""
+    page.evaluate("document.querySelector('main .view')?.setAttribute('data-stale', '')")
+    action()
+    page.wait_for_selector(FRESH_RESULTS)
+
+
 def apply_until_row(page: Any, task_id: str) -> Any:
     """Click Apply until the list shows ``task_id`` (the snapshot may trail); its row."""
     row = page.locator(f"tr[data-task-id='{task_id}']")
 
     def shown() -> bool:
-        page.click("form.filters button[type=submit]")
-        page.wait_for_selector(".results table, .results .empty")
+        fresh_list(page, lambda: page.click("form.filters button[type=submit]"))
         return bool(row.count())
 
     until(shown, f"task {task_id} in the list")
@@ -126,6 +140,43 @@ def test_failed_task_filter_detail_and_retry(page: Any, dev: Dev) -> None:
     assert page.locator(f"tr[data-task-id='{failed}']").count() == 1
 
 
+def test_each_filter_narrows_the_list(page: Any, dev: Dev) -> None:
+    queue = queue_name()
+    early = dev.enqueue("explode", {"order": 41}, queue=queue, retry=FAST_RETRY)
+    dev.wait_status(early, "FAILED")
+    time.sleep(1.1)  # the time filters have second resolution in the form
+    boundary_ms = int(time.time() * 1000)
+    late = dev.enqueue("explode", {"order": 42}, queue=queue, retry=FAST_RETRY)
+    ok = dev.enqueue("double", {"n": 1}, queue=queue)
+    dev.wait_status(late, "FAILED")
+    dev.wait_status(ok, "SUCCEEDED")
+
+    open_dashboard(page, dev)
+    page.fill("input[name=queue]", queue)
+    for task_id in (early, late, ok):
+        apply_until_row(page, task_id)
+    rows = page.locator("table.tasks tbody tr")
+
+    def listed(**fields: str) -> set[str]:
+        for name in FILTERS:
+            page.fill(f"input[name={name}]", fields.get(name, ""))
+        fresh_list(page, lambda: page.click("form.filters button[type=submit]"))
+        return {str(rows.nth(i).get_attribute("data-task-id")) for i in range(rows.count())}
+
+    assert listed(task_type="double") == {ok}
+    assert listed(error_class="ValueError") == {early, late}
+    assert listed(error_class="KeyError") == set()
+    assert page.is_visible(".results .empty")
+    assert listed(error_text="order 42") == {late}
+    local = page.evaluate(
+        "ms => new Date(ms - new Date(ms).getTimezoneOffset() * 60000).toISOString().slice(0, 19)",
+        boundary_ms,
+    )
+    assert listed(created_from_ms=local) == {late, ok}
+    assert listed(created_to_ms=local) == {early}
+    assert listed(finished_to_ms=local) == {early}
+
+
 def test_pages_forward_and_back(page: Any, dev: Dev) -> None:
     queue = queue_name()
     body = {"task_type": "double", "app": APP, "queue": queue, "delay_ms": 600_000}
@@ -136,8 +187,7 @@ def test_pages_forward_and_back(page: Any, dev: Dev) -> None:
     rows = page.locator("table.tasks tbody tr")
 
     def all_listed() -> bool:
-        page.click("form.filters button[type=submit]")
-        page.wait_for_selector(".results table, .results .empty")
+        fresh_list(page, lambda: page.click("form.filters button[type=submit]"))
         return page.locator(".count").count() == 1 and page.inner_text(".count") == "55 matching"
 
     until(all_listed, "55 tasks in the snapshot")
@@ -288,17 +338,19 @@ def test_hidden_payloads_show_the_marker(page: Any, dev: Dev) -> None:
     assert "hidden" in page.inner_text(".payload").lower()
 
 
+def test_workflow_view_without_the_endpoint_says_so(page: Any, dev: Dev) -> None:
+    # An older node: its OpenAPI document lists no workflow paths.
+    page.route("**/openapi.json", lambda route: route.fulfill(json={"paths": {}}))
+    open_dashboard(page, dev, f"#/workflow/{'0' * 32}")
+    page.wait_for_selector(".missing-endpoint:has-text('no workflow endpoint')")
+    assert page.locator(".missing-endpoint a").get_attribute("href") == f"#/task/{'0' * 32}"
+
+
 def test_workflow_view_shows_steps_and_children(page: Any, dev: Dev) -> None:
-    status, doc = http(dev.base, "GET", "/openapi.json")
-    assert status == 200
-    if not any(p.startswith("/v1/workflows/") for p in doc["paths"]):
-        # A node without the workflow API: the view says so instead of failing.
-        open_dashboard(page, dev, f"#/workflow/{'0' * 32}")
-        page.wait_for_selector(".missing-endpoint:has-text('no workflow endpoint')")
-        return
-    body = {"task_type": "checkout", "app": APP, "payload": {"n": 7}, "queue": queue_name()}
-    workflow_id = str(dev.call("POST", "/v1/workflows", body)["task_id"])
-    dev.wait_status(workflow_id, "SUCCEEDED")
+    # The children wait ten minutes: the workflow stays WAITING with its steps in view.
+    body = {"task_type": "checkout", "app": APP, "payload": {"n": 7, "hold_s": 600}}
+    workflow_id = str(dev.call("POST", "/v1/workflows", {**body, "queue": queue_name()})["task_id"])
+    dev.wait_status(workflow_id, "WAITING")
 
     open_dashboard(page, dev, f"#/task/{workflow_id}")
     page.click("a.workflow-link")
@@ -308,19 +360,32 @@ def test_workflow_view_shows_steps_and_children(page: Any, dev: Dev) -> None:
         "price#0",
         "fan#0",
     ]
-    assert "COMMITTED" in steps.nth(0).inner_text()
+    assert "COMMITTED" in steps.nth(0).inner_text() and "WAITING" in steps.nth(1).inner_text()
     steps.nth(0).locator("summary").click()
     assert steps.nth(0).locator("pre").inner_text() == "70"
     graph = page.locator("svg.graph")
-    assert graph.locator("g.node.child").count() == 3
-    assert graph.locator("g.node.child.st-succeeded").count() == 3
-    fan = page.locator("section.parallel")
-    assert "3 children" in fan.inner_text() and "fan-in done" in fan.inner_text()
+    assert graph.locator("g.node.child.st-enqueued").count() == 3
+    assert "waiting for children" in page.inner_text("section.parallel")
 
     graph.locator("a").first.click()  # a child: its own task page
-    page.wait_for_selector(".title-row .badge:has-text('SUCCEEDED')")
+    page.wait_for_selector(".title-row .badge:has-text('ENQUEUED')")
     assert page.inner_text("#task-id") != workflow_id
-    assert json.loads(page.inner_text(".result pre")) == {"twice": 0}
+    dev.call("POST", f"/v1/tasks/{workflow_id}/cancel")  # cascades to the children
+
+
+def test_finished_workflow_keeps_its_parallel_steps(page: Any, dev: Dev) -> None:
+    body = {"task_type": "checkout", "app": APP, "payload": {"n": 7}, "queue": queue_name()}
+    workflow_id = str(dev.call("POST", "/v1/workflows", body)["task_id"])
+    assert dev.wait_status(workflow_id, "SUCCEEDED")["result"] == {
+        "price": 70,
+        "doubled": [{"twice": 0}, {"twice": 2}, {"twice": 4}],
+    }
+    open_dashboard(page, dev, f"#/workflow/{workflow_id}")
+    page.wait_for_selector(f"#workflow-id:has-text('{workflow_id}')")
+    assert page.locator("svg.graph g.node.child.st-succeeded").count() == 3
+    fan = page.inner_text("section.parallel")
+    assert "3 children" in fan and "fan-in done" in fan
+    assert page.is_visible("p.dropped")  # the memos of a finished task are gone, and it says so
 
 
 def test_schedules_view_lists_the_tenants_schedules(page: Any, dev: Dev) -> None:

@@ -152,7 +152,10 @@ export async function renderWorkflow(main, { arg, live }) {
         h("dt", {}, "Finished"), h("dd", {}, fmtTime(wf.finished_ms)),
         h("dt", {}, "Attempt"), h("dd", {}, wf.attempt)),
       h("section", { class: "card" }, h("h2", {}, "Steps"), graph(reply.steps, reply.parallel),
-        stepsTable(reply.steps, values)),
+        stepsTable(reply.steps, values),
+        TERMINAL.has(wf.status) ? h("p", { class: "muted dropped" }, "The step memos of a " +
+          "finished task are dropped (they only serve a task that can still run); parallel " +
+          "steps stay with their children.") : null),
       reply.parallel.map(parallelCard));
     return wf;
   };
