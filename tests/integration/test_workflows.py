@@ -64,7 +64,9 @@ def parks(ctx, n):
 
 @app.workflow
 def many(ctx, n):
-    return sum(ctx.step.run(f"s{i}", lambda i=i: i) for i in range(n))
+    total = sum(ctx.step.run(f"s{i}", lambda i=i: i) for i in range(n))
+    ctx.step.sleep("1h", name="nap")
+    return total
 """
 
 
@@ -122,9 +124,7 @@ def test_collect_resumes_with_results_in_order_and_the_failing_child_in_place(
     status, wf = call(dev.base, "GET", f"/v1/workflows/{workflow_id}")
     assert status == 200, wf
     assert wf["workflow"]["status"] == "SUCCEEDED"
-    assert [(s["identity"], s["kind"], s["state"]) for s in wf["steps"]] == [
-        ("squares#0", "parallel", "COMMITTED")
-    ]
+    # (a finished task's step rows may be collected; its parallel steps' barriers stay)
     (parallel,) = wf["parallel"]
     assert parallel["fired"] and parallel["total"] == 3 and parallel["mode"] == "COLLECT"
     assert parallel["counts"] == {"FAILED": 1, "SUCCEEDED": 2}
@@ -154,16 +154,24 @@ def test_cancel_of_a_waiting_workflow_cascades_to_its_running_children(dev: Node
         return bool(call(dev.base, "GET", f"/v1/tasks/{workflow_id}")[1]["status"] == "WAITING")
 
     assert wait_for(waiting), call(dev.base, "GET", f"/v1/tasks/{workflow_id}")
-    assert call(dev.base, "POST", f"/v1/tasks/{workflow_id}/cancel")[1]["status"] == "CANCELED"
     _, wf = call(dev.base, "GET", f"/v1/workflows/{workflow_id}")
+    assert [(s["identity"], s["kind"], s["state"]) for s in wf["steps"]] == [
+        ("slow#0", "parallel", "WAITING")
+    ]
+    assert wf["parallel"][0]["fired"] is False and wf["parallel"][0]["total"] == 3
+    assert call(dev.base, "POST", f"/v1/tasks/{workflow_id}/cancel")[1]["status"] == "CANCELED"
     for child in wf["parallel"][0]["children"]:
         assert finished(dev.base, child["task_id"])["status"] == "CANCELED"
     assert finished(dev.base, workflow_id)["status"] == "CANCELED"
 
 
 def test_history_pages_through_every_step(dev: NodeProcess) -> None:
-    workflow_id = start(dev.base, "many", 25)
-    assert finished(dev.base, workflow_id)["result"] == sum(range(25))
+    workflow_id = start(dev.base, "many", 25)  # 25 steps, then a durable sleep of an hour
+
+    def sleeping() -> bool:
+        return bool(call(dev.base, "GET", f"/v1/tasks/{workflow_id}")[1]["status"] == "SLEEPING")
+
+    assert wait_for(sleeping), call(dev.base, "GET", f"/v1/tasks/{workflow_id}")
     seen: list[str] = []
     cursor = None
     pages = 0
@@ -177,12 +185,15 @@ def test_history_pages_through_every_step(dev: NodeProcess) -> None:
         cursor = page["next_cursor"]
         if cursor is None:
             break
-    assert pages == 3 and sorted(seen) == sorted(f"s{i}#0" for i in range(25))
+    assert pages == 3 and sorted(seen) == sorted([*(f"s{i}#0" for i in range(25)), "nap#0"])
     with conveyor.Client(dev.base, KEY_A) as client:
-        assert client.get_workflow(workflow_id)["workflow"]["status"] == "SUCCEEDED"
+        wf = client.get_workflow(workflow_id)
+        assert wf["workflow"]["status"] == "SLEEPING"
+        assert wf["steps"][-1]["kind"] == "sleep" and wf["steps"][-1]["state"] == "SLEEPING"
         page = client.workflow_history(workflow_id, limit=20)
         assert len(page["steps"]) == 20
         rest = client.workflow_history(workflow_id, cursor=page["next_cursor"])
-        assert len(rest["steps"]) == 5 and rest["next_cursor"] is None
+        assert len(rest["steps"]) == 6 and rest["next_cursor"] is None
+        client.cancel(workflow_id)
     status, bad = call(dev.base, "GET", f"/v1/workflows/{workflow_id}/history?cursor=%%%")
     assert status == 400 and bad["error"]["field"] == "cursor"
