@@ -8,6 +8,9 @@
 - ``import_catalog`` always raises FatalError: it lands in FAILED at once, no retries.
 - ``reindex`` is long: it checkpoints its cursor (a retry resumes there) and stops cleanly
   when canceled.
+- ``fulfil_order`` is a workflow: a durable step charges once whatever fails later, a fan-out
+  packs every item in parallel (one child task each) while the workflow holds no process, a
+  durable sleep waits, and the receipt step runs last.
 """
 
 from __future__ import annotations
@@ -55,6 +58,23 @@ def reindex(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
     return {"indexed": items - start, "resumed_from": start}
 
 
+@app.task(retry=conveyor.Retry(attempts=3, base="100ms"))
+def pack_item(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"sku": payload["sku"], "box": f"box-{payload['sku'].lower()}"}
+
+
+@app.workflow
+def fulfil_order(ctx: conveyor.Context, order: dict[str, Any]) -> dict[str, Any]:
+    # Side effects go inside steps: a retry or a resume returns the committed value instead.
+    charge = ctx.step.run(
+        "charge", lambda: {"amount": order["amount"], "key": ctx.step.idempotency_key}
+    )
+    boxes = ctx.parallel("pack", [(pack_item, {"sku": sku}) for sku in order["items"]])
+    ctx.step.sleep("2s", name="wait_for_courier")
+    receipt = ctx.step.run("receipt", lambda: f"order {order['order']}: {len(boxes)} boxes")
+    return {"charge": charge, "boxes": boxes, "receipt": receipt}
+
+
 def main() -> None:
     """Enqueue one of each. Talks to $CONVEYOR_URL (default http://127.0.0.1:7400) with
     $CONVEYOR_API_KEY, or with the key ``conveyor dev`` left in ./.conveyor."""
@@ -66,6 +86,9 @@ def main() -> None:
             ),
             "import_catalog": client.enqueue(import_catalog, {"url": "s3://feeds/catalog.csv"}),
             "reindex": client.enqueue(reindex, {"items": 200}),
+            "fulfil_order": client.enqueue(
+                fulfil_order, {"order": 2, "amount": 4200, "items": ["MUG", "TEE", "CAP"]}
+            ),
         }
         for name, handle in handles.items():
             print(f"{name:15} {handle.id} {handle.status()}")
