@@ -278,6 +278,20 @@ def bench_projection(
     _print_result(asyncio.run(run(tasks=tasks, partitions=partitions, dsn=dsn)), as_json)
 
 
+def bench_query(
+    rows: Annotated[int, typer.Option("--rows", min=1_000)] = 1_000_000,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs per filter")] = 40,
+    dsn: Annotated[
+        str | None, typer.Option("--postgres-dsn", help="A scratch database (emptied)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List-query p50/p99 per filter over ``--rows`` task rows COPYed into the snapshot."""
+    from conveyor.streams.bench.query import bench_query as run
+
+    _print_result(asyncio.run(run(rows=rows, repeats=repeats, dsn=dsn)), as_json)
+
+
 def projection_rebuild(
     home: HomeOpt = None,
     dsn: Annotated[

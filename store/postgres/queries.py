@@ -5,10 +5,22 @@ and every index leads with ``tenant``.
 
 Listing order is newest first, ``(created_ms, task_id)`` descending; the keyset cursor is the
 last row's pair, so a page costs the same at row 10 and at row 10,000,000 (no OFFSET).
+
+Bounded work per request (``conveyor bench query`` measures it over a million rows):
+- A finished range also bounds the creation time (a task finishes after it is created), so
+  the newest-first scan starts at the end of the range instead of at the newest task.
+- Text in the error message has no index to use (the embedded server ships no pg_trgm): a
+  page examines at most ``TEXT_SCAN_ROWS_MAX`` rows that have an error, newest first, and may
+  come back short with a cursor to continue from (``list_page``), as RocksDB listing does.
+- ``count`` is exact when it takes at most ``COUNT_BUDGET_MS``; past that the planner's
+  estimate answers, marked inexact (``count_or_estimate``). Counting a tenant's million rows
+  exactly costs 100+ ms on every page load, and nobody needs the last digit of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +30,8 @@ TASK_LIST_COLUMNS = (
     "task_id, app, task_type, queue, status, attempt, created_ms, updated_ms, finished_ms, "
     "ready_ms, leased_ms, agent_id, error_class, error_message, last_event, version, partition"
 )
+
+_QUALIFIED = ", ".join(f"t.{c.strip()}" for c in TASK_LIST_COLUMNS.split(","))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +68,9 @@ def _escape_like(text: str) -> str:
 def _where(q: TaskQuery) -> _Where:
     w = _Where()
     w.add("tenant = ?", q.tenant)
-    if q.statuses:
+    if len(q.statuses) == 1:  # "= ANY" would keep the planner from an ordered index scan
+        w.add("status = ?", q.statuses[0])
+    elif q.statuses:
         w.add("status = ANY(?::text[])", list(q.statuses))
     optional = (
         ("queue = ?", q.queue),
@@ -68,9 +84,72 @@ def _where(q: TaskQuery) -> _Where:
     for template, value in optional:
         if value is not None:
             w.add(template, value)
+    if q.finished_to_ms is not None and (
+        q.created_to_ms is None or q.created_to_ms > q.finished_to_ms
+    ):
+        w.add("created_ms < ?", q.finished_to_ms)  # implied: created before it finished
     if q.error_text:
         w.add("error_message ILIKE ?", f"%{_escape_like(q.error_text)}%")
     return w
+
+
+TEXT_SCAN_ROWS_MAX = 5_000  # rows with an error examined per page by a text search
+COUNT_BUDGET_MS = 20
+
+
+async def list_page(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    q: TaskQuery,
+    limit: int,
+    after: tuple[int, str] | None = None,
+    *,
+    scan_rows_max: int = TEXT_SCAN_ROWS_MAX,
+) -> tuple[list[dict[str, Any]], tuple[int, str] | None]:
+    """One page: up to ``limit`` rows after ``after``, and the key to continue after (None
+    when there is nothing more). A text search examines at most ``scan_rows_max`` rows with
+    an error per page, so its pages may be short, even empty, with a key to go on."""
+    if not q.error_text:
+        page = await list_tasks(conn, q, limit, after)
+        return page, _key(page[-1]) if len(page) == limit else None
+    w = _where(dataclasses.replace(q, error_text=None))
+    w.clauses.append("error_message IS NOT NULL")
+    if after is not None:
+        w.args.extend(after)
+        w.clauses.append(f"(created_ms, task_id) < (${len(w.args) - 1}, ${len(w.args)})")
+    w.args.extend([f"%{_escape_like(q.error_text)}%", scan_rows_max, limit])
+    text_at, scan_at, limit_at = (f"${len(w.args) - i}" for i in (2, 1, 0))
+    # The walk reads keys only (an index-only scan of tasks_tenant_errors when no other
+    # filter is given); the chosen rows are then fetched by id.
+    sql = f"""
+        WITH scanned AS MATERIALIZED (
+            SELECT created_ms, task_id, error_message ILIKE {text_at} AS hit FROM tasks
+            WHERE {w.sql()} ORDER BY created_ms DESC, task_id DESC LIMIT {scan_at}
+        ), picked AS (
+            (SELECT task_id, false AS edge FROM scanned WHERE hit
+             ORDER BY created_ms DESC, task_id DESC LIMIT {limit_at})
+            UNION ALL
+            (SELECT task_id, true AS edge FROM scanned
+             WHERE (SELECT count(*) FROM scanned) = {scan_at}
+             ORDER BY created_ms, task_id LIMIT 1)
+        )
+        SELECT {_QUALIFIED}, picked.edge FROM picked JOIN tasks t USING (task_id)
+        ORDER BY t.created_ms DESC, t.task_id DESC
+    """
+    rows: list[dict[str, Any]] = []
+    edge = None  # the oldest row examined, when the scan stopped at its bound
+    for record in await conn.fetch(sql, *w.args):
+        row = dict(record)
+        if row.pop("edge"):
+            edge = row
+        else:
+            rows.append(row)
+    if len(rows) == limit:
+        return rows, _key(rows[-1])
+    return rows, _key(edge) if edge is not None else None
+
+
+def _key(row: dict[str, Any]) -> tuple[int, str]:
+    return int(row["created_ms"]), str(row["task_id"])
 
 
 async def list_tasks(
@@ -114,8 +193,28 @@ def _page_sql(
 
 
 async def count_tasks(conn: asyncpg.Connection | asyncpg.Pool, q: TaskQuery) -> int:
+    """The exact count, however long it takes (bulk operations, off the request path)."""
     w = _where(q)
     return int(await conn.fetchval(f"SELECT count(*) FROM tasks WHERE {w.sql()}", *w.args))
+
+
+async def count_or_estimate(
+    pool: asyncpg.Pool, q: TaskQuery, *, budget_ms: int = COUNT_BUDGET_MS
+) -> tuple[int, bool]:
+    """(count, exact): exact if counting takes at most ``budget_ms``, else the planner's
+    estimate of the matching rows."""
+    w = _where(q)
+    async with pool.acquire() as conn:
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL statement_timeout = {int(budget_ms)}")
+                sql = f"SELECT count(*) FROM tasks WHERE {w.sql()}"
+                return int(await conn.fetchval(sql, *w.args)), True
+        except asyncpg.QueryCanceledError:
+            plan = await conn.fetchval(
+                f"EXPLAIN (FORMAT JSON) SELECT 1 FROM tasks WHERE {w.sql()}", *w.args
+            )
+    return int(json.loads(plan)[0]["Plan"]["Plan Rows"]), False
 
 
 QUEUE_DEPTH = """

@@ -332,8 +332,15 @@ _LIST = [
     _param("queue", NAME),
     _param("task_type", NAME),
     _param("since_ms", integer(0, description="created at or after")),
+    _param("created_from_ms", integer(0, description="created at or after")),
+    _param("created_to_ms", integer(0, description="created before")),
+    _param("finished_from_ms", integer(0, description="finished at or after")),
+    _param("finished_to_ms", integer(0, description="finished before")),
+    _param("error_class", NAME),
+    _param("error_text", {"type": "string", "description": "in the error message, any case"}),
     _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
     _param("cursor", {"type": "string", "description": "next_cursor of the previous page"}),
+    _param("count", {"type": "boolean", "description": "also answer count and count_exact"}),
 ]
 # A bulk operation's filter: the list API's filters as a JSON object.
 _FILTER = obj(
@@ -390,7 +397,14 @@ _QUEUE = obj(
         "windows": {"type": "object", "additionalProperties": _WINDOW},
     }
 )
-_PAGE = obj({"tasks": array(ref("TaskSummary")), "next_cursor": nullable({"type": "string"})})
+_PAGE = obj(
+    {
+        "tasks": array(ref("TaskSummary")),
+        "next_cursor": nullable({"type": "string"}),
+        "count": nullable(integer(0, description="null: counting needs the snapshot")),
+        "count_exact": {"type": "boolean", "description": "false: the planner's estimate"},
+    }
+)
 _RETRIED = _wrap("retried", obj({"task_id": TASK_ID, "new_task_id": TASK_ID}), 0)
 
 # (method, path, summary, request body, reply, parameters)

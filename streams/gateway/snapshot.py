@@ -5,7 +5,10 @@ task enqueued a moment ago may not be listed yet, while ``GET /v1/tasks/{id}`` (
 its processor) always sees it. Listing needs filters and pages over millions of rows; the
 processors' RocksDB scans cannot give that, Postgres indexes can.
 
-The cursor is opaque to clients: base64url of ``<created_ms>:<task id>`` of the last row.
+The cursor is opaque to clients: base64url of ``<created_ms>:<task id>`` of the last row
+examined. A search by error text examines a bounded number of rows per page, so its pages may
+be short (even empty) while ``next_cursor`` is set. ``count`` is exact when it is cheap and
+otherwise the planner's estimate, with ``count_exact`` saying which (``queries.py``).
 """
 
 from __future__ import annotations
@@ -88,12 +91,9 @@ async def list_tasks(pool: asyncpg.Pool, tenant: str, query: ListQuery) -> dict[
 async def _page(
     pool: asyncpg.Pool, q: queries.TaskQuery, query: ListQuery, after: tuple[int, str] | None
 ) -> dict[str, Any]:
-    rows = await queries.list_tasks(pool, q, query.limit, after)
-    cursor = None
-    if len(rows) == query.limit:
-        last = rows[-1]
-        cursor = encode_cursor(int(last["created_ms"]), str(last["task_id"]))
+    rows, resume = await queries.list_page(pool, q, query.limit, after)
+    cursor = encode_cursor(*resume) if resume is not None else None
     body: dict[str, Any] = {"tasks": [summary(r) for r in rows], "next_cursor": cursor}
     if query.count:
-        body["count"] = await queries.count_tasks(pool, q)
+        body["count"], body["count_exact"] = await queries.count_or_estimate(pool, q)
     return body
