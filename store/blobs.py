@@ -5,8 +5,9 @@ bytes twice stores them once and a retried enqueue of a large payload produces t
 (which is what lets the gateway compare payloads of an idempotent retry by ref).
 
 Rule: ``put`` returns only once the blob is durable (file and directory fsync'd), because the
-caller acknowledges a task that points at it right after. S3 (boto3) is a later implementation
-of the same protocol; the local directory is the embedded default.
+caller acknowledges a task that points at it right after. ``S3Blobs`` (store/s3_blobs.py,
+``--blobs-url s3://bucket/prefix``) implements the same protocol; the local directory is the
+embedded default.
 
     root/
       ab/abcdef...   one file per blob, named by its digest, fanned out by the first two hex

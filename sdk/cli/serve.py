@@ -17,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -31,6 +31,9 @@ from conveyor.cli.common import (
     fail,
     home_dir,
 )
+
+if TYPE_CHECKING:
+    from conveyor.store.blobs import Blobs
 
 AGENT_MODULE = "conveyor.agents.host"
 
@@ -51,6 +54,16 @@ DsnOpt = Annotated[
         "--postgres-dsn",
         envvar="CONVEYOR_POSTGRES_DSN",
         help="External PostgreSQL for the query snapshot [default: a private one in the home]",
+        show_default=False,
+    ),
+]
+BlobsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--blobs-url",
+        envvar="CONVEYOR_BLOBS_URL",
+        help="s3://bucket/prefix for large payloads (endpoint: AWS_ENDPOINT_URL) "
+        "[default: a directory in the home]",
         show_default=False,
     ),
 ]
@@ -156,9 +169,9 @@ async def _run_node(
     app_ref: str | None = None,
     concurrency: int = 8,
     snapshot_config: SnapshotConfig | None = None,
+    blobs: Blobs | None = None,
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
-    from conveyor.store.blobs import LocalBlobs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.node import Node
     from conveyor.streams.sinks.metrics import Metrics, time_appends
@@ -180,7 +193,7 @@ async def _run_node(
             node,
             KeyStore.load(home),
             Registry.load(home),
-            blobs=LocalBlobs(home / "blobs"),
+            blobs=blobs or _open_blobs(home, None),
             snapshot=snapshot.pool if snapshot is not None else None,
             metrics=metrics,
             logs=AttemptLogs(home / "logs"),
@@ -219,6 +232,20 @@ async def _until_stopped(stop: asyncio.Event, work: Awaitable[Any]) -> None:
             await task  # re-raises a crash of the agent
 
 
+def _open_blobs(home: Path, url: str | None) -> Blobs:
+    """The blob store: S3 when ``url`` names a bucket, else a directory in the home."""
+    from conveyor.store.blobs import LocalBlobs
+
+    if url is None:
+        return LocalBlobs(home / "blobs")
+    from conveyor.store.s3_blobs import S3Blobs
+
+    try:
+        return S3Blobs(url)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
 def node(
     home: HomeOpt = None,
     host: HostOpt = "127.0.0.1",
@@ -227,11 +254,14 @@ def node(
     log_level: LogLevelOpt = "warning",
     projection: ProjectionOpt = True,
     postgres_dsn: DsnOpt = None,
+    blobs_url: BlobsOpt = None,
 ) -> None:
     """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway."""
     _setup_logging(log_level)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
-    asyncio.run(_run_node(home_dir(home), host, port, partitions, snapshot_config=config))
+    home_path = home_dir(home)
+    blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
+    asyncio.run(_run_node(home_path, host, port, partitions, snapshot_config=config, blobs=blobs))
 
 
 def dev(
@@ -244,13 +274,16 @@ def dev(
     log_level: LogLevelOpt = "warning",
     projection: ProjectionOpt = True,
     postgres_dsn: DsnOpt = None,
+    blobs_url: BlobsOpt = None,
 ) -> None:
     """Node + gateway + an agent for your app, in one process: for development."""
     _setup_logging(log_level)
     _load_agent()  # fail before touching the home dir
     _check_app(app_ref)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
-    asyncio.run(_run_node(home_dir(home), host, port, partitions, app_ref, concurrency, config))
+    home_path = home_dir(home)
+    blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
+    asyncio.run(_run_node(home_path, host, port, partitions, app_ref, concurrency, config, blobs))
 
 
 def agent(
