@@ -462,7 +462,58 @@ class TaskEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StepEvent:
+    """A step row changed (claimed or committed); ``version`` is the log offset."""
+
+    task_id: str
+    tenant: str
+    identity: str
+    position: int
+    state: str  # CLAIMED | COMMITTED
+    claims: int
+    value: bytes | None = None
+    wake_at_ms: int | None = None
+    ts_ms: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleEvent:
+    """A schedule row as it stands after a change, or its deletion (``deleted``)."""
+
+    tenant: str
+    schedule_id: str
+    cron: str
+    timezone: str
+    app: str
+    task_type: str
+    queue: str
+    overlap: str
+    catch_up: str
+    paused: bool
+    deleted: bool
+    next_fire_ms: int | None = None
+    last_fire_ms: int | None = None
+    last_task_id: str | None = None
+    fired: int
+    skipped: int
+    created_ms: int
+    updated_ms: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventExtras:
+    """The trailer of an ``EventBatch`` that has step or schedule events."""
+
+    steps: list[StepEvent]
+    schedules: list[ScheduleEvent]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EventBatch:
     partition: int
     offset: int
     events: list[TaskEvent]
+    steps: list[StepEvent] = field(default_factory=list)
+    schedules: list[ScheduleEvent] = field(default_factory=list)

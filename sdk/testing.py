@@ -229,16 +229,21 @@ class Engine:
 
     async def _next_timer_ms(self) -> int | None:
         """The next timer of a task. Schedules re-arm forever, so ``drain`` leaves them to
-        ``advance``: it plays out what is pending, not an endless calendar."""
+        ``advance``: it plays out what is pending, not an endless calendar. Forgetting an
+        idempotency key a day later is housekeeping, not pending work: jumping to it would
+        make every schedule fire again, and enqueue a task with a key to forget, forever."""
         times = [_next_task_timer_ms(self.node.tables(p)) for p in range(self.node.partitions)]
         known = [t for t in times if t is not None]
         return min(known) if known else None
 
 
+_NOT_TASK_WORK = frozenset({TimerKind.SCHEDULE, TimerKind.FORGET_KEY})
+
+
 def _next_task_timer_ms(tables: Tables) -> int | None:
     for key, _ in tables.scan(keys.TIMERS):
         ref = keys.parse_timer(key)
-        if ref.kind != TimerKind.SCHEDULE:
+        if ref.kind not in _NOT_TASK_WORK:
             return ref.fire_at_ms
     return None
 

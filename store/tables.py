@@ -171,6 +171,9 @@ class Tables:
         return None if raw is None else codec.STEP_ROW.decode(raw)
 
     def put_step(self, task_id: str, row: StepRow) -> None:
+        totals = keys.steps_of(task_id)
+        if self._get(totals) is None:  # ``drop_steps`` finds the rows through it
+            self._put(totals, codec.STEP_TOTALS.encode(StepTotals(count=0, bytes=0)))
         self._put(keys.step(task_id, row.identity), codec.STEP_ROW.encode(row))
 
     def steps(self, task_id: str) -> list[StepRow]:
@@ -184,6 +187,16 @@ class Tables:
 
     def put_step_totals(self, task_id: str, totals: StepTotals) -> None:
         self._put(keys.steps_of(task_id), codec.STEP_TOTALS.encode(totals))
+
+    def drop_steps(self, task_id: str) -> None:
+        """Delete a task's step rows and totals. Every task with a step row has a totals row
+        (``put_step`` makes sure), so a task without steps costs one point read."""
+        totals = keys.steps_of(task_id)
+        if self._get(totals) is None:
+            return
+        for key, _ in list(self.scan(totals + b"/")):
+            self._put(key, None)
+        self._put(totals, None)
 
     # -- idempotency --------------------------------------------------------------------------
 

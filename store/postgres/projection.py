@@ -13,6 +13,9 @@ Rules, and why:
 4. The fold mirrors the state machine's rules for the columns that events do not carry in
    full: ``created_ms`` is the time of TaskEnqueued, ``finished_ms`` of the terminal event,
    and the error columns change only on events that set the task's error (ERROR_KINDS).
+5. Step and schedule events carry their whole row, so their fold keeps the newest event per
+   row (per step identity of a task, per schedule of a tenant) and the upsert replaces the row
+   under the same version guard. A deleted schedule stays as a tombstone for that guard.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from conveyor.schemas.types import TERMINAL, EventKind, TaskEvent, TaskStatus
+from conveyor.schemas.types import (
+    TERMINAL,
+    EventKind,
+    ScheduleEvent,
+    StepEvent,
+    TaskEvent,
+    TaskStatus,
+)
 
 # Events after which the task row holds the event's error (lifecycle.finish/attempt_failed).
 ERROR_KINDS = frozenset(
@@ -83,14 +93,30 @@ class AttemptRow:
 
 @dataclass(slots=True)
 class Fold:
-    """Rows of one chunk: the newest state per task and every attempt touched."""
+    """Rows of one chunk: the newest state per task, every attempt touched, and the newest
+    event per step and per schedule (rule 5)."""
 
     tasks: dict[str, TaskRow]
     attempts: dict[tuple[str, int], AttemptRow]
+    steps: dict[tuple[str, str], StepEvent]
+    schedules: dict[tuple[str, str], ScheduleEvent]
 
     @classmethod
     def empty(cls) -> Fold:
-        return cls({}, {})
+        return cls({}, {}, {}, {})
+
+    def add_step(self, event: StepEvent) -> None:
+        key = (event.task_id, event.identity)
+        held = self.steps.get(key)
+        # Equal versions: two writes of one record (a claim, then its commit); the later wins.
+        if held is None or held.version <= event.version:
+            self.steps[key] = event
+
+    def add_schedule(self, event: ScheduleEvent) -> None:
+        key = (event.tenant, event.schedule_id)
+        held = self.schedules.get(key)
+        if held is None or held.version <= event.version:
+            self.schedules[key] = event
 
     def add(self, partition: int, event: TaskEvent) -> None:
         row = self.tasks.get(event.task_id)
@@ -225,6 +251,66 @@ FROM {_ATTEMPT_UNNEST}
 WHERE a.task_id = u.task_id AND a.attempt = u.attempt AND a.finished_ms IS NULL
 """
 
+_STEP_COLUMNS = (
+    ("task_id", "text"),
+    ("identity", "text"),
+    ("tenant", "text"),
+    ("position", "int4"),
+    ("state", "text"),
+    ("claims", "int4"),
+    ("value", "bytea"),
+    ("wake_at_ms", "int8"),
+    ("ts_ms", "int8"),
+    ("version", "int8"),
+)
+_STEP_UNNEST = ", ".join(f"${i}::{kind}[]" for i, (_, kind) in enumerate(_STEP_COLUMNS, 1))
+UPSERT_STEPS = f"""
+INSERT INTO steps AS s (task_id, identity, tenant, position, state, claims, value, wake_at_ms,
+                        updated_ms, version)
+SELECT * FROM unnest({_STEP_UNNEST})
+ON CONFLICT (task_id, identity) DO UPDATE SET
+    position = EXCLUDED.position,
+    state = EXCLUDED.state,
+    claims = EXCLUDED.claims,
+    value = EXCLUDED.value,
+    wake_at_ms = EXCLUDED.wake_at_ms,
+    updated_ms = EXCLUDED.updated_ms,
+    version = EXCLUDED.version
+WHERE s.version < EXCLUDED.version
+"""
+
+_SCHEDULE_COLUMNS = (
+    ("tenant", "text"),
+    ("schedule_id", "text"),
+    ("cron", "text"),
+    ("timezone", "text"),
+    ("app", "text"),
+    ("task_type", "text"),
+    ("queue", "text"),
+    ("overlap", "text"),
+    ("catch_up", "text"),
+    ("paused", "bool"),
+    ("deleted", "bool"),
+    ("next_fire_ms", "int8"),
+    ("last_fire_ms", "int8"),
+    ("last_task_id", "text"),
+    ("fired", "int8"),
+    ("skipped", "int8"),
+    ("created_ms", "int8"),
+    ("updated_ms", "int8"),
+    ("version", "int8"),
+)
+_SCHEDULE_NAMES = ", ".join(name for name, _ in _SCHEDULE_COLUMNS)
+_SCHEDULE_UNNEST = ", ".join(f"${i}::{kind}[]" for i, (_, kind) in enumerate(_SCHEDULE_COLUMNS, 1))
+_SCHEDULE_SET = ",\n    ".join(f"{name} = EXCLUDED.{name}" for name, _ in _SCHEDULE_COLUMNS[2:])
+UPSERT_SCHEDULES = f"""
+INSERT INTO schedules AS s ({_SCHEDULE_NAMES})
+SELECT * FROM unnest({_SCHEDULE_UNNEST})
+ON CONFLICT (tenant, schedule_id) DO UPDATE SET
+    {_SCHEDULE_SET}
+WHERE s.version < EXCLUDED.version
+"""
+
 SAVE_WATERMARKS = """
 INSERT INTO watermarks (partition, next_offset)
 SELECT * FROM unnest($1::int4[], $2::int8[])
@@ -262,6 +348,12 @@ async def write(conn: asyncpg.Connection, fold: Fold, marks: Mapping[int, int]) 
         for sql, rows in ((START_ATTEMPTS, starts), (END_ATTEMPTS, ends)):
             if rows:
                 await conn.execute(sql, *_columns(rows, _ATTEMPT_NAMES))
+        if fold.steps:
+            names = [name for name, _ in _STEP_COLUMNS]
+            await conn.execute(UPSERT_STEPS, *_columns(fold.steps.values(), names))
+        if fold.schedules:
+            names = [name for name, _ in _SCHEDULE_COLUMNS]
+            await conn.execute(UPSERT_SCHEDULES, *_columns(fold.schedules.values(), names))
         if marks:
             await conn.execute(SAVE_WATERMARKS, list(marks), list(marks.values()))
 
@@ -274,4 +366,4 @@ async def watermarks(conn: asyncpg.Connection) -> dict[int, int]:
 
 async def truncate(conn: asyncpg.Connection) -> None:
     """Forget everything projected: the next projector run rebuilds from offset 0."""
-    await conn.execute("TRUNCATE tasks, attempts, watermarks")
+    await conn.execute("TRUNCATE tasks, attempts, steps, schedules, watermarks")

@@ -217,6 +217,7 @@ def finish(
     touch(task, meta)
     if to == TaskStatus.FAILED:
         tables.add_dead(task.tenant, task.task_id)
+    tables.drop_steps(task.task_id)  # memos serve only a task that can still run (steps.py)
     tables.put_task(task)
     emit(out, FINISHED[to], task, meta, error_class=error_class, error_message=error_message)
     out.actions.append(TaskFinished(task_id=task.task_id, status=to))

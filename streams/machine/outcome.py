@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conveyor.schemas.types import TaskEvent, TaskStatus
+from conveyor.schemas.types import ScheduleEvent, StepEvent, TaskEvent, TaskStatus
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,5 +77,7 @@ Action = Reply | Offer | LeaseEnded | CancelLease | TaskFinished
 class Outcome:
     actions: list[Action] = field(default_factory=list)
     events: list[TaskEvent] = field(default_factory=list)
+    steps: list[StepEvent] = field(default_factory=list)  # step rows claimed or committed
+    schedules: list[ScheduleEvent] = field(default_factory=list)  # schedule rows changed
     ignored: str | None = None  # set when a valid record did not apply at all (stale epoch)
     spare_ready: int = 0  # ready indexes dealt by ``lifecycle.spare_index`` so far

@@ -28,6 +28,8 @@ from conveyor.schemas.types import (
     GrantLeases,
     Record,
     RetryFailed,
+    ScheduleEvent,
+    StepEvent,
     Task,
     TaskEvent,
 )
@@ -247,6 +249,8 @@ class PartitionProcessor:
         replies of records applied before this start)."""
         actions: list[Action] = []
         events: list[TaskEvent] = []
+        steps: list[StepEvent] = []
+        schedules: list[ScheduleEvent] = []
         for item in batch:
             try:
                 envelope = codec.decode_envelope(item.data)
@@ -259,8 +263,8 @@ class PartitionProcessor:
                 continue
             if isinstance(record, (GrantLeases, RetryFailed)) and self.tables.dirty:
                 # Scans are cheapest over committed state: flush the batch so far first.
-                self._commit(item.offset - 1, events)
-                events = []
+                self._commit(item.offset - 1, events, steps, schedules)
+                events, steps, schedules = [], [], []
             meta = Meta(
                 partition=self.partition,
                 offset=item.offset,
@@ -270,20 +274,36 @@ class PartitionProcessor:
             outcome = apply(self.tables, record, meta)
             actions.extend(outcome.actions)
             events.extend(outcome.events)
-        self._commit(batch[-1].offset, events)
+            steps.extend(outcome.steps)
+            schedules.extend(outcome.schedules)
+        self._commit(batch[-1].offset, events, steps, schedules)
         self.records_applied += len(batch)
         if self.leader and current_epoch(self.reader()) > self.epoch:
             self.step_down(f"a newer epoch {current_epoch(self.reader())} was announced")
         self._after_commit(actions, events, live=live)
 
-    def _commit(self, offset: int, events: list[TaskEvent]) -> None:
+    def _commit(
+        self,
+        offset: int,
+        events: list[TaskEvent],
+        steps: list[StepEvent] | None = None,
+        schedules: list[ScheduleEvent] | None = None,
+    ) -> None:
         changes = self.tables.take_changes()
         changes[keys.META_APPLIED] = keys.u64(offset)
-        if events:
-            batch = EventBatch(partition=self.partition, offset=offset, events=events)
+        if events or steps or schedules:
+            batch = EventBatch(
+                partition=self.partition,
+                offset=offset,
+                events=events,
+                steps=steps or [],
+                schedules=schedules or [],
+            )
             changes[keys.outbox(offset)] = codec.EVENT_BATCH.encode(batch)
         self.kv.write(changes)
         self.applied = offset
+        if (steps or schedules) and not events:
+            self.outbox.poke()  # committed: ship it (a batch with task events pokes later)
 
     def _after_commit(
         self, actions: list[Action], events: list[TaskEvent], *, live: bool = True

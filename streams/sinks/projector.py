@@ -221,5 +221,9 @@ def _fold(reads: Sequence[_Read]) -> tuple[projection.Fold, dict[int, int]]:
         for batch in r.batches:
             for event in batch.events:
                 fold.add(r.partition, event)
+            for step in batch.steps:
+                fold.add_step(step)
+            for schedule in batch.schedules:
+                fold.add_schedule(schedule)
         marks[r.partition] = max(marks.get(r.partition, 0), r.next_offset)
     return fold, marks

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import secrets
@@ -19,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.schemas.types import Completion, Outcome, Task, TaskSpec
+from conveyor.schemas.types import CatchUp, Completion, Outcome, OverlapPolicy, Task, TaskSpec
 from conveyor.store import keys
 from conveyor.streams.node import Node
 
@@ -243,6 +244,87 @@ async def _replay(node: Node, pool: Any) -> None:
     rebuilt = await Projector(node.events, pool).rebuild()
     assert rebuilt == replayed
     assert await pool.fetch("SELECT * FROM tasks ORDER BY task_id") == before
+
+
+def test_steps_and_schedules_are_projected_and_outlive_the_live_rows(
+    env: tuple[Path, str],
+) -> None:
+    asyncio.run(_run(env, _steps_and_schedules))
+
+
+async def _wait_for(pool: Any, sql: str, expected: Any, timeout_s: float = 30.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        seen = [tuple(r) for r in await pool.fetch(sql)]
+        if seen == expected or asyncio.get_running_loop().time() > deadline:
+            return seen
+        await asyncio.sleep(0.05)
+
+
+STEPS_SQL = "SELECT identity, state, claims, value, tenant FROM steps ORDER BY identity"
+SCHEDULES_SQL = (
+    "SELECT schedule_id, paused, deleted, task_type, fired, next_fire_ms IS NULL "
+    "FROM schedules ORDER BY schedule_id"
+)
+
+
+async def _steps_and_schedules(node: Node, pool: Any) -> None:
+    from conveyor.schemas import codec
+    from conveyor.schemas.types import StepOp, StepWrite, UpsertSchedule
+    from conveyor.streams.sinks.projector import Projector
+
+    _, task = await _start(node, pool)
+    spec = _spec(node, random.Random(3), 0)
+    await node.enqueue([spec])
+    (lease,) = await node.poll(
+        agent_id="a", app="shop", tenants=[spec.tenant], queues=[spec.queue], capacity=1,
+        wait_ms=2_000,
+    )  # fmt: skip
+    writes = [
+        StepWrite(task_id=spec.task_id, lease_id=lease.lease_id, op=op, identity=ident,
+                  position=pos, value=value)
+        for op, ident, pos, value in (
+            (StepOp.CLAIM, "charge#0", 0, None),
+            (StepOp.COMMIT, "charge#0", 0, b'"ch_1"'),
+            (StepOp.CLAIM, "receipt#0", 1, None),
+        )
+    ]  # fmt: skip
+    for write in writes:  # one record each: the claim and its commit at distinct versions
+        assert [r.ok for r in await node.steps([write])] == [True]
+    expected = [
+        ("charge#0", "COMMITTED", 1, b'"ch_1"', spec.tenant),
+        ("receipt#0", "CLAIMED", 1, None, spec.tenant),
+    ]
+    assert await _wait_for(pool, STEPS_SQL, expected) == expected
+    await node.complete([Completion(task_id=spec.task_id, lease_id=lease.lease_id,
+                                    outcome=Outcome.FATAL, error_class="E")])  # fmt: skip
+    tables = node.tables(node.partition_of(spec.task_id))
+    assert tables.steps(spec.task_id) == []  # the live rows went with the terminal state
+    assert await _wait_for(pool, STEPS_SQL, expected) == expected  # the history stays
+
+    template = codec.TASK_SPEC.encode(dataclasses.replace(spec, task_id="", tenant="alpha"))
+    for schedule_id in ("nightly", "gone"):
+        record = UpsertSchedule(
+            tenant="alpha", schedule_id=schedule_id, cron="0 3 * * *", timezone="UTC",
+            template=template, overlap=OverlapPolicy.ALLOW, catch_up=CatchUp.ONCE,
+        )  # fmt: skip
+        assert (await node.upsert_schedule(record)).ok
+    assert (await node.pause_schedule("alpha", "nightly", paused=True)).ok
+    assert (await node.delete_schedule("alpha", "gone")).ok
+    schedules = [("gone", False, True, spec.task_type, 0, True),
+                 ("nightly", True, False, spec.task_type, 0, True)]  # fmt: skip
+    assert await _wait_for(pool, SCHEDULES_SQL, schedules) == schedules
+    await _stop(task)
+
+    steps_before = await pool.fetch("SELECT * FROM steps ORDER BY task_id, identity")
+    schedules_before = await pool.fetch("SELECT * FROM schedules ORDER BY schedule_id")
+    await pool.execute("UPDATE watermarks SET next_offset = 0")
+    assert await Projector(node.events, pool).catch_up() > 0
+    assert await pool.fetch("SELECT * FROM steps ORDER BY task_id, identity") == steps_before
+    assert await pool.fetch("SELECT * FROM schedules ORDER BY schedule_id") == schedules_before
+    await Projector(node.events, pool).rebuild()
+    assert await pool.fetch("SELECT * FROM steps ORDER BY task_id, identity") == steps_before
+    assert await pool.fetch("SELECT * FROM schedules ORDER BY schedule_id") == schedules_before
 
 
 @contextlib.asynccontextmanager

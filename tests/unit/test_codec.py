@@ -388,6 +388,25 @@ def test_event_batches_round_trip(events: list[t.TaskEvent], partition: int, off
     assert codec.EVENT_BATCH.decode(codec.EVENT_BATCH.encode(batch)) == batch
 
 
+def test_step_and_schedule_events_ride_in_a_trailer_only_when_there_are_some() -> None:
+    plain = t.EventBatch(partition=1, offset=9, events=[])
+    bare = codec.EVENT_BATCH.encode(plain)
+    step = t.StepEvent(
+        task_id="x", tenant="a", identity="charge#0", position=0, state="COMMITTED", claims=2,
+        value=b'"ch_1"', wake_at_ms=None, ts_ms=5, version=9,
+    )  # fmt: skip
+    schedule = t.ScheduleEvent(
+        tenant="a", schedule_id="s", cron="* * * * *", timezone="UTC", app="shop",
+        task_type="x", queue="q", overlap="SKIP", catch_up="NONE", paused=True, deleted=False,
+        next_fire_ms=None, fired=3, skipped=1, created_ms=1, updated_ms=5, version=9,
+    )  # fmt: skip
+    full = dataclasses.replace(plain, steps=[step], schedules=[schedule])
+    encoded = codec.EVENT_BATCH.encode(full)
+    assert encoded.startswith(bare)  # the columns first, unchanged: old readers' layout
+    assert codec.EVENT_BATCH.decode(encoded) == full
+    assert codec.EVENT_BATCH.decode(bare) == plain  # a batch written before the trailer
+
+
 def test_state_rows_round_trip() -> None:
     attempt = t.Attempt(
         task_id="x",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.schemas.types import EventKind, TaskEvent
+from conveyor.schemas.types import EventKind, ScheduleEvent, StepEvent, TaskEvent
 from conveyor.store.postgres.projection import Fold
 
 
@@ -42,3 +42,40 @@ def test_an_older_replayed_event_inside_a_chunk_changes_nothing() -> None:
     fold.add(0, event(EventKind.TaskLeased, "LEASED", 1, 2))
     fold.add(0, event(EventKind.TaskEnqueued, "ENQUEUED", 1, 1))
     assert (fold.tasks["t1"].status, fold.tasks["t1"].version) == ("LEASED", 2)
+
+
+def step(identity: str, state: str, version: int, claims: int = 1) -> StepEvent:
+    value = b"1" if state == "COMMITTED" else None
+    return StepEvent(
+        task_id="t1", tenant="a", identity=identity, position=0, state=state, claims=claims,
+        value=value, ts_ms=1000 + version, version=version,
+    )  # fmt: skip
+
+
+def test_step_fold_keeps_the_newest_event_per_step() -> None:
+    fold = Fold.empty()
+    fold.add_step(step("a#0", "CLAIMED", 3))
+    fold.add_step(step("a#0", "COMMITTED", 3))  # claim and commit in one record: the later wins
+    fold.add_step(step("a#0", "CLAIMED", 2, claims=7))  # a replayed older event: ignored
+    fold.add_step(step("b#0", "CLAIMED", 4))
+    assert {k: (e.state, e.version) for k, e in fold.steps.items()} == {
+        ("t1", "a#0"): ("COMMITTED", 3),
+        ("t1", "b#0"): ("CLAIMED", 4),
+    }
+
+
+def schedule(version: int, *, paused: bool = False, deleted: bool = False) -> ScheduleEvent:
+    return ScheduleEvent(
+        tenant="a", schedule_id="s", cron="* * * * *", timezone="UTC", app="shop",
+        task_type="x", queue="q", overlap="ALLOW", catch_up="ONCE", paused=paused,
+        deleted=deleted, fired=version, skipped=0, created_ms=1, updated_ms=version,
+        version=version,
+    )  # fmt: skip
+
+
+def test_schedule_fold_keeps_the_newest_row_and_a_deletion_wins_over_older_events() -> None:
+    fold = Fold.empty()
+    for e in (schedule(5, paused=True), schedule(9, deleted=True), schedule(7)):
+        fold.add_schedule(e)
+    (only,) = fold.schedules.values()
+    assert (only.version, only.deleted) == (9, True)

@@ -41,6 +41,7 @@ from conveyor.schemas.types import (
     OverlapPolicy,
     PauseSchedule,
     Schedule,
+    ScheduleEvent,
     TaskSpec,
     TimerKind,
     TimerRef,
@@ -86,7 +87,8 @@ def apply_upsert_schedule(tables: Tables, record: UpsertSchedule, meta: Meta, ou
     if row.paused:
         tables.put_schedule(row)
     else:
-        _arm(tables, row, meta.ts_ms)
+        row = _arm(tables, row, meta.ts_ms)
+    _report(out, row, meta)
     out.actions.append(_reply(meta, record.schedule_id, ok=True, created=old is None))
 
 
@@ -97,6 +99,7 @@ def apply_delete_schedule(tables: Tables, record: DeleteSchedule, meta: Meta, ou
         return
     _disarm(tables, row)
     tables.delete_schedule(row.tenant, row.schedule_id)
+    _report(out, row, meta, deleted=True)
     out.actions.append(_reply(meta, record.schedule_id, ok=True))
 
 
@@ -118,7 +121,8 @@ def apply_pause_schedule(tables: Tables, record: PauseSchedule, meta: Meta, out:
         if row.paused:
             tables.put_schedule(row)
         else:
-            _arm(tables, row, meta.ts_ms)
+            row = _arm(tables, row, meta.ts_ms)
+        _report(out, row, meta)
     out.actions.append(_reply(meta, record.schedule_id, ok=True))
 
 
@@ -137,7 +141,7 @@ def fire_schedule(tables: Tables, ref: TimerRef, meta: Meta, out: Outcome, index
         row = dataclasses.replace(row, skipped=row.skipped + 1)
     else:
         row = _fire(tables, row, scheduled, meta, out, index)
-    _arm(tables, row, max(meta.ts_ms, scheduled))
+    _report(out, _arm(tables, row, max(meta.ts_ms, scheduled)), meta)
 
 
 def _fire(
@@ -184,12 +188,41 @@ def schedule_timer(row: Schedule) -> TimerRef | None:
     )
 
 
-def _arm(tables: Tables, row: Schedule, after_ms: int) -> None:
+def _arm(tables: Tables, row: Schedule, after_ms: int) -> Schedule:
     row = dataclasses.replace(row, next_fire_ms=cron.next_after(row.cron, row.timezone, after_ms))
     ref = schedule_timer(row)
     if ref is not None:
         tables.add_timer(ref)
     tables.put_schedule(row)
+    return row
+
+
+def _report(out: Outcome, row: Schedule, meta: Meta, *, deleted: bool = False) -> None:
+    """The row as it now stands, for the projection's ``schedules`` table."""
+    spec = codec.TASK_SPEC.decode(row.template)
+    out.schedules.append(
+        ScheduleEvent(
+            tenant=row.tenant,
+            schedule_id=row.schedule_id,
+            cron=row.cron,
+            timezone=row.timezone,
+            app=spec.app,
+            task_type=spec.task_type,
+            queue=spec.queue,
+            overlap=row.overlap,
+            catch_up=row.catch_up,
+            paused=row.paused,
+            deleted=deleted,
+            next_fire_ms=None if deleted else row.next_fire_ms,
+            last_fire_ms=row.last_fire_ms,
+            last_task_id=row.last_task_id,
+            fired=row.fired,
+            skipped=row.skipped,
+            created_ms=row.created_ms,
+            updated_ms=meta.ts_ms if deleted else row.updated_ms,
+            version=meta.offset,
+        )
+    )
 
 
 def _disarm(tables: Tables, row: Schedule) -> None:

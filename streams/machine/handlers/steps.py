@@ -9,6 +9,11 @@ claim count; a step claimed under a lease that died is claimed again by the next
 its body sees the count (``ctx.step.attempt``) above 1.
 Rule 4 (caps): the per-step, per-task bytes and per-task count caps of ``schemas/steps.py``
 are enforced here too, because the guest that computed the value is not trusted.
+Rule 5 (lifetime): step rows are kept only while the task can still run. ``lifecycle.finish``
+drops them (and the totals row) in the terminal transition's batch. FAILED keeps none either:
+a dead-letter retry is a NEW task that runs its steps again under the run key it carries, so
+``ctx.step.idempotency_key`` stays stable for the side effects, and memos never cross tasks.
+The history of steps lives in the Postgres projection, fed by the step events.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from conveyor.schemas.types import (
     EventKind,
     RecordSteps,
     SleepStep,
+    StepEvent,
     StepOp,
     StepRow,
     StepTotals,
@@ -50,9 +56,9 @@ def apply_steps(tables: Tables, record: RecordSteps, meta: Meta, out: Outcome) -
         if isinstance(task, str):
             reason: str | None = task
         elif item.op == StepOp.CLAIM:
-            reason = _claim(tables, item)
+            reason = _claim(tables, task, item, meta, out)
         else:
-            reason = _commit(tables, item)
+            reason = _commit(tables, task, item, meta, out)
         out.actions.append(
             Reply(
                 offset=meta.offset,
@@ -64,18 +70,41 @@ def apply_steps(tables: Tables, record: RecordSteps, meta: Meta, out: Outcome) -
         )
 
 
-def _claim(tables: Tables, item: StepWrite) -> str | None:
+def put_step(tables: Tables, task: Task, row: StepRow, meta: Meta, out: Outcome) -> None:
+    """Write a step row and report it as a step event (the projection keeps the history)."""
+    tables.put_step(task.task_id, row)
+    out.steps.append(
+        StepEvent(
+            task_id=task.task_id,
+            tenant=task.tenant,
+            identity=row.identity,
+            position=row.position,
+            state="CLAIMED" if row.value is None else "COMMITTED",
+            claims=row.claims,
+            value=row.value,
+            wake_at_ms=row.wake_at_ms,
+            ts_ms=meta.ts_ms,
+            version=meta.offset,
+        )
+    )
+
+
+def _claim(tables: Tables, task: Task, item: StepWrite, meta: Meta, out: Outcome) -> str | None:
     row = tables.step(item.task_id, item.identity)
     if row is not None and row.value is not None:
         return f"step {item.identity!r} is already committed"
     claims = 1 if row is None else row.claims + 1
-    tables.put_step(
-        item.task_id, StepRow(identity=item.identity, position=item.position, claims=claims)
+    put_step(
+        tables,
+        task,
+        StepRow(identity=item.identity, position=item.position, claims=claims),
+        meta,
+        out,
     )
     return None
 
 
-def _commit(tables: Tables, item: StepWrite) -> str | None:
+def _commit(tables: Tables, task: Task, item: StepWrite, meta: Meta, out: Outcome) -> str | None:
     row = tables.step(item.task_id, item.identity)
     if row is not None and row.value is not None:
         return None  # rule 2: the first commit stands
@@ -84,9 +113,12 @@ def _commit(tables: Tables, item: StepWrite) -> str | None:
     if why is not None:
         return why
     claims = 1 if row is None else row.claims
-    tables.put_step(
-        item.task_id,
+    put_step(
+        tables,
+        task,
         StepRow(identity=item.identity, position=item.position, claims=claims, value=value),
+        meta,
+        out,
     )
     return None
 
@@ -119,7 +151,7 @@ def sleep_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out:
             fatal=True,
         )
         return
-    wake_at = _commit_sleep(tables, task, sleep, meta)
+    wake_at = _commit_sleep(tables, task, sleep, meta, out)
     if isinstance(wake_at, str):
         attempt_failed(tables, task, meta, out, error_class="StepTooLarge", error_message=wake_at)
         return
@@ -137,7 +169,9 @@ def sleep_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out:
     emit(out, EventKind.TaskSleeping, task, meta)
 
 
-def _commit_sleep(tables: Tables, task: Task, sleep: SleepStep, meta: Meta) -> int | str:
+def _commit_sleep(
+    tables: Tables, task: Task, sleep: SleepStep, meta: Meta, out: Outcome
+) -> int | str:
     """The sleep's deadline: the committed one, or a new one committed now; or why not."""
     row = tables.step(task.task_id, sleep.identity)
     if row is not None and row.wake_at_ms is not None:
@@ -149,8 +183,9 @@ def _commit_sleep(tables: Tables, task: Task, sleep: SleepStep, meta: Meta) -> i
     why = _add(tables, task.task_id, sleep.identity, len(SLEEP_VALUE))
     if why is not None:
         return why
-    tables.put_step(
-        task.task_id,
+    put_step(
+        tables,
+        task,
         StepRow(
             identity=sleep.identity,
             position=sleep.position,
@@ -158,6 +193,8 @@ def _commit_sleep(tables: Tables, task: Task, sleep: SleepStep, meta: Meta) -> i
             value=SLEEP_VALUE,
             wake_at_ms=wake_at,
         ),
+        meta,
+        out,
     )
     return wake_at
 

@@ -46,6 +46,7 @@ from conveyor.schemas.types import (
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.cancel import stop_task
 from conveyor.streams.machine.handlers.enqueue import enqueue_one, invalid
+from conveyor.streams.machine.handlers.steps import put_step
 from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     emit,
@@ -270,10 +271,8 @@ def _fire(
     tables.put_step_totals(
         parent_id, StepTotals(count=totals.count + 1, bytes=totals.bytes + len(value))
     )
-    tables.put_step(
-        parent_id,
-        StepRow(identity=barrier.identity, position=barrier.position, claims=1, value=value),
-    )
+    row = StepRow(identity=barrier.identity, position=barrier.position, claims=1, value=value)
+    put_step(tables, parent, row, meta, out)
     _wake(tables, parent, meta, out)
 
 

@@ -90,8 +90,14 @@ class Harness:
         outcome = apply(self.tables, record, meta)
         changes = self.tables.take_changes()
         changes[keys.META_APPLIED] = keys.u64(meta.offset)
-        if outcome.events:
-            batch = EventBatch(partition=self.partition, offset=meta.offset, events=outcome.events)
+        if outcome.events or outcome.steps or outcome.schedules:
+            batch = EventBatch(
+                partition=self.partition,
+                offset=meta.offset,
+                events=outcome.events,
+                steps=outcome.steps,
+                schedules=outcome.schedules,
+            )
             changes[keys.outbox(meta.offset)] = codec.EVENT_BATCH.encode(batch)
         self.kv.write(changes)
         self.offset += 1

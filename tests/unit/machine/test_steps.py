@@ -13,6 +13,7 @@ from conveyor.schemas.types import (
     TaskStatus,
     TimerKind,
 )
+from conveyor.store import keys
 from conveyor.streams.machine import Outcome as MachineOutcome
 from conveyor.streams.machine import Reply
 
@@ -125,3 +126,52 @@ def test_a_sleeping_task_can_be_canceled() -> None:
     h.cancel(task_id)
     assert h.task(task_id).status == TaskStatus.CANCELED
     assert h.timers_of(task_id) == []
+
+
+# -- lifetime: step rows go with the terminal transition ----------------------------------------
+
+
+def step_keys(h: Harness) -> list[bytes]:
+    """Every step row and totals row in the committed state."""
+    return [k for k in h.dump() if k.startswith(keys.STEPS)]
+
+
+def test_a_finished_task_keeps_no_step_rows() -> None:
+    h = Harness()
+    done, lease = leased(h)
+    write(h, done, lease, StepOp.COMMIT, "a#0", b"1")
+    write(h, done, lease, StepOp.CLAIM, "b#0")  # claimed, never committed
+    other, other_lease = leased(h)
+    write(h, other, other_lease, StepOp.COMMIT, "a#0", b"2")
+    h.complete(done, lease)
+    assert h.task(done).status == TaskStatus.SUCCEEDED
+    assert h.committed().steps(done) == [] and h.committed().step_totals(done).count == 0
+    # The other task's rows, whose key shares the prefix up to the task id, are untouched.
+    assert [r.identity for r in h.committed().steps(other)] == ["a#0"]
+    h.cancel(other)
+    h.canceled(other, other_lease)
+    assert h.task(other).status == TaskStatus.CANCELED and step_keys(h) == []
+
+
+def test_failed_keeps_no_memos_and_its_dead_letter_retry_runs_steps_again() -> None:
+    h = Harness()
+    task_id, lease = leased(h)
+    write(h, task_id, lease, StepOp.COMMIT, "charge#0", b'"ch_1"')
+    h.fatal(task_id, lease)
+    assert h.task(task_id).status == TaskStatus.FAILED and step_keys(h) == []
+    h.retry_failed(task_id)
+    (twin,) = [t for t in h.committed().tasks() if t.task_id != task_id]
+    assert twin.run_key == task_id  # the idempotency keys of its steps stay stable
+    grant = h.lease_one(twin.task_id)
+    # A new task: no memo of the old one, so the step claims afresh (and its body runs).
+    assert reply(write(h, twin.task_id, grant.lease_id, StepOp.CLAIM, "charge#0")).ok
+    assert h.committed().step(twin.task_id, "charge#0").claims == 1  # type: ignore[union-attr]
+
+
+def test_a_sleeping_task_canceled_drops_its_sleep_step() -> None:
+    h = Harness()
+    task_id, lease = leased(h)
+    sleep(h, task_id, lease, sleep_ms=60_000)
+    assert h.committed().step(task_id, "sleep#0") is not None
+    h.cancel(task_id)
+    assert h.task(task_id).status == TaskStatus.CANCELED and step_keys(h) == []
