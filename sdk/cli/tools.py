@@ -65,6 +65,10 @@ def _summary(body: bytes, kind: str) -> str:
         case types.PauseSchedule():
             verb = "pause" if record.paused else "resume"
             text = f"tenant {record.tenant}: {verb} {record.schedule_id}"
+        case types.SendEvents():
+            text = f"tenant {record.tenant}: " + ", ".join(
+                f"{i.task_id} {i.name!r}" for i in record.items
+            )
         case _:
             assert_never(record)
     return text if len(text) <= SUMMARY_CHARS_MAX else text[: SUMMARY_CHARS_MAX - 3] + "..."
@@ -270,12 +274,16 @@ def bench_projection(
     tasks: Annotated[int, typer.Option("--tasks", min=1)] = 50_000,
     partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
     dsn: Annotated[str | None, typer.Option("--postgres-dsn", help="External server")] = None,
+    lag_tasks: Annotated[int, typer.Option("--lag-tasks", min=8)] = 10_000,
+    rate: Annotated[float, typer.Option("--rate", min=1.0, help="Lag run events/s")] = 25_000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Events/s from the events log into the Postgres snapshot (five events a task)."""
+    """Events/s from the events log into the Postgres snapshot (five events a task), then the
+    projection's lag behind a log written at ``--rate`` events/s when that run ends."""
     from conveyor.streams.bench.projection import bench_projection as run
 
-    _print_result(asyncio.run(run(tasks=tasks, partitions=partitions, dsn=dsn)), as_json)
+    result = run(tasks=tasks, partitions=partitions, dsn=dsn, lag_tasks=lag_tasks, rate=rate)
+    _print_result(asyncio.run(result), as_json)
 
 
 def bench_query(
@@ -389,14 +397,17 @@ def _chaos_run(
 def chaos_zombie(
     tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks in the batch")] = 80,
     sleep_ms: Annotated[int, typer.Option("--sleep-ms", min=0, help="Handler time")] = 300,
-    pause_leases: Annotated[float, typer.Option("--pause-leases", min=1.5)] = 3.0,
+    pause_leases: Annotated[
+        float, typer.Option("--pause-leases", min=0.1, help="Below 0.6: N1, no lease may lapse")
+    ] = 3.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
     home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """P2: SIGSTOP an agent and its guests past its lease, let another agent finish its
     tasks, SIGCONT it; check every late op of the zombie is rejected and each task has one
-    terminal state. Prints the run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    terminal state. With a pause shorter than the lease (N1): no lease may lapse. Prints the
+    run's figure (RELIABILITY.md §11); exits 1 unless valid."""
     import random
 
     from conveyor.streams.chaos.zombie import ZombieConfig, run_zombie

@@ -13,6 +13,11 @@ heartbeat answers LOST (logged ``lease N lost; dropped``) or its completion is s
 the final state must carry the second lease's outcome: the winning attempt is later than the
 zombie's, ran on another agent, and the result (the handler returns its attempt number) is
 that attempt's. ``stale_ops.accepted`` counts held attempts whose outcome the state shows.
+
+A pause SHORTER than the lease (``pause_leases`` below ``SHORT_PAUSE_MAX``) is N1 of
+RELIABILITY.md instead: a live agent that stalls, or loses the network, for less than its
+lease. No lease may lapse and no task may be handed to the other agent: the held attempts
+must be the ones that finish (``spurious_releases`` = 0).
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _
 from conveyor.streams.chaos.runner import APP, TASK, Run, _drain, _evidence, _read
 
 LEASE_S = 2.0  # AGENT_TIMES: the agents' --lease-s
+HEARTBEAT_S = 0.5  # AGENT_TIMES: the agents' --heartbeat-s
+# Below this a pause is "shorter than the lease" (N1): a heartbeat sent just before the pause
+# must still land, with a margin, before the lease it renewed runs out.
+SHORT_PAUSE_MAX = (LEASE_S - HEARTBEAT_S - 0.3) / LEASE_S
 ZOMBIE = "agent-0"
 DROPPED = re.compile(r"completion of (\S+) dropped")
 LOST = re.compile(r"task (\S+): lease \d+ lost; dropped")
@@ -128,16 +137,37 @@ async def run_zombie(config: ZombieConfig) -> dict[str, Any]:
         result = checker.check(history.ops, evidence, thresholds)
         stale = _stale(seen, finals, run.journal, (root / f"{ZOMBIE}.out").read_text())
     result["faults"] = {"kill9": {}, "pause": 1}
-    result["stale_ops"] = stale
-    safe = stale["accepted"] == 0 and stale["attempted"] == stale["rejected"]
-    nontrivial = result["nontrivial"] and stale["held"] > 0 and stale["attempted"] > 0
+    if config.pause_leases < SHORT_PAUSE_MAX:
+        spurious = _spurious(seen, finals)
+        result["held"] = len(seen.held)
+        result["spurious_releases"] = spurious
+        safe = spurious == 0
+        nontrivial = result["nontrivial"] and len(seen.held) > 0
+        test = "N1-stall-shorter-than-the-lease"
+    else:
+        result["stale_ops"] = stale
+        safe = stale["accepted"] == 0 and stale["attempted"] == stale["rejected"]
+        nontrivial = result["nontrivial"] and stale["held"] > 0 and stale["attempted"] > 0
+        test = "P2-zombie-lease-holder"
     result["nontrivial"] = nontrivial
     if not safe:
         result["valid"] = False
     elif result["valid"] is True and not nontrivial:
         result["valid"] = "unknown"
-    head = {"test": "P2-zombie-lease-holder", "seed": config.seed, "lease_s": LEASE_S}
+    head = {"test": test, "seed": config.seed, "lease_s": LEASE_S}
+    head["pause_s"] = round(config.pause_leases * LEASE_S, 2)
     return {**head, **result, "wall_s": round(time.monotonic() - started, 1)}
+
+
+def _spurious(seen: Observed, finals: dict[str, Any]) -> int:
+    """Held attempts of a short pause that did not end the task: each is a lease that lapsed
+    (or was handed on) although its holder was alive."""
+    spurious = 0
+    for h in seen.held:
+        info = finals.get(h.task_id)
+        if info is None or info.attempt != h.attempt:
+            spurious += 1
+    return spurious
 
 
 async def _phases(run: Run, config: ZombieConfig, seen: Observed, finals: dict[str, Any]) -> bool:
