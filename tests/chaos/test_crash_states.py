@@ -32,14 +32,8 @@ from typing import Any
 
 import pytest
 
-from conveyor.streams.chaos.disk import (
-    CrashChoice,
-    FaultyFileIO,
-    FsModel,
-    Tear,
-    crash_choices,
-    replay,
-)
+from conveyor.streams.chaos.disk import FaultyFileIO
+from conveyor.streams.chaos.fsmodel import CrashChoice, FsModel, Tear, crash_choices, replay
 from conveyor.streams.log import local
 from conveyor.streams.log.fileio import FileIO
 from conveyor.streams.log.local import LocalLog

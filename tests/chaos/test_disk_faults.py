@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.streams.chaos.disk import FaultyFileIO, Tear
+from conveyor.streams.chaos.disk import FaultyFileIO
+from conveyor.streams.chaos.fsmodel import Tear
 from conveyor.streams.log.local import HEADER_BYTES, LocalLog, LogFailed, LogFull
 
 pytestmark = pytest.mark.timeout(60)
