@@ -15,6 +15,7 @@ import httpx
 from conveyor.app import TaskType
 from conveyor.client import (
     DEFAULT_URL,
+    RETRIED_STATUSES,
     WAIT_SLICE_MS,
     backoff_s,
     bulk_body,
@@ -117,7 +118,7 @@ class AsyncClient:
                     raise TransientError(f"{method} {path}: {exc!r}") from exc
                 await asyncio.sleep(backoff_s(attempt))
                 continue
-            if response.status_code == 503 and not last:
+            if response.status_code in RETRIED_STATUSES and not last:
                 await asyncio.sleep(backoff_s(attempt, retry_after_ms(response)))
                 continue
             return parse(response)

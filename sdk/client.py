@@ -1,9 +1,10 @@
 """``Client``: the synchronous HTTP client, ``TaskHandle``, and the default client.
 
-Transport retries (connection errors, 503) resend the SAME body, so an enqueue keeps the
+Transport retries (connection errors, 503, 429) resend the SAME body, so an enqueue keeps the
 idempotency key minted for it in ``wire.enqueue_body``: a lost ack never duplicates a task.
 A request that is not idempotent (``retry_failed``) is resent only when it never left
-(connect errors) or the server said 503 (a rejected request changes nothing).
+(connect errors) or the server said 503 or 429 (a rejected request changes nothing); the
+server's Retry-After sets the pause.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from conveyor.wire import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:7400"
+RETRIED_STATUSES = frozenset({429, 503})  # refused without an effect: send it again later
 WAIT_SLICE_MS = 30_000  # one long-poll of handle.result(); the HTTP timeout sits above it
 
 
@@ -174,7 +176,7 @@ class Client:
                     raise TransientError(f"{method} {path}: {exc!r}") from exc
                 time.sleep(backoff_s(attempt))
                 continue
-            if response.status_code == 503 and not last:
+            if response.status_code in RETRIED_STATUSES and not last:
                 time.sleep(backoff_s(attempt, retry_after_ms(response)))
                 continue
             return parse(response)

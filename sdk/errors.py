@@ -82,6 +82,14 @@ class TransientError(ConveyorError):
         self.retry_after_ms = retry_after_ms
 
 
+class RateLimited(TransientError):
+    """The tenant is over its enqueue rate (429): nothing was written; send it again after
+    ``retry_after_ms``. The clients do, on their own."""
+
+    code = "rate_limited"
+    http_status = 429
+
+
 # --- raised by user code --------------------------------------------------------------------
 
 

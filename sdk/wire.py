@@ -21,6 +21,7 @@ from conveyor.errors import (
     ContractError,
     ConveyorError,
     NotFound,
+    RateLimited,
     TransientError,
     Unauthorized,
 )
@@ -316,7 +317,9 @@ def error_from_reply(status: int, body: Any, retry_after_ms: int | None = None) 
     field_ = err.get("field") if isinstance(err, dict) else None
     message = message or f"HTTP {status} with no error body"
     exc: ConveyorError
-    if status == 503 or code == "unavailable":
+    if status == 429 or code == "rate_limited":
+        exc = RateLimited(message, retry_after_ms=retry_after_ms or 1_000)
+    elif status == 503 or code == "unavailable":
         exc = TransientError(message, retry_after_ms=retry_after_ms or 100)
     elif 400 <= status < 500:
         exc = _BY_CODE.get(code, ContractError)(message, field=field_)

@@ -20,6 +20,7 @@ from conveyor.errors import (
     ContractError,
     FencedError,
     NotFound,
+    RateLimited,
     TransientError,
     Unauthorized,
 )
@@ -52,6 +53,7 @@ ERRORS: tuple[tuple[type[BaseException], int, str], ...] = (
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
     (ContractError, 400, "invalid_request"),
+    (RateLimited, 429, "rate_limited"),
     (TransientError, 503, "unavailable"),
     # A fenced append means a leader change is under way: the same request succeeds soon.
     (FencedError, 503, "unavailable"),
@@ -93,7 +95,7 @@ def render(exc: BaseException) -> web.Response:
     status, code = known
     field = exc.field if isinstance(exc, ContractError) else None
     headers: dict[str, str] = {}
-    if status == 503:
+    if status in (429, 503):
         retry_ms = getattr(exc, "retry_after_ms", RETRY_AFTER_MS_DEFAULT)
         headers["Retry-After"] = str(max(1, -(-int(retry_ms) // 1000)))
     return web.Response(

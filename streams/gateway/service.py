@@ -36,6 +36,7 @@ from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.postgres import queries
 from conveyor.streams import failpoints
 from conveyor.streams.gateway import listing, render, snapshot
+from conveyor.streams.gateway.admission import Admission
 from conveyor.streams.gateway.auth import KeyStore
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
@@ -82,6 +83,7 @@ class Gateway:
     ) -> None:
         self.node = node
         self.logs = logs  # what attempts printed; None: not kept
+        self.admission = Admission()
         self.keys = keys
         self.registry = registry
         self.payloads = payloads
@@ -113,6 +115,7 @@ class Gateway:
         for req in reqs:
             self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
         _check_batch_keys(reqs)
+        self.admission.admit(tenant, self.keys.settings(tenant), len(reqs))  # valid ones only
         now_ms = self.node.clock.now_ms()
         specs: list[TaskSpec] = []
         for req in reqs:

@@ -1,7 +1,7 @@
 """Per-tenant settings, from the ``tenants`` object of ``$home/keys.json``::
 
     {"keys": {"<key>": {"tenant": "alpha"}},
-     "tenants": {"alpha": {"show_payloads": false}}}
+     "tenants": {"alpha": {"show_payloads": false, "enqueue_rate": 500, "enqueue_burst": 5000}}}
 
 Rule 1: a tenant without an entry (or an entry without a setting) gets the default; every
 default keeps the behaviour of a node without the section.
@@ -13,6 +13,11 @@ API (``GET /v1/tasks/{id}``, the task template of ``/v1/schedules``) and so from
 because payloads often carry personal data. Those fields then hold ``HIDDEN`` instead of the
 value. Agents still receive payloads (a handler needs its input), and results stay visible
 (``handle.result()`` reads them).
+
+``enqueue_rate`` (tasks per second, default none: unlimited) and ``enqueue_burst`` (tasks,
+default one second of the rate): the tenant's admission token bucket (``admission.py``). Over
+it an enqueue is a 429 ``rate_limited`` with Retry-After, and nothing is written; the clients
+wait and resend. A batch counts one token per task.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ HIDDEN: dict[str, Any] = {HIDDEN_MARKER: "payloads are hidden for this tenant (s
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TenantSettings:
     show_payloads: bool = True
+    enqueue_rate: float | None = None  # tasks/s; None: no limit
+    enqueue_burst: int | None = None  # tasks; None: one second of the rate
 
 
 DEFAULT_SETTINGS = TenantSettings()
-_SETTINGS = frozenset({"show_payloads"})
+_SETTINGS = frozenset({"show_payloads", "enqueue_rate", "enqueue_burst"})
 
 
 def parse_tenants(doc: Mapping[str, object]) -> dict[str, TenantSettings]:
@@ -52,5 +59,24 @@ def parse_tenants(doc: Mapping[str, object]) -> dict[str, TenantSettings]:
         show = entry.get("show_payloads", DEFAULT_SETTINGS.show_payloads)
         if not isinstance(show, bool):
             raise ValueError(f"tenants.{tenant}.show_payloads must be true or false")
-        out[tenant] = TenantSettings(show_payloads=show)
+        rate = _positive(entry, "enqueue_rate", tenant)
+        burst = _positive(entry, "enqueue_burst", tenant)
+        if burst is not None and (rate is None or burst != int(burst)):
+            raise ValueError(
+                f"tenants.{tenant}.enqueue_burst must be a whole number, with an enqueue_rate"
+            )
+        out[tenant] = TenantSettings(
+            show_payloads=show,
+            enqueue_rate=rate,
+            enqueue_burst=None if burst is None else int(burst),
+        )
     return out
+
+
+def _positive(entry: Mapping[str, object], name: str, tenant: str) -> float | None:
+    value = entry.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"tenants.{tenant}.{name} must be a number above 0, got {value!r}")
+    return float(value)
