@@ -321,13 +321,16 @@ async def _throughput(s: Session, tasks: int, drain_timeout_s: float) -> dict[st
     start = time.perf_counter()
     lasts = await asyncio.gather(*(_enqueuer(s.client, k, tasks) for k in range(CALLERS)))
     enqueue_s = time.perf_counter() - start
-    drained = await _drain(s, [i for ids in lasts for i in ids], since_ms, tasks, drain_timeout_s)
+    lag: dict[str, float] = {}
+    ids = [i for batch in lasts for i in batch]
+    drained = await _drain(s, ids, since_ms, tasks, drain_timeout_s, lag)
     return {
         "since_ms": since_ms,
         "enqueue_s": round(enqueue_s, 3),
         "enqueue_per_s": round(tasks / enqueue_s),
         "drained": drained,
         "client_seconds": round(time.perf_counter() - start, 3),
+        **lag,
     }
 
 
@@ -341,21 +344,47 @@ async def _enqueuer(client: AsyncClient, k: int, tasks: int) -> list[str]:
     return lasts
 
 
-async def _drain(s: Session, lasts: list[str], since_ms: int, tasks: int, timeout_s: float) -> bool:
+async def _drain(
+    s: Session, lasts: list[str], since_ms: int, tasks: int, timeout_s: float, lag: dict[str, float]
+) -> bool:
     """Wait until all ``tasks`` created since ``since_ms`` SUCCEEDED: long-polls on each
     batch's last task (a few dozen requests, not one per task), then counts in the listing,
-    which may trail the processors (the node's query snapshot), until the count is whole."""
+    which may trail the processors (the node's query snapshot), until the count is whole.
+    When the long-polls are done (the run's end), ``lag`` gets the node's lag gauges."""
     deadline = time.monotonic() + timeout_s
     for task_id in lasts:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
         await s.client.wait(task_id, left)
+    lag.update(await _lag_at_end(s))
     while await _succeeded_since(s, since_ms) < tasks:
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.2)
     return True
+
+
+async def _lag_at_end(s: Session) -> dict[str, float]:
+    """``projection_lag_s`` (``conveyor_projection_lag_seconds``: how far the Postgres
+    snapshot trails the events it has been sent) and the largest
+    ``conveyor_processor_lag_seconds``, scraped from the node's /metrics."""
+    reply = await s.http.get("/metrics")
+    reply.raise_for_status()
+    found: dict[str, float] = {}
+    for line in reply.text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.partition("{")[0]
+        if base in _LAG_GAUGES and value:
+            key = _LAG_GAUGES[base]
+            found[key] = round(max(found.get(key, 0.0), float(value)), 3)
+    return found
+
+
+_LAG_GAUGES = {
+    "conveyor_projection_lag_seconds": "projection_lag_s",
+    "conveyor_processor_lag_seconds": "processor_lag_s",
+}
 
 
 async def _succeeded_since(s: Session, since_ms: int) -> int:

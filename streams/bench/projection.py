@@ -1,14 +1,21 @@
-"""``conveyor bench projection``: events/s from the events log into Postgres.
+"""``conveyor bench projection``: events/s from the events log into Postgres, and the lag.
 
-A synthetic but realistic events stream is written to a fresh events log first (five events a
-task: enqueued, leased, retry scheduled, leased, succeeded -- the e2e mix with one retry in
-five tasks would be lighter), then a projector over an embedded PostgreSQL catches up from
-offset 0 while the clock runs. ``lag_s`` is the projection's lag behind the log at the end.
+Throughput: a synthetic but realistic events stream is written to a fresh events log first
+(five events a task: enqueued, leased, retry scheduled, leased, succeeded -- the e2e mix with
+one retry in five tasks would be lighter), then a projector over an embedded PostgreSQL
+catches up from offset 0 while the clock runs: ``events_per_s``.
+
+Lag: then the projector follows the log (as in a node) while more events are appended in real
+time at ``rate`` events/s (default: the bar, 25,000) for ``lag_tasks`` tasks, stamped when
+appended. ``lag_s`` is the projection's lag behind the log when that run ends: from the last
+append until every event is projected. ``lag_gauge_s`` is what the node's
+``conveyor_projection_lag_seconds`` said at the last append.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -75,8 +82,45 @@ async def _fill(events_log: LocalLog, tasks: int) -> int:
     return total
 
 
+async def _paced(
+    snapshot: Snapshot, events_log: LocalLog, tasks: int, rate: float
+) -> dict[str, float]:
+    """Append ``tasks`` more task lives at ``rate`` events/s while the projector follows."""
+    chunks = []
+    for p in range(events_log.partitions):
+        events = _events(p, tasks // events_log.partitions)
+        chunks += [
+            (p, events[i : i + EVENTS_PER_BATCH]) for i in range(0, len(events), EVENTS_PER_BATCH)
+        ]
+    chunks.sort(key=lambda c: c[1][0].version)  # the partitions' lives interleave in time
+    clock = snapshot.projector.clock
+    snapshot.start()
+    started = time.perf_counter()
+    for i, (p, chunk) in enumerate(chunks):
+        pause = started + i * EVENTS_PER_BATCH / rate - time.perf_counter()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        now_ms = clock.now_ms()
+        stamped = [dataclasses.replace(e, ts_ms=now_ms) for e in chunk]
+        batch = EventBatch(partition=p, offset=i, events=stamped)
+        await events_log.append(p, [EVENT_BATCH.encode(batch)])
+    appended = time.perf_counter()
+    gauge_s = snapshot.projector.lag_s()
+    await snapshot.wait_caught_up(timeout_s=120.0)
+    return {
+        "lag_s": round(time.perf_counter() - appended, 3),
+        "lag_gauge_s": round(gauge_s, 3),
+        "paced_events_per_s": round(sum(len(c) for _, c in chunks) / (appended - started)),
+    }
+
+
 async def bench_projection(
-    *, tasks: int = 50_000, partitions: int = 8, dsn: str | None = None
+    *,
+    tasks: int = 50_000,
+    partitions: int = 8,
+    dsn: str | None = None,
+    lag_tasks: int = 10_000,
+    rate: float = 25_000.0,
 ) -> dict[str, Any]:
     Node.tune_gc()  # as `conveyor node` runs: the projector lives in the node process
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-projection-") as tmp:
@@ -90,7 +134,7 @@ async def bench_projection(
                 projected = await snapshot.projector.catch_up()
                 elapsed = time.perf_counter() - started
                 rows = await snapshot.pool.fetchval("SELECT count(*) FROM tasks")
-                lag_s = snapshot.projector.lag_s()
+                lag = await _paced(snapshot, events_log, lag_tasks, rate)
                 if dsn is not None:  # an external server: leave it as we found it
                     await snapshot.pool.execute("TRUNCATE tasks, attempts, watermarks")
             finally:
@@ -103,7 +147,8 @@ async def bench_projection(
         "task_rows": int(rows),
         "seconds": round(elapsed, 3),
         "events_per_s": round(projected / elapsed),
-        "lag_s": round(lag_s, 3),
+        **lag,
+        "lag_rate": rate,
         "partitions": partitions,
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from conveyor.errors import TransientError
@@ -56,6 +56,7 @@ from conveyor.streams.processor.outbox import OutboxShipper
 from conveyor.streams.processor.timers import TimerScanner
 
 log = logging.getLogger("conveyor.processor")
+UNAPPLIED_STAMPS_MAX = 65_536  # appended-not-applied stamps kept for the lag metric
 
 QUARANTINE = b"q"  # q u64:offset -> reason: records that could not be decoded
 # Replies of offsets nobody waits for yet: a submitter registers right after its append
@@ -98,6 +99,12 @@ class PartitionProcessor:
         self.epoch = 0
         self.leader = False
         self.records_applied = 0
+        # For the processor-lag metric (lag_s): (offset, stamp) of the records appended here
+        # and not yet applied, oldest first; the stamp of the last record applied; and when
+        # the processor last had applied everything appended.
+        self._unapplied: deque[tuple[int, int]] = deque()
+        self.applied_ts_ms = 0
+        self.caught_up_ms = self.clock.now_ms()
         self._replies: dict[int, asyncio.Future[list[Reply]]] = {}
         self._early: dict[int, list[Reply]] = {}
         self._finished: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
@@ -161,25 +168,30 @@ class PartitionProcessor:
 
     # -- proposing and submitting -------------------------------------------------------------
 
-    def _encode(self, record: Record, epoch: int, key: str) -> bytes:
-        return codec.encode_record(record, epoch=epoch, ts_ms=self.clock.now_ms(), key=key)
+    def _encode(self, record: Record, epoch: int, key: str) -> tuple[bytes, int]:
+        """The record's bytes, and the stamp they carry."""
+        ts_ms = self.clock.now_ms()
+        return codec.encode_record(record, epoch=epoch, ts_ms=ts_ms, key=key), ts_ms
 
     async def propose(self, record: Record) -> int:
         """Append a leader record under this leader's epoch; a fence means step down."""
         if not self.leader:
             raise LogSealed(f"partition {self.partition}: not the leader")
-        data = self._encode(record, self.epoch, f"leader/{self.partition}")
+        data, ts_ms = self._encode(record, self.epoch, f"leader/{self.partition}")
         try:
             (offset,) = await self.log.append(self.partition, [data], epoch=self.epoch)
         except LogSealed as exc:
             self.step_down(str(exc))
             raise
+        self._remember_stamp(offset, ts_ms)
         return offset
 
     async def submit(self, record: Record, key: str) -> list[Reply]:
         """Append a client or agent record and wait until it is applied; its replies."""
         self._check_alive()
-        (offset,) = await self.log.append(self.partition, [self._encode(record, 0, key)])
+        data, ts_ms = self._encode(record, 0, key)
+        (offset,) = await self.log.append(self.partition, [data])
+        self._remember_stamp(offset, ts_ms)
         return await self.replies(offset)
 
     async def replies(self, offset: int) -> list[Reply]:
@@ -227,6 +239,38 @@ class PartitionProcessor:
         if self._failed is not None:
             raise RuntimeError(f"partition {self.partition} halted") from self._failed
 
+    # -- lag --------------------------------------------------------------------------------
+
+    def lag_records(self) -> int:
+        """Records appended but not yet applied."""
+        return max(0, self.log.end_offset(self.partition) - self.applied - 1)
+
+    def lag_s(self) -> float:
+        """Age of the oldest record appended but not applied; 0 when there is none.
+
+        Records are stamped when this processor appends them (``submit``, ``propose``), so
+        the oldest stamp it remembers above the applied offset is that age. A record it did
+        not append (there is none with the local log; a restart forgets them) was appended
+        after the processor was last caught up and stamped after the last record it applied:
+        the later of the two bounds its age from above."""
+        if not self.lag_records():
+            return 0.0
+        stamps = [ts for offset, ts in self._unapplied if offset > self.applied]
+        since_ms = min(stamps) if stamps else max(self.caught_up_ms, self.applied_ts_ms)
+        return max(0.0, (self.clock.now_ms() - since_ms) / 1000)
+
+    def _remember_stamp(self, offset: int, ts_ms: int) -> None:
+        if len(self._unapplied) < UNAPPLIED_STAMPS_MAX:  # beyond, the oldest are what matter
+            self._unapplied.append((offset, ts_ms))
+
+    def _note_progress(self, batch: list[LogRecord]) -> None:
+        while self._unapplied and self._unapplied[0][0] <= self.applied:
+            self._unapplied.popleft()
+        with contextlib.suppress(codec.RecordDecodeError):  # quarantined by _apply_batch
+            self.applied_ts_ms = codec.decode_envelope(batch[-1].data).ts_ms
+        if not self.lag_records():
+            self.caught_up_ms = self.clock.now_ms()
+
     # -- the apply loop -----------------------------------------------------------------------
 
     async def _apply_loop(self) -> None:
@@ -235,6 +279,7 @@ class PartitionProcessor:
                 self.partition, self.applied + 1, follow=True, max_batch=self.settings.read_batch
             ):
                 self._apply_batch(batch)
+                self._note_progress(batch)
                 await asyncio.sleep(0)  # let appenders and agents in between batches
         except asyncio.CancelledError:
             raise

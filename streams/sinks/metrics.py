@@ -206,15 +206,21 @@ class NodeCollector(Collector):
             "How late the last due timer was proposed, per partition",
             labels=["partition"],
         )
+        lag_s = GaugeMetricFamily(
+            "conveyor_processor_lag_seconds",
+            "Age of the oldest log record not yet applied (0: caught up), per partition",
+            labels=["partition"],
+        )
         applied = CounterMetricFamily(
             "conveyor_processor_applied_records", "Records applied", labels=["partition"]
         )
         for proc in node.processors:
             p = str(proc.partition)
-            lag.add_metric([p], max(0, node.log.end_offset(proc.partition) - proc.applied - 1))
+            lag.add_metric([p], proc.lag_records())
+            lag_s.add_metric([p], proc.lag_s())
             timer.add_metric([p], proc.timers.lag_ms / 1000)
             applied.add_metric([p], proc.records_applied)
-        yield from (lag, timer, applied)
+        yield from (lag, lag_s, timer, applied)
         yield from _log_counters([("records", node.log), ("events", node.events)])
 
 

@@ -23,6 +23,8 @@ FIGURES = (
     "lease_p50_ms",
     "submit_to_start_p50_ms",
     "seconds",
+    "projection_lag_s",
+    "processor_lag_s",
 )
 
 

@@ -421,6 +421,7 @@ async def _metrics_checks(node: Node, pool: Any, url: str, projector: Any) -> No
         "conveyor_schedule_to_start_seconds_bucket",
         "conveyor_dispatched_total",
         "conveyor_processor_lag_records",
+        "conveyor_processor_lag_seconds",
         "conveyor_timer_lag_seconds",
         "conveyor_log_fsyncs_total",
         "conveyor_log_records_written_total",
