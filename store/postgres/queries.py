@@ -26,6 +26,8 @@ from typing import Any
 
 import asyncpg
 
+from conveyor.schemas.types import StepRow
+
 TASK_LIST_COLUMNS = (
     "task_id, app, task_type, queue, status, attempt, created_ms, updated_ms, finished_ms, "
     "ready_ms, leased_ms, agent_id, error_class, error_message, last_event, version, partition"
@@ -261,3 +263,49 @@ async def tasks_by_state(conn: asyncpg.Connection | asyncpg.Pool) -> list[tuple[
     """(queue, status, count) over every tenant, for the ``conveyor_tasks`` gauge."""
     rows = await conn.fetch("SELECT queue, status, count(*) AS n FROM tasks GROUP BY 1, 2")
     return [(r["queue"], r["status"], int(r["n"])) for r in rows]
+
+
+# -- steps: the history of ended tasks (a live task's rows are in its partition's state) -----
+
+STEP_COLUMNS = "identity, position, claims, value, wake_at_ms"
+
+
+async def projected_version(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant: str, task_id: str
+) -> int | None:
+    """The log offset of the newest event of the task folded into the snapshot."""
+    sql = "SELECT version FROM tasks WHERE tenant = $1 AND task_id = $2"
+    version = await conn.fetchval(sql, tenant, task_id)
+    return None if version is None else int(version)
+
+
+async def step_rows(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    tenant: str,
+    task_id: str,
+    *,
+    after: str | None = None,
+    limit: int | None = None,
+) -> list[StepRow]:
+    """A task's steps in identity order (byte order, as in RocksDB: ``COLLATE "C"``),
+    from the one after ``after``, at most ``limit``."""
+    sql = f"SELECT {STEP_COLUMNS} FROM steps WHERE tenant = $1 AND task_id = $2"
+    args: list[Any] = [tenant, task_id]
+    if after is not None:
+        args.append(after)
+        sql += f' AND identity COLLATE "C" > ${len(args)}'
+    sql += ' ORDER BY identity COLLATE "C"'
+    if limit is not None:
+        args.append(limit)
+        sql += f" LIMIT ${len(args)}"
+    rows = await conn.fetch(sql, *args)
+    return [
+        StepRow(
+            identity=r["identity"],
+            position=r["position"],
+            claims=r["claims"],
+            value=None if r["value"] is None else bytes(r["value"]),
+            wake_at_ms=r["wake_at_ms"],
+        )
+        for r in rows
+    ]

@@ -6,7 +6,11 @@ enqueues it the same way. It does not refuse a task type registered with ``@app.
 registry knows names, not which bodies orchestrate, and any task may use steps; a task that
 never fanned out just shows no parallel steps.
 Rule 2 (tenancy): another tenant's workflow, a missing one and a malformed id are the same 404.
-Rule 3 (reads): from the partition's live state. ``GET`` shows the workflow, its steps in
+Rule 3 (reads): from the partition's live state, except the step rows of a workflow that
+ended: those were dropped with its terminal transition (``handlers/steps.py`` rule 5), and the
+Postgres snapshot keeps them, so they are read there once the projection has folded the end
+(without a snapshot, ``--no-projection``, an ended workflow shows no steps). ``GET`` shows the
+workflow, its steps in
 position order (keyed steps last) with their states, and each parallel step with its barrier
 and children (the first ``CHILDREN_SHOWN_MAX`` listed, all counted by status). ``history``
 pages the step rows, values included, with a keyset cursor (the last identity of the page,
@@ -15,17 +19,20 @@ in identity order): each page is one seek, however many steps the workflow has.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from conveyor.schemas import codec
-from conveyor.schemas.types import Barrier, StepRow, Task, TaskStatus
+from conveyor.schemas.types import TERMINAL, Barrier, StepRow, Task, TaskStatus
 from conveyor.store import keys
+from conveyor.store.postgres import queries
 from conveyor.store.tables import Tables
 from conveyor.streams.gateway import render, routes
 from conveyor.streams.gateway.fields import Fields, invalid
@@ -33,6 +40,8 @@ from conveyor.streams.gateway.validation import LIST_LIMIT_DEFAULT, LIST_LIMIT_M
 from conveyor.streams.machine.handlers.workflows import child_id
 
 CHILDREN_SHOWN_MAX = 1_000
+SNAPSHOT_WAIT_MS = 2_000  # how long a read of an ended workflow waits for the projection
+SNAPSHOT_POLL_MS = 20
 
 
 def add_routes(app: web.Application) -> None:
@@ -50,22 +59,46 @@ def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
 
 async def get_workflow(request: web.Request) -> web.Response:
     task, tables, now_ms = _workflow(request)
-    return routes.reply(workflow_json(task, tables, now_ms))
+    pool = await _ended_snapshot(request, task)
+    if pool is None:
+        return routes.reply(workflow_json(task, tables, now_ms))
+    rows = await queries.step_rows(pool, task.tenant, task.task_id)
+    return routes.reply(workflow_json(task, tables, now_ms, rows))
 
 
 async def get_history(request: web.Request) -> web.Response:
     task, tables, _ = _workflow(request)
     limit, after = parse_history_query(request.query)
-    return routes.reply(history_page(tables, task.task_id, limit, after))
+    pool = await _ended_snapshot(request, task)
+    if pool is None:
+        return routes.reply(history_page(tables, task.task_id, limit, after))
+    rows = await queries.step_rows(pool, task.tenant, task.task_id, after=after, limit=limit + 1)
+    return routes.reply(_page(rows, limit))
+
+
+async def _ended_snapshot(request: web.Request, task: Task) -> asyncpg.Pool | None:
+    """The snapshot to read an ended workflow's steps from (rule 3), once it has folded the
+    workflow's last event (waiting up to ``SNAPSHOT_WAIT_MS``); None: read the live state."""
+    pool = request.app[routes.GATEWAY].snapshot
+    if task.status not in TERMINAL or pool is None:
+        return None
+    for _ in range(SNAPSHOT_WAIT_MS // SNAPSHOT_POLL_MS):
+        version = await queries.projected_version(pool, task.tenant, task.task_id)
+        if version is not None and version >= task.version:
+            break
+        await asyncio.sleep(SNAPSHOT_POLL_MS / 1000)
+    return pool
 
 
 # -- the workflow ---------------------------------------------------------------------------
 
 
-def workflow_json(task: Task, tables: Tables, now_ms: int) -> dict[str, Any]:
-    rows = sorted(
-        tables.steps(task.task_id), key=lambda r: (r.position < 0, r.position, r.identity)
-    )
+def workflow_json(
+    task: Task, tables: Tables, now_ms: int, rows: list[StepRow] | None = None
+) -> dict[str, Any]:
+    """``rows``: the step rows when they come from the snapshot (rule 3)."""
+    found = tables.steps(task.task_id) if rows is None else rows
+    rows = sorted(found, key=lambda r: (r.position < 0, r.position, r.identity))
     barriers = {b.identity: b for b in tables.barriers(task.task_id)}
     steps = [_step_summary(row, task, barriers.get(row.identity), now_ms) for row in rows]
     seen = {row.identity for row in rows}
@@ -152,13 +185,17 @@ def history_page(tables: Tables, task_id: str, limit: int, after: str | None) ->
     prefix = keys.steps_of(task_id) + b"/"
     start = None if after is None else keys.step(task_id, after) + b"\x00"
     rows: list[StepRow] = []
-    more = False
     for _, value in tables.scan(prefix, start):
-        if len(rows) == limit:
-            more = True
-            break
         rows.append(codec.STEP_ROW.decode(value))
+        if len(rows) > limit:  # one more than a page: another page follows
+            break
+    return _page(rows, limit)
+
+
+def _page(rows: list[StepRow], limit: int) -> dict[str, Any]:
+    """A page of at most ``limit`` rows; ``rows`` holds one more when another page follows."""
+    page = rows[:limit]
     cursor = None
-    if more:
-        cursor = base64.urlsafe_b64encode(rows[-1].identity.encode()).decode()
-    return {"steps": [render.step_json(row) for row in rows], "next_cursor": cursor}
+    if len(rows) > limit:
+        cursor = base64.urlsafe_b64encode(page[-1].identity.encode()).decode()
+    return {"steps": [render.step_json(row) for row in page], "next_cursor": cursor}

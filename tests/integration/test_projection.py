@@ -346,6 +346,54 @@ async def _gateway(node: Node, pool: Any) -> AsyncIterator[tuple[str, Any]]:
         await _stop(task)
 
 
+def test_an_ended_workflow_shows_its_steps_from_the_snapshot(env: tuple[Path, str]) -> None:
+    asyncio.run(_run(env, _ended_workflow))
+
+
+async def _ended_workflow(node: Node, pool: Any) -> None:
+    from conveyor.schemas.types import StepOp, StepWrite
+
+    spec = dataclasses.replace(_spec(node, random.Random(4), 1), tenant="alpha")
+    await node.enqueue([spec])
+    (lease,) = await node.poll(
+        agent_id="a", app="shop", tenants=["alpha"], queues=[spec.queue], capacity=1,
+        wait_ms=2_000,
+    )  # fmt: skip
+    identities = [f"s{i}#0" for i in range(5)]
+    writes = [
+        StepWrite(task_id=spec.task_id, lease_id=lease.lease_id, op=StepOp.COMMIT,
+                  identity=identity, position=i, value=str(i).encode())
+        for i, identity in enumerate(identities)
+    ]  # fmt: skip
+    assert all(r.ok for r in await node.steps(writes))
+    done = Completion(task_id=spec.task_id, lease_id=lease.lease_id, outcome=Outcome.SUCCEEDED)
+    await node.complete([done])
+    assert node.tables(node.partition_of(spec.task_id)).steps(spec.task_id) == []
+    headers = {"Authorization": "Bearer key-alpha-0123456789"}
+    async with (
+        _gateway(node, pool) as (url, _),
+        httpx.AsyncClient(base_url=url, headers=headers) as client,
+    ):
+        reply = await client.get(f"/v1/workflows/{spec.task_id}")
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["workflow"]["status"] == "SUCCEEDED"
+        assert [(s["identity"], s["state"]) for s in body["steps"]] == [
+            (identity, "COMMITTED") for identity in identities
+        ]
+        seen: list[str] = []
+        cursor = None
+        for _ in range(5):
+            params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+            page = await client.get(f"/v1/workflows/{spec.task_id}/history", params=params)
+            assert page.status_code == 200, page.text
+            seen += [s["identity"] for s in page.json()["steps"]]
+            cursor = page.json()["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == identities
+
+
 async def _list(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
     reply = await client.get("/v1/tasks", params=params)
     assert reply.status_code == 200, reply.text
