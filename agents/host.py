@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from conveyor.agents.breaker import Breaker, BreakerPolicy, Breakers
 from conveyor.agents.completer import Completer
+from conveyor.agents.inline import InlineExecutor
 from conveyor.agents.pool import GuestPool
 from conveyor.agents.runner import app_ref_of, load_app
 from conveyor.agents.running import NOTHING, Running, final_result
@@ -431,10 +432,17 @@ async def run_agent(
     cpu_s: float | None = None,
     log_dir: str | Path | None = None,
     drain_s: float = 30.0,
+    in_process: bool = False,
 ) -> None:
     """Serve ``app_ref`` ("module:attr") against the gateway at ``url`` until SIGINT/SIGTERM
-    (what ``conveyor agent`` and ``conveyor dev`` call)."""
+    (what ``conveyor agent`` and ``conveyor dev`` call).
+
+    ``in_process``: run handlers on threads of this process (``InlineExecutor``) instead of
+    guest processes. No isolation and no kill: a handler shares the agent's memory and its
+    credentials, as in a Celery or Dramatiq worker. For trusted code that wants the guest hop's
+    CPU back; the limits, fresh-process and log capture options do not apply."""
     api = HttpWorkerAPI(url, api_key)
+    executor = InlineExecutor(load_app(app_ref), threads=concurrency) if in_process else None
     agent = HostAgent(
         api,
         app_ref,
@@ -448,6 +456,7 @@ async def run_agent(
         memory_mb=memory_mb,
         cpu_s=cpu_s,
         log_dir=log_dir,
+        executor=executor,
     )
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)

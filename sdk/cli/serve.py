@@ -297,6 +297,14 @@ def agent(
     heartbeat_s: Annotated[float, typer.Option("--heartbeat-s", min=0.1)] = 10.0,
     poll_wait_s: Annotated[float, typer.Option("--poll-wait-s", min=0.1)] = 20.0,
     drain_s: Annotated[float, typer.Option("--drain-s", min=0.0)] = 30.0,
+    in_process: Annotated[
+        bool,
+        typer.Option(
+            "--in-process",
+            help="Run handlers on threads of the agent, not in guest processes: no isolation "
+            "(trusted code only, as in a Celery worker), no guest hop",
+        ),
+    ] = False,
     log_level: LogLevelOpt = "warning",
 ) -> None:
     """Run a host agent that polls a node and runs the app's handlers."""
@@ -320,6 +328,7 @@ def agent(
             heartbeat_s=heartbeat_s,
             poll_wait_s=poll_wait_s,
             drain_s=drain_s,
+            in_process=in_process,
         )
         await _until_stopped(stop, work)
 
