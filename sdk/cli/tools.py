@@ -231,6 +231,9 @@ def bench_e2e(
     ] = 224,
     single: Annotated[int, typer.Option("--single", min=1, help="Single enqueues timed")] = 500,
     idle: Annotated[int, typer.Option("--idle", min=1, help="Idle starts timed")] = 200,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="Agents run handlers on threads, not guests")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """The product end to end: a real node and agent as subprocesses, driven over HTTP.
@@ -248,6 +251,7 @@ def bench_e2e(
             prefetch=prefetch,
             single=single,
             idle=idle,
+            in_process=in_process,
         )
     )
     _print_result(result, as_json)

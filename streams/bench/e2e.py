@@ -71,10 +71,13 @@ async def bench_e2e(
     idle: int = 200,
     home: str | None = None,
     drain_timeout_s: float = 240.0,
+    in_process: bool = False,
 ) -> dict[str, Any]:
+    """``in_process``: the agents run handlers on their own threads (``--in-process``), not
+    in guests: the platform without the guest hop, as Celery-style workers run."""
     with tempfile.TemporaryDirectory(prefix="conveyor-e2e-") as tmp:
         root = Path(home or tmp)
-        cluster = Cluster(root, partitions, agents, concurrency, prefetch)
+        cluster = Cluster(root, partitions, agents, concurrency, prefetch, in_process)
         try:
             await cluster.start()
             result = await _run(cluster, tasks, single, idle, drain_timeout_s)
@@ -82,6 +85,7 @@ async def bench_e2e(
             cluster.stop()
         result.update(_final_state(cluster.node_home, result.pop("since_ms"), tasks))
         result["tasks_per_s"] = _throughput_figure(result)
+        result["executor"] = "in-process" if in_process else "guests"
         return _ordered(result, tasks, partitions, agents, concurrency, prefetch)
 
 
@@ -125,6 +129,7 @@ class Cluster:
     agents: int
     concurrency: int
     prefetch: int
+    in_process: bool = False  # agents run handlers on their threads, not in guests
     port: int = 0
     key: str = ""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -146,6 +151,8 @@ class Cluster:
         for k in range(self.agents):
             args = ["--app", APP_REF, "--url", self.url, "--api-key", self.key]
             slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
+            if self.in_process:
+                slots.append("--in-process")
             self._spawn(
                 f"agent-{k}",
                 ["agent", *args, *slots],
