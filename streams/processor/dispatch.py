@@ -13,16 +13,16 @@ ever stranded in a request that already returned.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from conveyor.errors import TransientError
 from conveyor.schemas.types import GrantLeases, LeaseRequest, StepRow
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
-from conveyor.streams.processor.waiting import Poke
+from conveyor.streams.processor.waiting import Poke, back_off
 
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
@@ -295,11 +295,28 @@ class Dispatcher:
             requests = self._requests()
             if not requests:
                 continue
-            with contextlib.suppress(LogSealed):
+            try:
                 offset = await self._p.propose(GrantLeases(requests=requests))
                 await self._p.wait_applied(offset)
+            except LogSealed:
+                pass
+            except TransientError as exc:  # nothing was written: hand the slots back
+                self._release(requests)
+                await back_off(self._p.clock, exc, f"partition {self._p.partition} dispatch")
             # Slots this partition could not fill went back to their entries: deal them again.
             self._pool.deal()
+
+    def _release(self, requests: list[LeaseRequest]) -> None:
+        """Claims whose GrantLeases was never written: their slots go back to the entries."""
+        for request in requests:
+            claim = self._claims.pop(request.request_id, None)
+            if claim is None:
+                continue
+            entry, _ = claim
+            entry.in_flight -= 1
+            if not (entry.closed or entry.future.done()):
+                entry.remaining += request.capacity
+            entry.settle()
 
     def _requests(self) -> list[LeaseRequest]:
         requests = []

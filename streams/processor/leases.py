@@ -7,15 +7,15 @@ it finds in the ``leased`` index with a fresh interval from its takeover.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from conveyor.errors import TransientError
 from conveyor.schemas.types import ExpireLeases, LeaseRef
 from conveyor.store.tables import Tables
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant
-from conveyor.streams.processor.waiting import Poke
+from conveyor.streams.processor.waiting import Poke, back_off
 
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
@@ -85,9 +85,15 @@ class LeaseTracker:
                 for _, live in lapsed:
                     live.expiring = True
                 refs = [LeaseRef(task_id=t, lease_id=live.lease_id) for t, live in lapsed]
-                with contextlib.suppress(LogSealed):
+                try:
                     await self._p.propose(ExpireLeases(items=refs))
                     self.expired += len(refs)
+                except LogSealed:
+                    pass
+                except TransientError as exc:  # nothing was written: propose them again
+                    for _, live in lapsed:
+                        live.expiring = False
+                    await back_off(self._p.clock, exc, f"partition {self._p.partition} leases")
             await self._poke.wait(self._tick_ms())
 
     def _tick_ms(self) -> float:

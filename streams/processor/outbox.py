@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from conveyor.errors import TransientError
 from conveyor.store import keys
 from conveyor.streams.log.api import Log
-from conveyor.streams.processor.waiting import Poke
+from conveyor.streams.processor.waiting import Poke, back_off
 
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
@@ -37,7 +38,12 @@ class OutboxShipper:
 
     async def run(self) -> None:
         while self._p.leader:
-            if await self.ship_once():
+            try:
+                shipped = await self.ship_once()
+            except TransientError as exc:  # the rows stay in the outbox: shipped later
+                await back_off(self._p.clock, exc, f"partition {self._p.partition} outbox")
+                continue
+            if shipped:
                 await self._p.clock.sleep_ms(SHIP_PAUSE_MS)
             else:
                 await self._poke.wait(1_000)

@@ -7,12 +7,12 @@ A timer proposed twice is harmless: the machine fires only timers that still exi
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
+from conveyor.errors import TransientError
 from conveyor.schemas.types import FireTimers
 from conveyor.streams.log.api import LogSealed
-from conveyor.streams.processor.waiting import Poke
+from conveyor.streams.processor.waiting import Poke, back_off
 
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
@@ -47,10 +47,14 @@ class TimerScanner:
             if due:
                 self._floor_ms = due[0].fire_at_ms
                 self.lag_ms = max(0, now - due[0].fire_at_ms)
-                with contextlib.suppress(LogSealed):
+                try:
                     offset = await self._p.propose(FireTimers(timers=due))
                     await self._p.wait_applied(offset)
                     self.fired += len(due)
+                except LogSealed:
+                    pass
+                except TransientError as exc:
+                    await back_off(self._p.clock, exc, f"partition {self._p.partition} timers")
                 continue
             sleep_ms = self._sleep_ms(now)
             self._wake_at_ms = now + sleep_ms

@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
+from conveyor.errors import TransientError
 from conveyor.streams.clock import Clock
+
+log = logging.getLogger("conveyor.processor")
+
+
+async def back_off(clock: Clock, exc: TransientError, duty: str) -> None:
+    """A leader duty's append failed with a retryable error (the disk is full: ``LogFull``).
+
+    The duty must not die with it: timers, lease expiries, lease grants or event shipping
+    would stop for good, even after the error clears. Log, wait ``retry_after_ms``, go on.
+    """
+    log.warning("%s: %s; retrying in %d ms", duty, exc, exc.retry_after_ms)
+    await clock.sleep_ms(exc.retry_after_ms)
 
 
 class Poke:
