@@ -279,9 +279,10 @@ def _inode(fs: FaultyFileIO, path: Path) -> int:
 def test_faulty_file_io_matches_the_disk_and_its_crash_images_are_bounded(
     tmp_path: Path, seed: int
 ) -> None:
-    """Random operations through ``FaultyFileIO``: the model's view equals the real files after
-    every step; a cut keeping nothing gives the synced image, keeping everything gives the
-    current one, and a random cut gives a file between the two."""
+    """Random operations through ``FaultyFileIO`` (writes, truncates, syncs, renames, deletes):
+    the model's view equals the real files after every step; a crash image keeping nothing is
+    the synced image, keeping everything is the current one; and a power cut leaves exactly
+    the directory's synced entries, each with its synced bytes."""
     rng = random.Random(seed)
     fs = FaultyFileIO(tmp_path)
     fds: dict[str, int] = {}
@@ -298,8 +299,14 @@ def test_faulty_file_io_matches_the_disk_and_its_crash_images_are_bounded(
             fs.ftruncate(fd, rng.randint(0, 60))
         elif roll < 0.8:
             fs.fdatasync(fd)
-        elif roll < 0.9:
+        elif roll < 0.88:
             fs.fsync_dir(tmp_path)
+        elif roll < 0.94:
+            other = rng.choice([n for n in "abcd" if n != name])
+            for gone in (name, other):
+                if gone in fds:
+                    fs.close(fds.pop(gone))
+            fs.replace(path, tmp_path / other)
         else:
             fs.close(fds.pop(name))
             fs.unlink(path)
@@ -309,8 +316,12 @@ def test_faulty_file_io_matches_the_disk_and_its_crash_images_are_bounded(
     for inode, state in fs.model.files.items():
         assert fs.model.crash_image(inode, Tear(0)) == state.durable
         assert fs.model.crash_image(inode, Tear(len(state.pending))) == state.current
+    files = fs.model.files
+    synced = {n: bytes(files[i].durable) for n, i in fs.model.dirs[tmp_path].durable.items()}
+    fs.power_cut()
     for fd in fds.values():
         fs.close(fd)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == synced
 
 
 def test_an_fsync_retried_after_eio_does_not_bring_the_data_back(tmp_path: Path) -> None:
