@@ -153,7 +153,7 @@ def test_power_cut_figures() -> None:
     unexpected 0. Anti-vacuity: most cuts must land while the writers were running."""
     if S1["seeds"] < len(SEEDS):
         pytest.skip("needs the seeded power-cut runs above (run the whole file)")
-    line = {"test": "S1-power-cut", **S1, "lost": 0, "unexpected": 0}
+    line = {"test": "S1-power-cut-log", **S1, "lost": 0, "unexpected": 0}
     line["valid"] = S1["power cuts under load"] >= len(SEEDS) // 2 and S1["acked"] > 0
     print("\n" + json.dumps(line))
     assert line["valid"], line
