@@ -98,6 +98,7 @@ def build_app(
     app[routes.GATEWAY] = Gateway(
         node, keys, registry, Payloads(blobs), snapshot=snapshot, logs=logs
     )
+    node.pool.caps = lambda tenant: keys.settings(tenant).max_concurrent
     app[METRICS] = metrics
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/metrics", metrics_route, allow_head=False)

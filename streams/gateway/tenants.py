@@ -1,7 +1,8 @@
 """Per-tenant settings, from the ``tenants`` object of ``$home/keys.json``::
 
     {"keys": {"<key>": {"tenant": "alpha"}},
-     "tenants": {"alpha": {"show_payloads": false, "enqueue_rate": 500, "enqueue_burst": 5000}}}
+     "tenants": {"alpha": {"show_payloads": false, "enqueue_rate": 500, "enqueue_burst": 5000,
+                           "max_concurrent": 50}}}
 
 Rule 1: a tenant without an entry (or an entry without a setting) gets the default; every
 default keeps the behaviour of a node without the section.
@@ -18,6 +19,10 @@ value. Agents still receive payloads (a handler needs its input), and results st
 default one second of the rate): the tenant's admission token bucket (``admission.py``). Over
 it an enqueue is a 429 ``rate_limited`` with Retry-After, and nothing is written; the clients
 wait and resend. A batch counts one token per task.
+
+``max_concurrent`` (default none: no cap): the most tasks the tenant may have running (LEASED)
+at once; the node deals no slot to a tenant at its cap (``WaitingPool``), so its backlog waits
+while other tenants' work goes on.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ class TenantSettings:
     show_payloads: bool = True
     enqueue_rate: float | None = None  # tasks/s; None: no limit
     enqueue_burst: int | None = None  # tasks; None: one second of the rate
+    max_concurrent: int | None = None  # leases held at once; None: no cap
 
 
 DEFAULT_SETTINGS = TenantSettings()
-_SETTINGS = frozenset({"show_payloads", "enqueue_rate", "enqueue_burst"})
+_SETTINGS = frozenset({"show_payloads", "enqueue_rate", "enqueue_burst", "max_concurrent"})
 
 
 def parse_tenants(doc: Mapping[str, object]) -> dict[str, TenantSettings]:
@@ -65,10 +71,14 @@ def parse_tenants(doc: Mapping[str, object]) -> dict[str, TenantSettings]:
             raise ValueError(
                 f"tenants.{tenant}.enqueue_burst must be a whole number, with an enqueue_rate"
             )
+        cap = _positive(entry, "max_concurrent", tenant)
+        if cap is not None and cap != int(cap):
+            raise ValueError(f"tenants.{tenant}.max_concurrent must be a whole number")
         out[tenant] = TenantSettings(
             show_payloads=show,
             enqueue_rate=rate,
             enqueue_burst=None if burst is None else int(burst),
+            max_concurrent=None if cap is None else int(cap),
         )
     return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -83,10 +84,17 @@ class WaitingPool:
     partitions holding that tenant's ready work (rotating). Tenant A's backlog in every
     partition costs tenant B one slot in two, not one partition's turn in eight. Inside a
     partition the state machine still orders by priority, then age.
+
+    Concurrency caps: ``caps(tenant)`` is the most leases the tenant may hold at once on this
+    node (None: no cap). A slot goes to a capped tenant only while its live leases plus the
+    slots dealt or in flight for it stay under the cap; when one of its leases ends, the pool
+    deals again. Counting what is in flight makes the cap hard: it is never exceeded, at the
+    price of a slot held back while a grant is being written.
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
+        self.caps: Callable[[str], int | None] = lambda tenant: None
         self.entries: dict[str, Entry] = {}
         self.dispatchers: list[Dispatcher] = []
         self._ids = itertools.count()
@@ -146,15 +154,25 @@ class WaitingPool:
 
     def deal(self) -> None:
         woken: set[int] = set()
+        room: dict[str, int] = {}  # capped tenants: slots they may still be dealt
         for entry in self.entries.values():
             if entry.remaining <= 0 or entry.closed or entry.future.done():
                 continue
             holders = self._holders(entry)
+            for tenant in list(holders):
+                if tenant not in room and (cap := self.caps(tenant)) is not None:
+                    room[tenant] = cap - sum(d.holding(tenant) for d in self.dispatchers)
+                if room.get(tenant, 1) <= 0:
+                    del holders[tenant]
             while entry.remaining > 0 and holders:
                 dispatcher, tenant = self._next(entry.app, holders)
                 dispatcher.assign(entry, tenant)
                 entry.remaining -= 1
                 woken.add(id(dispatcher))
+                if tenant in room:
+                    room[tenant] -= 1
+                    if room[tenant] <= 0:
+                        holders.pop(tenant, None)
         for dispatcher in self.dispatchers:
             if id(dispatcher) in woken:
                 dispatcher.wake()
@@ -227,6 +245,12 @@ class Dispatcher:
             self.refresh(app)
         self._pool.deal()
 
+    def holding(self, tenant: str) -> int:
+        """Leases of ``tenant`` live here, plus slots dealt or in flight for it."""
+        dealt = sum(n for (_, t), (_, n) in self._dealt.items() if t == tenant)
+        claimed = sum(r.capacity for _, r in self._claims.values() if r.tenants == [tenant])
+        return self._p.leases.running[tenant] + dealt + claimed
+
     def assign(self, entry: Entry, tenant: str) -> None:
         key = (entry.entry_id, tenant)
         _, n = self._dealt.get(key, (entry, 0))
@@ -252,7 +276,7 @@ class Dispatcher:
         if not entry.future.done():
             entry.leases.extend(self._lease(g, request.lease_ms) for g in offer.grants)
         self.granted += len(offer.grants)
-        self._p.leases.track_all(offer.grants)
+        self._p.leases.track_all(offer.grants, request.tenants[0])
         entry.settle()
 
     def _lease(self, grant: Grant, lease_ms: int) -> Lease:

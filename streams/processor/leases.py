@@ -7,6 +7,7 @@ it finds in the ``leased`` index with a fresh interval from its takeover.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ class Live:
     lease_id: int
     lease_ms: int
     deadline_ms: float
+    tenant: str
     cancel: bool = False
     expiring: bool = False
 
@@ -36,13 +38,21 @@ class LeaseTracker:
     def __init__(self, processor: PartitionProcessor) -> None:
         self._p = processor
         self.live: dict[str, Live] = {}
+        self.running: Counter[str] = Counter()  # live leases per tenant (concurrency caps)
         self._poke = Poke(processor.clock)
         self.expired = 0
 
-    def track_all(self, grants: list[Grant]) -> None:
+    def track_all(self, grants: list[Grant], tenant: str) -> None:
         now = self._p.clock.monotonic_ms()
         for g in grants:
-            self.live[g.task_id] = Live(g.lease_id, g.lease_ms, now + g.lease_ms)
+            self._add(g.task_id, Live(g.lease_id, g.lease_ms, now + g.lease_ms, tenant))
+
+    def _add(self, task_id: str, live: Live) -> None:
+        old = self.live.get(task_id)
+        if old is not None:
+            self.running[old.tenant] -= 1
+        self.live[task_id] = live
+        self.running[live.tenant] += 1
 
     def take_over(self, tables: Tables) -> None:
         now = self._p.clock.monotonic_ms()
@@ -50,12 +60,19 @@ class LeaseTracker:
         for task_id, lease_id in tables.leased():
             task = tables.task(task_id)
             cancel = task is not None and task.cancel_cause is not None
-            self.live[task_id] = Live(lease_id, lease_ms, now + lease_ms, cancel=cancel)
+            tenant = task.tenant if task is not None else ""
+            self._add(task_id, Live(lease_id, lease_ms, now + lease_ms, tenant, cancel=cancel))
 
-    def forget(self, task_id: str, lease_id: int) -> None:
+    def forget(self, task_id: str, lease_id: int) -> str | None:
+        """Drop a lease that ended; its tenant, if it was live."""
         live = self.live.get(task_id)
-        if live is not None and live.lease_id == lease_id:
-            del self.live[task_id]
+        if live is None or live.lease_id != lease_id:
+            return None
+        del self.live[task_id]
+        self.running[live.tenant] -= 1
+        if self.running[live.tenant] <= 0:
+            del self.running[live.tenant]
+        return live.tenant
 
     def mark_cancel(self, task_id: str, lease_id: int) -> None:
         live = self.live.get(task_id)
@@ -72,6 +89,7 @@ class LeaseTracker:
 
     def clear(self) -> None:
         self.live.clear()
+        self.running.clear()
 
     async def run(self) -> None:
         while self._p.leader:

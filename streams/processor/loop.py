@@ -354,6 +354,7 @@ class PartitionProcessor:
         self, actions: list[Action], events: list[TaskEvent], *, live: bool = True
     ) -> None:
         replies: dict[int, list[Reply]] = defaultdict(list)
+        freed = False  # a lease of a tenant with a concurrency cap ended: deal again
         for action in actions:
             match action:
                 case Reply():
@@ -362,7 +363,8 @@ class PartitionProcessor:
                     if self.leader:
                         self.dispatch.deliver(action)
                 case LeaseEnded():
-                    self.leases.forget(action.task_id, action.lease_id)
+                    tenant = self.leases.forget(action.task_id, action.lease_id)
+                    freed |= tenant is not None and self.pool.caps(tenant) is not None
                 case CancelLease():
                     self.leases.mark_cancel(action.task_id, action.lease_id)
                 case TaskFinished():
@@ -383,6 +385,8 @@ class PartitionProcessor:
             if not unanswered.done():
                 unanswered.set_result([])
         self._wake_applied()
+        if freed and self.leader:
+            self.pool.deal()
         if events:
             self.outbox.poke()
             if self.leader and any(e.kind in READY_EVENTS for e in events):

@@ -58,6 +58,8 @@ def test_a_batch_over_the_burst_is_a_clear_400() -> None:
         ({"enqueue_rate": "fast"}, "enqueue_rate must be a number above 0"),
         ({"enqueue_burst": 10}, "with an enqueue_rate"),
         ({"enqueue_rate": 1, "enqueue_burst": 2.5}, "must be a whole number"),
+        ({"max_concurrent": 0}, "max_concurrent must be a number above 0"),
+        ({"max_concurrent": 2.5}, "max_concurrent must be a whole number"),
     ],
 )
 def test_bad_settings_name_the_problem(entry: dict[str, object], why: str) -> None:
