@@ -267,6 +267,13 @@ def _print_result(result: dict[str, Any], as_json: bool) -> None:
     console.print(table)
 
 
+def _judge(result: dict[str, Any], as_json: bool) -> None:
+    """Print a fault run's figure (RELIABILITY.md §11); exit 1 unless it is valid."""
+    _print_result(result, as_json)
+    if result["valid"] is not True:
+        raise typer.Exit(1)
+
+
 def docs_lifecycle() -> None:
     """Print the task lifecycle as a Mermaid state diagram."""
     from conveyor.streams.machine.transitions import mermaid
@@ -393,9 +400,7 @@ def _chaos_run(
         drain_s=max(60.0, seconds / 10),
     )
     result = asyncio.run(run_kill9(config))
-    _print_result(result, as_json)
-    if result["valid"] is not True:
-        raise typer.Exit(1)
+    _judge(result, as_json)
 
 
 def chaos_zombie(
@@ -424,9 +429,7 @@ def chaos_zombie(
         home=home,
     )
     result = asyncio.run(run_zombie(config))
-    _print_result(result, as_json)
-    if result["valid"] is not True:
-        raise typer.Exit(1)
+    _judge(result, as_json)
 
 
 def chaos_power_cut(
@@ -452,9 +455,7 @@ def chaos_power_cut(
         home=home,
     )
     result = asyncio.run(run_power_cut(config))
-    _print_result(result, as_json)
-    if result["valid"] is not True:
-        raise typer.Exit(1)
+    _judge(result, as_json)
 
 
 def chaos_lost_replies(
@@ -478,6 +479,4 @@ def chaos_lost_replies(
         home=home,
     )
     result = asyncio.run(run_lost_replies(config))
-    _print_result(result, as_json)
-    if result["valid"] is not True:
-        raise typer.Exit(1)
+    _judge(result, as_json)
