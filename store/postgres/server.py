@@ -4,12 +4,20 @@ The embedded default runs the PostgreSQL 16 that the ``pgserver`` wheel ships, w
 in ``home/postgres`` and its Unix socket inside that directory (no TCP port to collide with).
 pgserver reference-counts servers per directory across processes, so ``conveyor projection
 rebuild`` next to a stopped node simply starts it again.
+
+After a kill -9 of the node the server keeps running (pgserver starts it as a daemon); the
+next node joins it, and its clean stop stops it (``forget_dead_handles``). If the server died
+too, its stale ``postmaster.pid`` is ignored and PostgreSQL recovers from its WAL on start:
+committed rows and watermarks survive, so the projector resumes where it was
+(``tests/integration/test_embedded_postgres.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +57,51 @@ class EmbeddedPostgres:
         except ImportError as exc:
             raise StoreUnavailable(f"the pgserver package is not installed: {exc}") from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        forget_dead_handles(self.data_dir)
         try:
             return postgres_server.get_server(self.data_dir, cleanup_mode="stop")
         except Exception as exc:  # pgserver raises plain exceptions for initdb/pg_ctl failures
-            raise StoreUnavailable(f"cannot start PostgreSQL in {self.data_dir}: {exc}") from exc
+            where = traceback.extract_tb(exc.__traceback__)[-1]  # pgserver asserts bare
+            reason = f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
+            raise StoreUnavailable(f"cannot start PostgreSQL in {self.data_dir}: {reason}") from exc
 
     async def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
             await asyncio.to_thread(server.cleanup)
+
+
+# pgserver (0.1.x) lists the pids of the processes using a server in this file and stops the
+# server when the last of them cleans up.
+HANDLES_FILE = ".handle_pids.json"
+
+
+def forget_dead_handles(data_dir: Path) -> list[int]:
+    """Drop the pids of processes that died without cleaning up (a node killed with -9) from
+    pgserver's list of a server's users; the pids dropped.
+
+    Without this, the server a killed node leaves running is joined by the next node (its
+    data survives: PostgreSQL runs as a daemon, and recovers from its WAL if it died too),
+    but the dead pid stays listed forever, so no clean stop ever stops the server again."""
+    path = data_dir / HANDLES_FILE
+    try:
+        listed = [int(pid) for pid in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return []  # no list yet (or not one pgserver wrote): nothing to forget
+    alive = [pid for pid in listed if _running(pid)]
+    if alive != listed:
+        path.write_text(json.dumps(alive))
+    return sorted(set(listed) - set(alive))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # The embedded server's data is on a local disk that the OS caches: a random page read costs
