@@ -63,6 +63,7 @@ from conveyor.streams.gateway.worker_requests import (
 )
 from conveyor.streams.machine import Reply
 from conveyor.streams.machine.handlers.cancel import retry_id
+from conveyor.streams.machine.lifecycle import holder
 from conveyor.streams.node import Node
 from conveyor.streams.processor.dispatch import Lease
 from conveyor.streams.routing import mint_task_id, partition_for_key
@@ -294,6 +295,17 @@ class Gateway:
 
     # -- worker API ---------------------------------------------------------------------------
 
+    def _fenced(self, tenant: str, task_id: str, lease_id: int) -> str | None:
+        """Why an agent's record under ``lease_id`` can never be accepted, or None. Checked
+        against applied state before anything is appended, so a zombie's or a replayed report
+        costs no log record. A refusal here is final: lease ids only grow, and an agent holds
+        a lease only once its grant was applied. What passes is checked again by the machine.
+        """
+        if not self.owns(tenant, task_id):
+            return UNKNOWN_TASK
+        held = holder(self.node.tables(self.node.partition_of(task_id)), task_id, lease_id)
+        return held if isinstance(held, str) else None
+
     async def register(self, tenant: str, req: Register) -> list[str]:
         """Record the agent's app; the warnings of a deploy that removed handlers."""
         removed = self.registry.register(tenant, req.app, req.task_types, req.version)
@@ -382,7 +394,8 @@ class Gateway:
         mine: list[int] = []
         batch: list[Completion] = []
         for i, item in enumerate(items):
-            if not self.owns(tenant, item.task_id):
+            if (why := self._fenced(tenant, item.task_id, item.lease_id)) is not None:
+                results[i] = _rejected(item.task_id, why)
                 continue
             result = None
             if item.result is not None:
@@ -432,7 +445,8 @@ class Gateway:
         mine: list[int] = []
         batch: list[StepWrite] = []
         for i, item in enumerate(items):
-            if not self.owns(tenant, item.task_id):
+            if (why := self._fenced(tenant, item.task_id, item.lease_id)) is not None:
+                results[i] = _rejected(item.task_id, why)
                 continue
             value = compact(item.value) if item.op == StepOp.COMMIT else None
             mine.append(i)
@@ -455,10 +469,12 @@ class Gateway:
         mine: list[int] = []
         batch: list[Checkpoint] = []
         for i, item in enumerate(items):
-            if self.owns(tenant, item.task_id):
-                value = await self.payloads.pack(compact(item.value), f"{item.path}.value")
-                mine.append(i)
-                batch.append(Checkpoint(task_id=item.task_id, lease_id=item.lease_id, value=value))
+            if (why := self._fenced(tenant, item.task_id, item.lease_id)) is not None:
+                results[i] = _rejected(item.task_id, why)
+                continue
+            value = await self.payloads.pack(compact(item.value), f"{item.path}.value")
+            mine.append(i)
+            batch.append(Checkpoint(task_id=item.task_id, lease_id=item.lease_id, value=value))
         for i, reply in zip(mine, await self.node.checkpoint(batch) if batch else [], strict=True):
             results[i] = _result(reply)
         return results
@@ -483,8 +499,8 @@ def _conflict(req: EnqueueRequest, holder: str) -> Conflict:
     )
 
 
-def _rejected(task_id: str) -> dict[str, Any]:
-    return {"task_id": task_id, "ok": False, "reason": UNKNOWN_TASK}
+def _rejected(task_id: str, reason: str = UNKNOWN_TASK) -> dict[str, Any]:
+    return {"task_id": task_id, "ok": False, "reason": reason}
 
 
 def _result(reply: Reply) -> dict[str, Any]:
@@ -502,4 +518,5 @@ def _completion(item: CompletionRequest, result: bytes | None) -> Completion:
         error_stack=item.error_stack,
         retry_after_ms=item.retry_after_ms,
         sleep=item.sleep,
+        wait=item.wait,
     )
