@@ -178,7 +178,10 @@ async def _phases(run: Run, config: ZombieConfig, seen: Observed, finals: dict[s
         await _warm_up(run, client)
         payload = {"log": str(run.journal), "sleep_ms": config.sleep_ms}
         for n in range(config.tasks):
-            await _enqueue(run, client, f"z-{config.seed}-{n}", payload)
+            # A reply lost to a slow box is resent with the same key until it is answered:
+            # every task of the batch is acknowledged, once.
+            while not await _enqueue(run, client, f"z-{config.seed}-{n}", payload):
+                await asyncio.sleep(0.1)
         await _until_busy(run, config)
         await asyncio.sleep(rng.uniform(0.0, config.sleep_ms / 1000))
         seen.zombie_pid = run.cluster.procs[ZOMBIE].pid
