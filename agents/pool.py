@@ -29,7 +29,7 @@ from conveyor.agents.sandbox import AttemptResult, Hooks, Job, crashed
 
 log = logging.getLogger("conveyor.agent.pool")
 
-OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_OUT"})
+OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_OUT", "WAIT_EVENT"})
 EXIT_WAIT_S = 5.0
 
 
@@ -187,6 +187,7 @@ class GuestSandbox:
             log_ref=_log_ref(self.guest.log_path, frame.get("log_range")),
             sleep=_sleep_of(frame.get("sleep")) if outcome == "SLEEP" else None,
             fan_out=_fan_out_of(frame.get("fan_out")) if outcome == "FAN_OUT" else None,
+            wait=_wait_of(frame.get("wait")) if outcome == "WAIT_EVENT" else None,
         )
 
     async def _died(self) -> AttemptResult:
@@ -244,6 +245,23 @@ def _fan_out_of(raw: Any) -> dict[str, Any] | None:
         "position": position,
         "mode": str(raw.get("mode")),
         "children": raw["children"],
+    }
+
+
+def _wait_of(raw: Any) -> dict[str, Any] | None:
+    """A guest's event wait, reduced to well-typed fields (the guest is not trusted)."""
+    if not isinstance(raw, dict):
+        return None
+
+    def num(name: str) -> int | None:
+        value = raw.get(name)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return {
+        "identity": str(raw.get("identity")),
+        "position": num("position") if num("position") is not None else -1,
+        "name": str(raw.get("name")),
+        "timeout_ms": num("timeout_ms"),
     }
 
 

@@ -12,6 +12,7 @@ Shared by the guest stub and the in-process executor, so a handler behaves the s
     raised anything else            FAILED; the platform retries per policy
     step.sleep                      SLEEP (the attempt ends; no retry is spent)
     ctx.parallel (first call)       FAN_OUT (the attempt ends; the children run; no retry spent)
+    ctx.wait_for_event (no event)   WAIT_EVENT (the attempt ends until the event; no retry spent)
     a step divergence or overlap    FATAL (the same code would do it again)
     a lost lease (a refused step)   FAILED; the agent drops it anyway
     swallowed one of those three    FATAL, naming what was swallowed, whatever it returned
@@ -31,7 +32,7 @@ from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
 from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
-from conveyor.steps import ClaimLost, FanOut, Sleep, StepSignal
+from conveyor.steps import ClaimLost, FanOut, Sleep, StepSignal, WaitEvent
 
 STACK_CHARS_MAX = 16 * 1024
 MESSAGE_CHARS_MAX = 4 * 1024
@@ -140,6 +141,9 @@ def signal_result(signal: StepSignal) -> AttemptResult:
                 "children": signal.children,
             },
         )
+    if isinstance(signal, WaitEvent):
+        wait = {"identity": signal.identity, "position": signal.position, "name": signal.name}
+        return AttemptResult(outcome="WAIT_EVENT", wait={**wait, "timeout_ms": signal.timeout_ms})
     if isinstance(signal, Sleep):
         return AttemptResult(
             outcome="SLEEP",

@@ -126,6 +126,7 @@ class Running:
             log_ref=result.log_ref,
             sleep=result.sleep if result.outcome == "SLEEP" else None,
             fan_out=result.fan_out if result.outcome == "FAN_OUT" else None,
+            wait=result.wait if result.outcome == "WAIT_EVENT" else None,
         )
 
 

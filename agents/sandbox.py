@@ -41,6 +41,7 @@ class AttemptResult:
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
     # outcome FAN_OUT: identity, position, mode, children (enqueue bodies)
     fan_out: dict[str, Any] | None = None
+    wait: dict[str, Any] | None = None  # outcome WAIT_EVENT: identity, position, name, timeout_ms
 
 
 TRUNCATED = "[... earlier output not kept ...]\n"

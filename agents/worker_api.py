@@ -62,6 +62,7 @@ class CompletionItem:
     sleep: dict[str, Any] | None = None  # outcome SLEEP: identity, position, sleep_ms, wake_at_ms
     # outcome FAN_OUT: identity, position, mode, children (enqueue bodies)
     fan_out: dict[str, Any] | None = None
+    wait: dict[str, Any] | None = None  # outcome WAIT_EVENT: identity, position, name, timeout_ms
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -83,6 +84,8 @@ class CompletionItem:
             body["sleep"] = self.sleep
         if self.fan_out is not None:
             body["fan_out"] = self.fan_out
+        if self.wait is not None:
+            body["wait"] = self.wait
         return body
 
 

@@ -39,11 +39,12 @@ _NESTED: dict[type, dict[str, type]] = {
     t.RecordSteps: {"items": t.StepWrite},
     t.ExpireLeases: {"items": t.LeaseRef},
     t.FireTimers: {"timers": t.TimerRef},
+    t.SendEvents: {"items": t.WorkflowEvent},
     t.EventExtras: {"steps": t.StepEvent, "schedules": t.ScheduleEvent},
 }
 # Optional nested records (a union of null and a record) per class.
 _OPTIONAL: dict[type, dict[str, type]] = {
-    t.Completion: {"sleep": t.SleepStep, "fan_out": t.FanOut},
+    t.Completion: {"sleep": t.SleepStep, "fan_out": t.FanOut, "wait": t.WaitStep},
 }
 _ENUMS: dict[type, dict[str, type[StrEnum]]] = {
     t.Completion: {"outcome": t.Outcome},
@@ -214,6 +215,7 @@ RECORDS: dict[str, Codec[Any]] = {
         t.UpsertSchedule,
         t.DeleteSchedule,
         t.PauseSchedule,
+        t.SendEvents,
     )
 }
 TASK_HEAD = _load("state/TaskHead.avsc")
@@ -227,6 +229,7 @@ SCHEDULE = Codec(t.Schedule, _load("state/Schedule.avsc"))
 STEP_TOTALS = Codec(t.StepTotals, _load("state/StepTotals.avsc"))
 BARRIER = Codec(t.Barrier, _load("state/Barrier.avsc"))
 CHILD_LINK = Codec(t.ChildLink, _load("state/ChildLink.avsc"))
+EVENT_WAIT = Codec(t.EventWait, _load("state/EventWait.avsc"))
 CHILD_RESULT = Codec(t.ChildResult, _load("state/ChildResult.avsc"))
 TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
 STEP_EVENT = Codec(t.StepEvent, _load("events/StepEvent.avsc"))

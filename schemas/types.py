@@ -87,6 +87,7 @@ class Outcome(StrEnum):
     CANCELED = "CANCELED"  # the handler observed a cancel and stopped
     SLEEP = "SLEEP"  # a durable sleep ended the attempt; the retry budget is untouched
     FAN_OUT = "FAN_OUT"  # ctx.parallel: enqueue the children, wait in WAITING for them all
+    WAIT_EVENT = "WAIT_EVENT"  # ctx.wait_for_event: wait in WAITING for the named event
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +121,17 @@ class FanOut:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitStep:
+    """The step a WAIT_EVENT outcome waits in: the first event ``name`` sent to the workflow
+    (one kept from before counts) commits it; so does the timeout, as a timeout."""
+
+    identity: str
+    position: int
+    name: str
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
     task_id: str
     lease_id: int
@@ -131,6 +143,7 @@ class Completion:
     retry_after_ms: int | None = None
     sleep: SleepStep | None = None  # with outcome SLEEP
     fan_out: FanOut | None = None  # with outcome FAN_OUT
+    wait: WaitStep | None = None  # with outcome WAIT_EVENT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +203,7 @@ class TimerKind(StrEnum):
     # Appended last: ``keys.timer`` stores a kind by its index, so existing keys keep meaning.
     SCHEDULE = "SCHEDULE"  # a cron occurrence; task_id is the schedule key, token its generation
     FORGET_KEY = "FORGET_KEY"  # the idempotency window of the task's key is over
+    EVENT_TIMEOUT = "EVENT_TIMEOUT"  # a ctx.wait_for_event timed out; token: the attempt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +217,22 @@ class TimerRef:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FireTimers:
     timers: list[TimerRef]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowEvent:
+    task_id: str  # the workflow
+    name: str
+    payload: bytes  # compact JSON
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendEvents:
+    """Events for workflows: each wakes a workflow waiting for its name, or is kept for the
+    workflow's next wait of that name."""
+
+    tenant: str
+    items: list[WorkflowEvent]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,6 +293,7 @@ Record = (
     | UpsertSchedule
     | DeleteSchedule
     | PauseSchedule
+    | SendEvents
 )
 
 # Records only the partition leader proposes; the machine ignores them from a stale epoch.
@@ -396,6 +427,17 @@ class Barrier:
     stripes_open: int  # stripes whose children have not all landed
     fired: bool = False  # the step is committed (or failed fast) and the parent woken
     created_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventWait:
+    """The ``ctx.wait_for_event`` a WAITING workflow is in (table ``waits``)."""
+
+    identity: str
+    position: int
+    name: str
+    deadline_ms: int | None = None  # its timeout, armed as an EVENT_TIMEOUT timer
+    token: int = 0  # the workflow's attempt the timer was armed for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

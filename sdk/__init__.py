@@ -31,7 +31,7 @@ from conveyor.errors import (
     Unauthorized,
 )
 from conveyor.wire import Enqueue, ErrorInfo, TaskInfo, TaskPage
-from conveyor.workflows import ChildError, ChildFailed
+from conveyor.workflows import ChildError, ChildFailed, EventTimeout
 
 if TYPE_CHECKING:
     from conveyor import testing
@@ -51,6 +51,7 @@ __all__ = [
     "Duration",
     "Enqueue",
     "ErrorInfo",
+    "EventTimeout",
     "FatalError",
     "FencedError",
     "NotFound",

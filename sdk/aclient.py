@@ -173,6 +173,12 @@ class AsyncClient:
     async def cancel(self, task_id: str) -> str:
         return str((await self._send("POST", f"/v1/tasks/{task_id}/cancel"))["status"])
 
+    async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
+        """Send event ``name`` to a workflow (see ``Client.send_event``)."""
+        body = {"name": name, "payload": payload}
+        reply = await self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
+        return str(reply["status"])
+
     async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}`` (see ``Client.get_workflow``)."""
         return dict(await self._send("GET", f"/v1/workflows/{workflow_id}"))

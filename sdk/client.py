@@ -237,6 +237,13 @@ class Client:
     def cancel(self, task_id: str) -> str:
         return str(self._send("POST", f"/v1/tasks/{task_id}/cancel")["status"])
 
+    def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
+        """Send event ``name`` to a workflow: it wakes the workflow's ``ctx.wait_for_event
+        (name)``, or is kept for its next such wait. Returns the workflow's status."""
+        body = {"name": name, "payload": payload}
+        reply = self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
+        return str(reply["status"])
+
     def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}``: the workflow, its steps with their states, and each
         parallel step with its children (a workflow is enqueued like any task)."""

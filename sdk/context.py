@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
 
+from conveyor.durations import Duration
 from conveyor.errors import ContractError
 from conveyor.steps import StepAck, StepContext
 
@@ -81,6 +82,12 @@ class Context:
         ``mode="fail_fast"`` raises ``conveyor.ChildFailed`` at the first one and cancels the
         rest. The attempt ends while the children run (see ``conveyor.workflows``)."""
         return self.step.parallel(name, children, mode=mode)
+
+    def wait_for_event(self, name: str, timeout: Duration | None = None) -> Any:
+        """The payload of event ``name`` sent to this workflow (``client.send_event``); one
+        sent before the wait is kept for it. Ends the attempt while it waits; raises
+        ``conveyor.EventTimeout`` after ``timeout`` (see ``conveyor.workflows``)."""
+        return self.step.wait_for_event(name, timeout=timeout)
 
     @property
     def cancelled(self) -> bool:

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError, FatalError, TransientError
 from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, over_cap
-from conveyor.workflows import check_mode, child_bodies, results_of
+from conveyor.workflows import check_mode, child_bodies, event_of, event_step_name, results_of
 
 T = TypeVar("T")
 log = logging.getLogger("conveyor.steps")
@@ -96,6 +96,19 @@ class FanOut(StepSignal):
         self.position = position
         self.mode = mode
         self.children = children
+
+
+class WaitEvent(StepSignal):
+    """``ctx.wait_for_event`` ends the attempt; the task comes back with the event."""
+
+    error_class = "WaitEvent"
+
+    def __init__(self, identity: str, position: int, *, name: str, timeout_ms: int | None) -> None:
+        super().__init__(f"waiting for event {name!r} at step {identity!r}")
+        self.identity = identity
+        self.position = position
+        self.name = name
+        self.timeout_ms = timeout_ms
 
 
 class Divergence(StepSignal):
@@ -321,6 +334,19 @@ class StepContext:
         finally:
             self._leave()
         return True
+
+    def wait_for_event(self, name: str, *, timeout: Duration | None = None) -> Any:
+        """The payload of the first event ``name`` sent to this workflow (one sent before the
+        wait counts); the attempt ends while it waits. ``EventTimeout`` after ``timeout``."""
+        self._reraise()
+        timeout_ms = None if timeout is None else to_ms(timeout, field="timeout")
+        identity, position = self._identify(event_step_name(name), None)
+        row = self._by_identity.get(identity)
+        if row is not None and row.committed:
+            return event_of(name, row.value)
+        self._enter(identity)  # a wait inside a step body overlaps that step
+        self._leave()
+        raise self._latch(WaitEvent(identity, position, name=name, timeout_ms=timeout_ms))
 
     # -- the rules ------------------------------------------------------------------------------
 

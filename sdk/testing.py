@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shutil
 import tempfile
 import threading
@@ -321,6 +322,18 @@ class EngineClient:
         async def go() -> str:
             reply = check(await engine.node.cancel(engine.tenant, task_id, "canceled by request"))
             engine.agent.heartbeat_now()  # a running handler learns it at once
+            return str(reply.status.value if reply.status else "")
+
+        return engine.call(go())
+
+    def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
+        """``Client.send_event``: wake the workflow's ``ctx.wait_for_event(name)``, or keep the
+        event for its next such wait."""
+        engine = self._engine
+        raw = json.dumps(payload, separators=(",", ":")).encode()
+
+        async def go() -> str:
+            reply = check(await engine.node.send_event(engine.tenant, workflow_id, name, raw))
             return str(reply.status.value if reply.status else "")
 
         return engine.call(go())

@@ -34,6 +34,7 @@ from conveyor.schemas.types import (
     StepWrite,
     Task,
     TaskSpec,
+    WaitStep,
 )
 from conveyor.streams.gateway.worker_requests import bad_fan_out
 from conveyor.streams.machine import Reply
@@ -74,6 +75,17 @@ def step_json(row: StepRow) -> dict[str, Any]:
         "value": from_bytes(row.value),
         "wake_at_ms": row.wake_at_ms,
     }
+
+
+def wait_step(raw: dict[str, Any] | None) -> WaitStep | None:
+    if raw is None:
+        return None
+    return WaitStep(
+        identity=str(raw["identity"]),
+        position=int(raw["position"]),
+        name=str(raw["name"]),
+        timeout_ms=raw.get("timeout_ms"),
+    )
 
 
 def sleep_step(raw: dict[str, Any] | None) -> SleepStep | None:
@@ -265,6 +277,7 @@ class NodeWorkerAPI:
             error_stack=i.error_stack,
             retry_after_ms=i.retry_after_ms,
             sleep=sleep_step(i.sleep),
+            wait=wait_step(i.wait) if i.outcome == Outcome.WAIT_EVENT else None,
         )
         if i.outcome != Outcome.FAN_OUT:
             return completion

@@ -1,4 +1,4 @@
-"""``ctx.parallel``: fan out to child tasks, wait without a process, resume with their results.
+"""``ctx.parallel`` and ``ctx.wait_for_event``: wait without a process, resume with the results.
 
 Rule 1 (a step): a parallel call is an unkeyed step, ``name#occurrence``, checked for
 divergence like any other. The first time, it unwinds the body with ``FanOut`` (a
@@ -15,6 +15,11 @@ Rule 3 (children): a child is ``conveyor.Enqueue(task, payload, ...)`` or ``(tas
 with ``task`` a ``TaskType`` or a task type name (of the workflow's app unless ``app=`` says
 otherwise). Options left unset take the task type's defaults. A child has no idempotency key:
 its id derives from the workflow, the step and its index, so a replay never duplicates it.
+Rule 4 (events): ``ctx.wait_for_event(name, timeout=)`` is the step ``event:<name>#<n>``. It
+ends the attempt (the workflow waits in WAITING, no process) until an event ``name`` is sent
+(``POST /v1/workflows/{id}/events``, ``client.send_event``) and returns its payload. An event
+sent before the wait is kept and taken by the next wait of its name, in arrival order. After
+``timeout`` it raises ``EventTimeout`` (a ``FatalError``: catch it to carry on).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from conveyor.app import TaskType
 from conveyor.errors import ContractError, FatalError
-from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
+from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEP_NAME_BYTES_MAX
 from conveyor.wire import Enqueue, enqueue_body
 
 MODES = {"collect": "COLLECT", "fail_fast": "FAIL_FAST"}
@@ -129,3 +134,35 @@ def _child_error(index: int, raw: dict[str, Any]) -> ChildError:
         error_class=raw.get("error_class"),
         message=raw.get("message"),
     )
+
+
+# -- ctx.wait_for_event --------------------------------------------------------------------
+
+EVENT_NAME_BYTES_MAX = STEP_NAME_BYTES_MAX - len("event:")
+
+
+class EventTimeout(FatalError):
+    """``ctx.wait_for_event`` waited ``timeout`` and no event came. Catch it to carry on;
+    uncaught, it fails the workflow without retries (a retry would time out the same way)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no event {name!r} came before the wait's timeout")
+        self.name = name
+
+
+def event_step_name(name: str) -> str:
+    """The step a wait is: ``event:<name>``, so its identity is ``event:<name>#<occurrence>``."""
+    if not isinstance(name, str) or not name or len(name.encode()) > EVENT_NAME_BYTES_MAX:
+        raise ContractError(
+            f"an event name is 1..{EVENT_NAME_BYTES_MAX} bytes, got {name!r:.200}", field="name"
+        )
+    return f"event:{name}"
+
+
+def event_of(name: str, value: Any) -> Any:
+    """The committed value of a wait as ``ctx.wait_for_event`` returns it."""
+    if isinstance(value, dict) and value.get("timeout") is True:
+        raise EventTimeout(name)
+    if not isinstance(value, dict) or "payload" not in value:
+        raise ContractError(f"a wait step holds {type(value).__name__}, not an event")
+    return value["payload"]

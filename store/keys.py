@@ -27,6 +27,8 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
     stripes      V lp:parent_id lp:identity 0 u8:stripe           u64: children not landed
     results      V lp:parent_id lp:identity 1 u32:index           ChildResult (Avro)
     children     P child_id                                       ChildLink (Avro)
+    waits        Q task_id                                        EventWait (Avro)
+    inbox        N lp:task_id lp:name u64:seq                     an event's payload, kept
     outbox       o u64:offset                                     EventBatch (Avro)
     meta         m name                                           per name
 """
@@ -57,6 +59,8 @@ SCHEDULES = b"C"
 BARRIERS = b"W"
 SLOTS = b"V"
 CHILDREN = b"P"
+WAITS = b"Q"
+INBOX = b"N"
 OUTBOX = b"o"
 META = b"m"
 
@@ -287,3 +291,15 @@ def child_results_of(parent_id: str, identity: str) -> bytes:
 
 def child(child_id: str) -> bytes:
     return CHILDREN + child_id.encode()
+
+
+def wait(task_id: str) -> bytes:
+    return WAITS + task_id.encode()
+
+
+def inbox(task_id: str, name: str, seq: int) -> bytes:
+    return inbox_of(task_id, name) + _U64.pack(seq)
+
+
+def inbox_of(task_id: str, name: str) -> bytes:
+    return INBOX + lp(task_id) + lp(name)

@@ -17,6 +17,7 @@ from conveyor.schemas.types import (
     Barrier,
     ChildLink,
     ChildResult,
+    EventWait,
     IdempotencyEntry,
     Schedule,
     StepRow,
@@ -266,6 +267,25 @@ class Tables:
 
     def put_child_link(self, child_id: str, link: ChildLink) -> None:
         self._put(keys.child(child_id), codec.CHILD_LINK.encode(link))
+
+    # -- workflows: event waits and the events kept for them ------------------------------------
+
+    def event_wait(self, task_id: str) -> EventWait | None:
+        raw = self._get(keys.wait(task_id))
+        return None if raw is None else codec.EVENT_WAIT.decode(raw)
+
+    def put_event_wait(self, task_id: str, row: EventWait | None) -> None:
+        self._put(keys.wait(task_id), None if row is None else codec.EVENT_WAIT.encode(row))
+
+    def kept_events(self, task_id: str, name: str) -> Iterator[tuple[bytes, bytes]]:
+        """(key, payload) of the events kept for ``name``, oldest first."""
+        return self.scan(keys.inbox_of(task_id, name))
+
+    def keep_event(self, task_id: str, name: str, seq: int, payload: bytes) -> None:
+        self._put(keys.inbox(task_id, name, seq), payload)
+
+    def drop_kept_event(self, key: bytes) -> None:
+        self._put(key, None)
 
     # -- ready queues -----------------------------------------------------------------------
     #

@@ -35,10 +35,12 @@ from conveyor.schemas.types import (
     RetryFailed,
     SaveCheckpoints,
     Schedule,
+    SendEvents,
     StepWrite,
     Task,
     TaskSpec,
     UpsertSchedule,
+    WorkflowEvent,
 )
 from conveyor.store.api import KV
 from conveyor.store.memory import MemoryKV
@@ -189,6 +191,14 @@ class Node:
         replies = await self.processors[p].submit(
             CancelTasks(tenant=tenant, task_ids=[task_id], reason=reason), task_id
         )
+        return replies[0]
+
+    async def send_event(self, tenant: str, task_id: str, name: str, payload: bytes) -> Reply:
+        """An event for a workflow: it wakes the workflow if it waits for ``name``, else it is
+        kept for its next wait (``machine/handlers/events.py``)."""
+        item = WorkflowEvent(task_id=task_id, name=name, payload=payload)
+        p = self.partition_of(task_id)
+        replies = await self.processors[p].submit(SendEvents(tenant=tenant, items=[item]), task_id)
         return replies[0]
 
     async def cancel_many(self, tenant: str, task_ids: Sequence[str], reason: str) -> list[Reply]:

@@ -265,6 +265,19 @@ def _worker_shapes() -> dict[str, Schema]:
                         "children",
                     )
                 ),
+                "wait": nullable(
+                    obj(
+                        {
+                            "identity": TEXT,
+                            "position": integer(-1),
+                            "name": TEXT,
+                            "timeout_ms": nullable(MS),
+                        },
+                        "identity",
+                        "position",
+                        "name",
+                    )
+                ),
             },
             "task_id",
             "lease_id",
@@ -787,6 +800,15 @@ ENDPOINTS.extend(
                 _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
                 _param("cursor", {"type": "string"}),
             ],
+        ),
+        (
+            "post",
+            "/v1/workflows/{task_id}/events",
+            "Send an event: it wakes the workflow waiting for its name (ctx.wait_for_event), "
+            "or is kept for the next such wait; 409 once the workflow has finished",
+            obj({"name": NAME, "payload": ANY}, "name"),
+            obj({"workflow_id": TASK_ID, "name": NAME, "status": {"type": "string"}}),
+            [_ID],
         ),
     ]
 )

@@ -18,7 +18,15 @@ from conveyor.schemas.steps import (
     STEP_NAME_BYTES_MAX,
     STEPS_MAX,
 )
-from conveyor.schemas.types import Completion, LeaseRef, Outcome, ParallelMode, SleepStep, StepOp
+from conveyor.schemas.types import (
+    Completion,
+    LeaseRef,
+    Outcome,
+    ParallelMode,
+    SleepStep,
+    StepOp,
+    WaitStep,
+)
 from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.validation import BATCH_MAX, DURATION_MS_MAX, WAIT_MS_MAX
@@ -98,6 +106,7 @@ class CompletionRequest:
     sleep: SleepStep | None = None
     log: str | None = None  # the tail of what the attempt printed
     fan_out: FanOutRequest | None = None
+    wait: WaitStep | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,7 +122,7 @@ class FanOutRequest:
 
 
 _COMPLETION_FIELDS = frozenset(
-    {"outcome", "result", "error", "retry_after_ms", "sleep", "log", "fan_out"}
+    {"outcome", "result", "error", "retry_after_ms", "sleep", "log", "fan_out", "wait"}
 )
 
 
@@ -146,6 +155,25 @@ def _completion(item: Any, path: str) -> CompletionRequest:
         sleep=_sleep(f),
         log=f.opt_text("log", bytes_max=ATTEMPT_LOG_BYTES_MAX),
         fan_out=_fan_out(f),
+        wait=_wait(f),
+    )
+
+
+def _wait(f: Fields) -> WaitStep | None:
+    s = f.obj("wait", {"identity", "position", "name", "timeout_ms"})
+    if s is None:
+        if f.raw("outcome") == Outcome.WAIT_EVENT:
+            raise invalid(f.at("wait"), "is required with outcome WAIT_EVENT")
+        return None
+    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    name = s.opt_text("name", bytes_max=STEP_NAME_BYTES_MAX)
+    if not identity or not name:
+        raise invalid(s.at("identity" if not identity else "name"), "is required")
+    return WaitStep(
+        identity=identity,
+        position=s.req_int("position", -1, STEPS_MAX),
+        name=name,
+        timeout_ms=s.opt_int("timeout_ms", 0, DURATION_MS_MAX),
     )
 
 

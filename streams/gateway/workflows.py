@@ -15,6 +15,9 @@ position order (keyed steps last) with their states, and each parallel step with
 and children (the first ``CHILDREN_SHOWN_MAX`` listed, all counted by status). ``history``
 pages the step rows, values included, with a keyset cursor (the last identity of the page,
 in identity order): each page is one seek, however many steps the workflow has.
+Rule 4 (events): ``POST /v1/workflows/{id}/events`` {name, payload} appends a SendEvents
+record: it wakes the workflow if it waits for ``name`` (``ctx.wait_for_event``), else it is
+kept for its next wait of that name. A finished workflow takes no events (409).
 """
 
 from __future__ import annotations
@@ -29,17 +32,22 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from conveyor.errors import Conflict, NotFound
 from conveyor.schemas import codec
+from conveyor.schemas.steps import STEP_BYTES_MAX, STEP_NAME_BYTES_MAX
 from conveyor.schemas.types import TERMINAL, Barrier, StepRow, Task, TaskStatus
 from conveyor.store import keys
 from conveyor.store.postgres import queries
 from conveyor.store.tables import Tables
 from conveyor.streams.gateway import render, routes
-from conveyor.streams.gateway.fields import Fields, invalid
+from conveyor.streams.gateway.fields import Fields, compact, invalid
+from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.validation import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, _query_int
 from conveyor.streams.machine.handlers.workflows import child_id
 
 CHILDREN_SHOWN_MAX = 1_000
+EVENT_NAME_BYTES_MAX = STEP_NAME_BYTES_MAX - len("event:")  # the wait is the step event:<name>
+EVENT_PAYLOAD_BYTES_MAX = STEP_BYTES_MAX - len('{"payload":}')
 SNAPSHOT_WAIT_MS = 2_000  # how long a read of an ended workflow waits for the projection
 SNAPSHOT_POLL_MS = 20
 
@@ -48,6 +56,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/workflows", routes.enqueue)  # rule 1: the same request
     app.router.add_get("/v1/workflows/{task_id}", get_workflow, allow_head=False)
     app.router.add_get("/v1/workflows/{task_id}/history", get_history, allow_head=False)
+    app.router.add_post("/v1/workflows/{task_id}/events", send_event)
 
 
 def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
@@ -88,6 +97,34 @@ async def _ended_snapshot(request: web.Request, task: Task) -> asyncpg.Pool | No
             break
         await asyncio.sleep(SNAPSHOT_POLL_MS / 1000)
     return pool
+
+
+async def send_event(request: web.Request) -> web.Response:
+    """Rule 4."""
+    gw, tenant = routes.context(request)
+    task_id = request.match_info["task_id"]
+    gw.find(tenant, task_id)
+    name, payload = parse_event(await routes.read_body(request))
+    reply = await gw.node.send_event(tenant, task_id, name, payload)
+    if reply.reason == "unknown task":
+        raise NotFound(f"no workflow {task_id}", field="task_id")
+    if not reply.ok or reply.status is None:
+        raise Conflict(f"{reply.reason}: it takes no more events", field="task_id")
+    return routes.reply({"workflow_id": task_id, "name": name, "status": reply.status.value})
+
+
+def parse_event(body: Any) -> tuple[str, bytes]:
+    f = Fields(body, "", {"name", "payload"})
+    name = f.req_str("name", bytes_max=EVENT_NAME_BYTES_MAX)
+    check_not_marker(f.raw("payload"), f.at("payload"))
+    payload = compact(f.raw("payload"))
+    if len(payload) > EVENT_PAYLOAD_BYTES_MAX:
+        raise invalid(
+            "payload",
+            f"{len(payload)} bytes of JSON; an event carries at most {EVENT_PAYLOAD_BYTES_MAX} "
+            "(it is stored as a step): send a handle to bigger data",
+        )
+    return name, payload
 
 
 # -- the workflow ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from conveyor.schemas.types import (
     RecordSteps,
     RetryFailed,
     SaveCheckpoints,
+    SendEvents,
     UpsertSchedule,
 )
 from conveyor.store import keys
@@ -40,6 +41,7 @@ from conveyor.streams.machine.handlers.complete import (
 )
 from conveyor.streams.machine.handlers.dispatch import apply_grant
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
+from conveyor.streams.machine.handlers.events import apply_send_events
 from conveyor.streams.machine.handlers.schedules import (
     apply_delete_schedule,
     apply_pause_schedule,
@@ -95,6 +97,8 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             apply_delete_schedule(tables, record, meta, out)
         case PauseSchedule():
             apply_pause_schedule(tables, record, meta, out)
+        case SendEvents():
+            apply_send_events(tables, record, meta, out)
         case _:
             assert_never(record)
     settle(tables, meta, out)  # the fan-in of whatever this record finished

@@ -36,23 +36,28 @@ from conveyor.schemas.types import (
     EnqueueTasks,
     Envelope,
     ExpireLeases,
+    FanOut,
     FireTimers,
     GrantLeases,
     LeaseRef,
     LeaseRequest,
     Outcome,
     OverlapPolicy,
+    ParallelMode,
     PauseSchedule,
     Record,
     RecordSteps,
     RetryFailed,
     SaveCheckpoints,
+    SendEvents,
     StepOp,
     StepWrite,
     TaskSpec,
     TimerKind,
     TimerRef,
     UpsertSchedule,
+    WaitStep,
+    WorkflowEvent,
 )
 from conveyor.store import keys
 from conveyor.store.memory import MemoryKV
@@ -156,6 +161,32 @@ SEEDS: list[bytes] = [
     ),
     encode(DeleteSchedule(tenant="t", schedule_id="s")),
     encode(PauseSchedule(tenant="t", schedule_id="s", paused=True)),
+    encode(
+        CompleteAttempts(
+            items=[
+                Completion(
+                    task_id=task_id(1),
+                    lease_id=1,
+                    outcome=Outcome.FAN_OUT,
+                    fan_out=FanOut(
+                        identity="p#0",
+                        position=0,
+                        mode=ParallelMode.FAIL_FAST,
+                        children=[TEMPLATE, TEMPLATE],
+                    ),
+                ),
+                Completion(
+                    task_id=task_id(2),
+                    lease_id=1,
+                    outcome=Outcome.WAIT_EVENT,
+                    wait=WaitStep(identity="event:go#0", position=0, name="go", timeout_ms=9),
+                ),
+            ]
+        )
+    ),
+    encode(
+        SendEvents(tenant="t", items=[WorkflowEvent(task_id=task_id(2), name="go", payload=b"1")])
+    ),
 ]
 EXTREME_LONGS = [-(2**63), -1, 0, codec.TS_MS_END - 1, codec.TS_MS_END, 2**53, 2**63 - 1]
 HOSTILE_VARINTS = [

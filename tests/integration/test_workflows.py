@@ -63,6 +63,11 @@ def parks(ctx, n):
 
 
 @app.workflow
+def approval(ctx, _):
+    return {"decision": ctx.wait_for_event("approved", timeout="1h")}
+
+
+@app.workflow
 def many(ctx, n):
     total = sum(ctx.step.run(f"s{i}", lambda i=i: i) for i in range(n))
     ctx.step.sleep("1h", name="nap")
@@ -197,3 +202,24 @@ def test_history_pages_through_every_step(dev: NodeProcess) -> None:
         client.cancel(workflow_id)
     status, bad = call(dev.base, "GET", f"/v1/workflows/{workflow_id}/history?cursor=%%%")
     assert status == 400 and bad["error"]["field"] == "cursor"
+
+
+def test_an_event_wakes_a_waiting_workflow_over_http(dev: NodeProcess) -> None:
+    workflow_id = start(dev.base, "approval", None)
+
+    def waiting() -> bool:
+        return bool(call(dev.base, "GET", f"/v1/tasks/{workflow_id}")[1]["status"] == "WAITING")
+
+    assert wait_for(waiting), call(dev.base, "GET", f"/v1/tasks/{workflow_id}")
+    path = f"/v1/workflows/{workflow_id}/events"
+    assert call(dev.base, "POST", path, {"name": "approved"}, key=KEY_B)[0] == 404
+    status, bad = call(dev.base, "POST", path, {"payload": 1})
+    assert status == 400 and bad["error"]["field"] == "name"
+    status, big = call(dev.base, "POST", path, {"name": "approved", "payload": "x" * 300_000})
+    assert status == 400 and big["error"]["field"] == "payload"
+    with conveyor.Client(dev.base, KEY_A) as client:
+        assert client.send_event(workflow_id, "approved", {"by": "ann"}) == "ENQUEUED"
+    task = finished(dev.base, workflow_id)
+    assert task["result"] == {"decision": {"by": "ann"}}, task
+    status, done = call(dev.base, "POST", path, {"name": "approved"})
+    assert status == 409 and "SUCCEEDED" in done["error"]["message"]

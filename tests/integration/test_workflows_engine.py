@@ -161,3 +161,44 @@ def test_bad_parallel_calls_are_refused_in_the_sdk() -> None:
         ctx.parallel("q", [])
     with pytest.raises(conveyor.ContractError, match=r"child 0: give conveyor\.Enqueue"):
         ctx.parallel("r", [square])
+
+
+@app.workflow
+def approval(ctx: conveyor.Context, nap: str | None) -> Any:
+    if nap:
+        ctx.step.sleep(nap)
+    try:
+        decision = ctx.wait_for_event("approved", timeout="1h")
+    except conveyor.EventTimeout as exc:
+        return f"timed out waiting for {exc.name}"
+    return {"decision": decision}
+
+
+def test_wait_for_event_resumes_with_the_events_payload(engine: Engine) -> None:
+    handle = engine.client.enqueue(approval, None)
+    engine.run_until_idle()
+    assert handle.get().status == "WAITING"
+    assert engine.client.send_event(handle.id, "rejected", 1) == "WAITING"  # kept, not for it
+    engine.client.send_event(handle.id, "approved", {"by": "ann"})
+    engine.run_until_idle()
+    assert handle.result() == {"decision": {"by": "ann"}}
+
+
+def test_an_event_sent_before_the_wait_is_kept_for_it(engine: Engine) -> None:
+    handle = engine.client.enqueue(approval, "10m")
+    engine.run_until_idle()
+    assert handle.get().status == "SLEEPING"
+    assert engine.client.send_event(handle.id, "approved", "early") == "SLEEPING"
+    engine.advance("10m")
+    engine.run_until_idle()
+    assert handle.result() == {"decision": "early"}
+
+
+def test_wait_for_event_times_out_with_event_timeout(engine: Engine) -> None:
+    handle = engine.client.enqueue(approval, None)
+    engine.run_until_idle()
+    engine.advance("1h")
+    engine.run_until_idle()
+    assert handle.result() == "timed out waiting for approved"
+    with pytest.raises(conveyor.ContractError, match="workflow is SUCCEEDED"):
+        engine.client.send_event(handle.id, "approved", "too late")

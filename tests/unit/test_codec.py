@@ -214,6 +214,14 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
                     mode=st.sampled_from(t.ParallelMode),
                     children=st.lists(BLOB, max_size=3),
                 ),
+                wait=st.none()
+                | st.builds(
+                    t.WaitStep,
+                    identity=TEXT,
+                    position=I32,
+                    name=TEXT,
+                    timeout_ms=st.none() | I64,
+                ),
             ),
             max_size=3,
         ),
@@ -268,6 +276,13 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
     t.DeleteSchedule: st.builds(t.DeleteSchedule, tenant=TEXT, schedule_id=TEXT),
     t.PauseSchedule: st.builds(
         t.PauseSchedule, tenant=TEXT, schedule_id=TEXT, paused=st.booleans()
+    ),
+    t.SendEvents: st.builds(
+        t.SendEvents,
+        tenant=TEXT,
+        items=st.lists(
+            st.builds(t.WorkflowEvent, task_id=ids, name=TEXT, payload=BLOB), max_size=3
+        ),
     ),
 }
 records = st.one_of(*RECORDS.values())

@@ -20,6 +20,7 @@ from conveyor.schemas.types import (
     Outcome as AttemptOutcome,
 )
 from conveyor.store.tables import Tables
+from conveyor.streams.machine.handlers.events import wait_attempt
 from conveyor.streams.machine.handlers.steps import sleep_attempt
 from conveyor.streams.machine.handlers.workflows import fan_out_attempt
 from conveyor.streams.machine.lifecycle import (
@@ -60,6 +61,8 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
             sleep_attempt(tables, task, item, meta, out)
         case AttemptOutcome.FAN_OUT:
             fan_out_attempt(tables, task, item, meta, out)
+        case AttemptOutcome.WAIT_EVENT:
+            wait_attempt(tables, task, item, meta, out)
         case AttemptOutcome.CANCELED if task.cancel_cause == CancelCause.START_TO_CLOSE:
             # The handler obeyed the timeout's stop: the attempt failed; retry per policy.
             task.cancel_cause = None

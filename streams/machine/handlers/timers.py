@@ -21,6 +21,7 @@ from conveyor.schemas.types import (
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.cancel import request_stop
 from conveyor.streams.machine.handlers.enqueue import forget_key
+from conveyor.streams.machine.handlers.events import fire_event_timeout
 from conveyor.streams.machine.handlers.schedules import fire_schedule
 from conveyor.streams.machine.lifecycle import (
     WAITING,
@@ -108,6 +109,8 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
         case TimerKind.CANCEL_GRACE:
             if leased_now and task.cancel_cause is not None:
                 _grace_over(tables, task, meta, out)
+        case TimerKind.EVENT_TIMEOUT:
+            fire_event_timeout(tables, task, ref, meta, out)
         case TimerKind.SCHEDULE | TimerKind.FORGET_KEY:
             raise AssertionError(f"{ref.kind} timers fire before the task is looked up")
         case _:

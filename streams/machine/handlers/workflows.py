@@ -17,6 +17,8 @@ Rule 4 (cascade): a workflow that ends while a barrier is open (canceled, expire
 every child of that barrier that has not ended.
 Rule 5 (no I/O): like every handler, only the tables; the slots of a fired barrier stay for
 ``GET /v1/workflows/{id}``.
+Rule 6 (events): ``ctx.wait_for_event`` parks a workflow in WAITING too (handlers/events.py);
+a workflow that ends while waiting drops its wait and its timeout timer here.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from conveyor.schemas.types import (
     ChildResult,
     Completion,
     EventKind,
+    EventWait,
     FanOut,
     ParallelMode,
     StepRow,
@@ -42,6 +45,8 @@ from conveyor.schemas.types import (
     Task,
     TaskSpec,
     TaskStatus,
+    TimerKind,
+    TimerRef,
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.cancel import stop_task
@@ -83,21 +88,27 @@ def fan_out_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, ou
         )
         return
     assert fan is not None
-    if _stopped_instead(tables, task, meta, out):
+    if stopped_instead(tables, task, meta, out):
         return
     barrier = tables.barrier(task.task_id, fan.identity)
     if barrier is None:
         _open(tables, task, fan, specs, meta, out)
-    record_attempt(tables, task, meta, "FANNED_OUT")
+    park(tables, task, "FANNED_OUT", meta, out)
+    if barrier is not None and barrier.fired:
+        wake(tables, task, meta, out)  # the step was committed before: carry on at once
+
+
+def park(tables: Tables, task: Task, outcome: str, meta: Meta, out: Outcome) -> None:
+    """End a LEASED attempt into WAITING (no lease, no guest). The attempt number moves on and
+    so does the budget base: waiting never spends a retry."""
+    record_attempt(tables, task, meta, outcome)
     end_lease(tables, task, out)
     move(task, TaskStatus.WAITING)
     task.attempt += 1
-    task.budget_base += 1  # a fan-out never spends a retry
+    task.budget_base += 1
     touch(task, meta)
     tables.put_task(task)
     emit(out, EventKind.TaskWaiting, task, meta)
-    if barrier is not None and barrier.fired:
-        _wake(tables, task, meta, out)  # the step was committed before: carry on at once
 
 
 def _child_specs(task: Task, fan: FanOut) -> list[TaskSpec] | str:
@@ -128,8 +139,8 @@ def _child_specs(task: Task, fan: FanOut) -> list[TaskSpec] | str:
     return specs
 
 
-def _stopped_instead(tables: Tables, task: Task, meta: Meta, out: Outcome) -> bool:
-    """A pending cancel or schedule_to_close ends the workflow instead of fanning out."""
+def stopped_instead(tables: Tables, task: Task, meta: Meta, out: Outcome) -> bool:
+    """A pending cancel or schedule_to_close ends the workflow instead of waiting."""
     if task.cancel_cause == CancelCause.CANCEL:
         record_attempt(tables, task, meta, "CANCELED", "Canceled", task.cancel_reason)
         finish(
@@ -150,7 +161,7 @@ def _stopped_instead(tables: Tables, task: Task, meta: Meta, out: Outcome) -> bo
             meta,
             out,
             error_class="ScheduleToCloseTimeout",
-            error_message="schedule_to_close passed before the fan-out",
+            error_message="schedule_to_close passed before the workflow could wait",
         )
         return True
     return False
@@ -273,10 +284,11 @@ def _fire(
     )
     row = StepRow(identity=barrier.identity, position=barrier.position, claims=1, value=value)
     put_step(tables, parent, row, meta, out)
-    _wake(tables, parent, meta, out)
+    wake(tables, parent, meta, out)
 
 
-def _wake(tables: Tables, parent: Task, meta: Meta, out: Outcome) -> None:
+def wake(tables: Tables, parent: Task, meta: Meta, out: Outcome) -> None:
+    """WAITING -> ENQUEUED: the step the workflow waited in is committed."""
     move(parent, TaskStatus.ENQUEUED)
     make_ready(tables, parent, meta, spare_index(out))
     touch(parent, meta)
@@ -327,3 +339,22 @@ def _cascade(tables: Tables, task: Task, meta: Meta, out: Outcome) -> None:
         if not barrier.fired:
             reason = f"the workflow {task.task_id} ended {task.status.value}"
             _cancel_open(tables, task.task_id, barrier, reason, meta, out)
+    wait = tables.event_wait(task.task_id)
+    if wait is not None:  # its pending timer goes with it
+        end_wait(tables, task.task_id, wait)
+
+
+def event_timer(task_id: str, wait: EventWait) -> TimerRef | None:
+    if wait.deadline_ms is None:
+        return None
+    return TimerRef(
+        fire_at_ms=wait.deadline_ms, task_id=task_id, kind=TimerKind.EVENT_TIMEOUT, token=wait.token
+    )
+
+
+def end_wait(tables: Tables, task_id: str, wait: EventWait) -> None:
+    """Drop a ``ctx.wait_for_event`` and its timeout timer."""
+    tables.put_event_wait(task_id, None)
+    timer = event_timer(task_id, wait)
+    if timer is not None:
+        tables.remove_timer(timer)

@@ -58,16 +58,19 @@ from conveyor.schemas.types import (
     Record,
     RetryFailed,
     SaveCheckpoints,
+    SendEvents,
     TaskSpec,
     TaskStatus,
     TimerKind,
     TimerRef,
+    WaitStep,
+    WorkflowEvent,
 )
 from conveyor.store import keys
 from conveyor.store.tables import Tables
 from conveyor.streams.machine import LeaseEnded, Offer, Reply, TaskFinished
 from conveyor.streams.machine import Outcome as MachineOutcome
-from conveyor.streams.machine.handlers.workflows import child_id
+from conveyor.streams.machine.handlers.workflows import child_id, event_timer
 from conveyor.streams.machine.lifecycle import grace_timer, run_timer
 from conveyor.streams.machine.transitions import TRANSITIONS
 
@@ -142,6 +145,8 @@ class MachineModel(RuleBasedStateMachine):
             return all(isinstance(a, Offer) and not a.grants for a in out.actions)
         if isinstance(record, FireTimers | AnnounceEpoch):
             return False  # a stale timer is deleted, an epoch is stored: changes, no events
+        if isinstance(record, SendEvents):  # a kept event changes state without an event
+            return all(isinstance(a, Reply) and not a.ok for a in out.actions)
         # Client and agent records: refused items, enqueue twins, cancels of finished tasks.
         replies = [a for a in out.actions if isinstance(a, Reply)]
         return len(replies) == len(out.actions) and all(not r.created for r in replies)
@@ -358,6 +363,27 @@ class MachineModel(RuleBasedStateMachine):
         )
         self._apply(CompleteAttempts(items=[item]))
 
+    @precondition(lambda self: self.live)
+    @rule(
+        index=pick,
+        name=st.sampled_from(["go", "stop"]),
+        timeout_ms=st.sampled_from([None, S, 10 * S]),
+    )
+    def wait_event(self, index: int, name: str, timeout_ms: int | None) -> None:
+        """A workflow attempt ends in ``ctx.wait_for_event``."""
+        task_id, lease_id = choose(sorted(self.live.items()), index)
+        step = WaitStep(identity=f"event:{name}#0", position=0, name=name, timeout_ms=timeout_ms)
+        item = Completion(task_id=task_id, lease_id=lease_id, outcome=Outcome.WAIT_EVENT, wait=step)
+        self._apply(CompleteAttempts(items=[item]))
+
+    @precondition(lambda self: self.status)
+    @rule(index=pick, name=st.sampled_from(["go", "stop"]), tenant=st.sampled_from(TENANTS))
+    def send_event(self, index: int, name: str, tenant: str) -> None:
+        """An event for any task, of any tenant (a foreign or finished one is refused)."""
+        task_id = choose(sorted(self.status), index)
+        item = WorkflowEvent(task_id=task_id, name=name, payload=b"1")
+        self._apply(SendEvents(tenant=tenant, items=[item]))
+
     # -- leader rules ------------------------------------------------------------------------
 
     @rule(
@@ -464,6 +490,8 @@ class MachineModel(RuleBasedStateMachine):
             if task.status in TERMINAL:
                 assert self.finished.get(task_id) == task.status
                 assert task.finished_ms is not None
+                # ... and dropped its step rows with that transition (handlers/steps.py rule 5)
+                assert next(h.kv.scan(keys.steps_of(task_id)), None) is None, task_id
             else:
                 assert task_id not in self.finished
         # (f) the leased index is exactly the LEASED tasks, at their current lease
@@ -513,12 +541,18 @@ class MachineModel(RuleBasedStateMachine):
         for t in tasks.values():
             barriers = fresh.barriers(t.task_id)
             open_ = [b for b in barriers if not b.fired]
-            if t.status == TaskStatus.WAITING:
+            wait = fresh.event_wait(t.task_id)
+            if t.status == TaskStatus.WAITING and wait is not None:  # ctx.wait_for_event
+                assert not open_, (t.task_id, barriers)
+                timer = event_timer(t.task_id, wait)
+                assert timer is None or timer in timers, f"{t.task_id} waits without its timer"
+            elif t.status == TaskStatus.WAITING:
                 assert len(open_) == 1, (t.task_id, barriers)
                 b = open_[0]
                 kids = [tasks[child_id(t.task_id, b.identity, i)] for i in range(b.total)]
                 assert any(k.status not in TERMINAL for k in kids), "the fan-in never fired"
             else:
+                assert wait is None, (t.task_id, t.status, wait)
                 assert t.status in TERMINAL or not open_, (t.task_id, t.status, open_)
             for b in barriers:
                 if b.fired and t.status not in TERMINAL:
@@ -564,6 +598,13 @@ class MachineModel(RuleBasedStateMachine):
             for task_id, lease_id in sorted(self.live.items()):
                 done = Completion(task_id=task_id, lease_id=lease_id, outcome=Outcome.SUCCEEDED)
                 self._apply(CompleteAttempts(items=[done]))
+            for task_id in open_:  # a workflow waiting for an event gets it
+                wait = h.committed().event_wait(task_id)
+                if wait is not None and self.status[task_id] == TaskStatus.WAITING:
+                    task = h.committed().task(task_id)
+                    assert task is not None
+                    item = WorkflowEvent(task_id=task_id, name=wait.name, payload=b"1")
+                    self._apply(SendEvents(tenant=task.tenant, items=[item]))
             self.grant([4, 4], [], [])
             h.advance(60 * S)
             due = h.due()
