@@ -29,8 +29,10 @@ from conveyor.schemas.types import (
     Task,
     TaskStatus,
     TimerRef,
+    WaitStep,
 )
 from conveyor.store.tables import Tables
+from conveyor.streams.machine.handlers.steps import put_step
 from conveyor.streams.machine.handlers.workflows import (
     end_wait,
     event_timer,
@@ -70,7 +72,7 @@ def wait_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out: 
     if kept is not None:  # rule 2: an event came first
         key, payload = kept
         tables.drop_kept_event(key)
-        _commit(tables, task, wait.identity, wait.position, _delivered(payload))
+        _commit(tables, task, wait, _delivered(payload), meta, out)
         wake(tables, task, meta, out)
         return
     deadline = None if wait.timeout_ms is None else meta.ts_ms + max(0, wait.timeout_ms)
@@ -116,7 +118,7 @@ def _deliver(
     wait = tables.event_wait(task.task_id)
     if task.status == TaskStatus.WAITING and wait is not None and wait.name == name:
         end_wait(tables, task.task_id, wait)
-        _commit(tables, task, wait.identity, wait.position, _delivered(payload))
+        _commit(tables, task, wait, _delivered(payload), meta, out)
         wake(tables, task, meta, out)
         return None
     kept = itertools.islice(tables.kept_events(task.task_id, name), EVENTS_KEPT_MAX)
@@ -132,7 +134,7 @@ def fire_event_timeout(tables: Tables, task: Task, ref: TimerRef, meta: Meta, ou
     if task.status != TaskStatus.WAITING or wait is None or wait.token != ref.token:
         return
     end_wait(tables, task.task_id, wait)
-    _commit(tables, task, wait.identity, wait.position, TIMED_OUT)
+    _commit(tables, task, wait, TIMED_OUT, meta, out)
     wake(tables, task, meta, out)
 
 
@@ -140,11 +142,12 @@ def _delivered(payload: bytes) -> bytes:
     return b'{"payload":' + (payload or b"null") + b"}"
 
 
-def _commit(tables: Tables, task: Task, identity: str, position: int, value: bytes) -> None:
+def _commit(
+    tables: Tables, task: Task, wait: EventWait | WaitStep, value: bytes, meta: Meta, out: Outcome
+) -> None:
     totals = tables.step_totals(task.task_id)
     tables.put_step_totals(
         task.task_id, StepTotals(count=totals.count + 1, bytes=totals.bytes + len(value))
     )
-    tables.put_step(
-        task.task_id, StepRow(identity=identity, position=position, claims=1, value=value)
-    )
+    row = StepRow(identity=wait.identity, position=wait.position, claims=1, value=value)
+    put_step(tables, task, row, meta, out)
