@@ -72,3 +72,25 @@ def test_pause_stops_firings_and_resume_skips_the_paused_window() -> None:
         assert (row.fired, row.paused) == (2, False)
         with pytest.raises(conveyor.NotFound):
             engine.client.pause_schedule("nope")
+
+
+@pytest.mark.parametrize(("catch_up", "fired_for_the_hour"), [("once", 1), ("none", 0)])
+def test_an_hour_without_ticks_fires_per_the_catch_up_policy(
+    catch_up: str, fired_for_the_hour: int
+) -> None:
+    """Through the real processor and its timer scanner: the fake clock jumps an hour at once,
+    so no timer is proposed inside it, as when the node is down."""
+    runs.clear()
+    with conveyor.testing.Engine(app) as engine:
+        info = engine.client.schedule(tick, 1, cron="* * * * *", catch_up=catch_up)
+        assert info.next_fire_ms is not None
+        engine.advance((info.next_fire_ms - engine.now_ms()) / 1000)
+        for _ in range(4):
+            engine.advance("1m")
+        assert runs == [1] * 5  # on time: every minute
+        engine.advance("1h")  # 60 occurrences pass with no tick
+        assert len(runs) == 5 + fired_for_the_hour
+        engine.advance("1m")
+        assert len(runs) == 6 + fired_for_the_hour  # then every minute again
+        (row,) = engine.client.schedules()
+        assert row.fired == len(runs)
