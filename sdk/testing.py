@@ -40,6 +40,7 @@ from conveyor.store.tables import Tables
 from conveyor.streams import cron as cron_rules
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.gateway.schedules import schedule_json
+from conveyor.streams.gateway.workflows import history_page, parse_history_query, workflow_json
 from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.node import Node
 from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_info
@@ -323,6 +324,31 @@ class EngineClient:
             reply = check(await engine.node.cancel(engine.tenant, task_id, "canceled by request"))
             engine.agent.heartbeat_now()  # a running handler learns it at once
             return str(reply.status.value if reply.status else "")
+
+        return engine.call(go())
+
+    def get_workflow(self, workflow_id: str) -> dict[str, Any]:
+        """``Client.get_workflow``: the workflow, its steps, its parallel steps' children."""
+        engine = self._engine
+
+        async def go() -> dict[str, Any]:
+            task = engine.node.get(engine.tenant, workflow_id)
+            tables = engine.node.tables(engine.node.partition_of(workflow_id))
+            return workflow_json(task, tables, engine.clock.now_ms())
+
+        return engine.call(go())
+
+    def workflow_history(
+        self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """``Client.workflow_history``: one page of the workflow's step rows."""
+        engine = self._engine
+        after = None if cursor is None else parse_history_query({"cursor": cursor})[1]
+
+        async def go() -> dict[str, Any]:
+            engine.node.get(engine.tenant, workflow_id)  # another tenant's is not found
+            tables = engine.node.tables(engine.node.partition_of(workflow_id))
+            return history_page(tables, workflow_id, limit, after)
 
         return engine.call(go())
 

@@ -202,3 +202,15 @@ def test_wait_for_event_times_out_with_event_timeout(engine: Engine) -> None:
     assert handle.result() == "timed out waiting for approved"
     with pytest.raises(conveyor.ContractError, match="workflow is SUCCEEDED"):
         engine.client.send_event(handle.id, "approved", "too late")
+
+
+def test_the_engine_client_reads_workflows_like_the_http_client(engine: Engine) -> None:
+    handle = engine.client.enqueue(waits_on_sleepers, 2)
+    engine.run_until_idle()
+    wf = engine.client.get_workflow(handle.id)
+    assert wf["workflow"]["status"] == "WAITING"
+    assert [(s["identity"], s["state"]) for s in wf["steps"]] == [("park#0", "WAITING")]
+    assert [c["status"] for c in wf["parallel"][0]["children"]] == ["SLEEPING", "SLEEPING"]
+    child = wf["parallel"][0]["children"][0]["task_id"]
+    page = engine.client.workflow_history(child, limit=1)
+    assert [s["identity"] for s in page["steps"]] == ["sleep#0"] and page["next_cursor"] is None
