@@ -311,6 +311,17 @@ def bench_query(
     _print_result(asyncio.run(run(rows=rows, repeats=repeats, dsn=dsn)), as_json)
 
 
+def bench_bulk(
+    tasks: Annotated[int, typer.Option("--tasks", min=1_000)] = 1_000_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    as_json: JsonOpt = False,
+) -> None:
+    """A bulk cancel by filter over ``--tasks`` tasks on a real node, and API latency meanwhile."""
+    from conveyor.streams.bench.bulk import bench_bulk as run
+
+    _print_result(asyncio.run(run(tasks=tasks, partitions=partitions)), as_json)
+
+
 def projection_rebuild(
     home: HomeOpt = None,
     dsn: Annotated[

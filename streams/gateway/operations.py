@@ -13,9 +13,10 @@ Rules, and why:
 
 1. The request never does the work: it writes the row, starts the runner and answers 202, so
    a bulk retry of a million tasks costs the caller one insert.
-2. One batch at a time, and the runner sleeps ``PAUSE_MS`` between batches: the processors
-   apply one bounded record per partition per batch, and API requests and agents' records
-   interleave with them, so the API stays responsive while a million-row operation runs.
+2. One batch at a time, and the runner sleeps between batches, as long as it takes the node
+   to do a batch or longer (``DUTY``): the processors apply one bounded record per partition
+   per batch, and API requests and agents' records interleave with them, so the API stays
+   responsive while a million-row operation runs (``conveyor bench bulk`` measures it).
 3. Resumable: the cursor is in Postgres and advances only after a batch is applied; a node
    that starts resumes every running operation (``resume``). Redoing the last batch after a
    crash is harmless: the machine ignores a retry of a retried task and a cancel of a
@@ -49,8 +50,12 @@ log = logging.getLogger("conveyor.operations")
 
 RETRY = "retry"
 CANCEL = "cancel"
-BATCH_TASKS = 1_000  # task ids per batch: about BATCH_TASKS / partitions per log record
-PAUSE_MS = 5.0  # between batches: the API and the agents go first (rule 2)
+BATCH_TASKS = 500  # task ids per batch: about BATCH_TASKS / partitions per log record
+# The share of the node's time the runner may take (rule 2): after a batch that took t, it
+# sleeps t * (1 - DUTY) / DUTY. A batch's work goes on after it returns (the projector folds
+# its events), so the node spends more than DUTY of its time on the operation.
+DUTY = 0.3
+PAUSE_MS_MIN = 5.0
 STORE_RETRY_MS = 1_000.0  # after Postgres was unreachable
 _ID = re.compile(r"^[0-9a-f]{32}$")
 LIVE_STATUSES = tuple(sorted(s.value for s in TaskStatus if s not in TERMINAL))
@@ -177,6 +182,7 @@ class BulkOperations:
             await rows.set_matched(self.pool, op.operation_id, matched, clock.now_ms())
         cursor, done = op.cursor, op.done
         while op.limit_tasks is None or done < op.limit_tasks:
+            started = clock.monotonic_ms()
             size = (
                 BATCH_TASKS if op.limit_tasks is None else min(BATCH_TASKS, op.limit_tasks - done)
             )
@@ -197,7 +203,8 @@ class BulkOperations:
                 changed=changed(op.kind, replies),
                 now_ms=clock.now_ms(),
             )
-            await clock.sleep_ms(PAUSE_MS)
+            took = clock.monotonic_ms() - started
+            await clock.sleep_ms(max(PAUSE_MS_MIN, took * (1 - DUTY) / DUTY))
 
 
 async def _reload(pool: asyncpg.Pool, op: Operation) -> Operation | None:

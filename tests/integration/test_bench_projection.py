@@ -1,6 +1,6 @@
-"""``conveyor bench projection`` and ``conveyor bench query`` at a tiny size against the
-embedded PostgreSQL: the shape of their results (the figures themselves are not asserted:
-the machine is shared)."""
+"""``conveyor bench projection``, ``conveyor bench query`` and ``conveyor bench bulk`` at a
+tiny size against the embedded PostgreSQL: the shape of their results (the figures themselves
+are not asserted: the machine is shared)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from conveyor.streams.bench.bulk import bench_bulk
 from conveyor.streams.bench.projection import bench_projection
 from conveyor.streams.bench.query import bench_query
 
@@ -29,3 +30,12 @@ def test_query_bench_reports_p99_per_filter() -> None:
     assert {"none", "status", "error_text", "finished_range", "count"} <= set(result["p99_ms"])
     assert result["p99_ms_max"] == max(result["p99_ms"].values())
     assert all(v > 0 for v in result["p50_ms"].values())
+
+
+def test_bulk_bench_cancels_every_task_and_reports_api_latency() -> None:
+    result = asyncio.run(bench_bulk(tasks=2_000, partitions=4))
+    op = result["operation"]
+    assert op["state"] == "done" and op["matched"] == op["done"] == op["changed"] >= 2_000
+    for name in ("list", "get", "enqueue"):
+        for when in ("during", "idle"):
+            assert result[f"{name}_{when}_p50_ms"] > 0
