@@ -67,9 +67,12 @@ from conveyor.schemas.types import (
     Record,
     RetryFailed,
     SaveCheckpoints,
+    SendEvents,
     TaskEvent,
     TaskSpec,
     TaskStatus,
+    WaitStep,
+    WorkflowEvent,
 )
 from conveyor.store import keys
 from conveyor.store.api import KV
@@ -91,6 +94,7 @@ STEPS = int(os.environ.get("CONVEYOR_SIM_STEPS", "300"))
 START_MS = 1_700_000_000_000
 S = 1_000
 TENANTS = ["acme", "blue", "corp"]
+EVENT_NAMES = ["go", "stop"]
 APP = "app"
 STATS: collections.Counter[str] = collections.Counter()  # across seeds: "sometimes" coverage
 
@@ -249,9 +253,9 @@ class Workload:
         kind = rng.choices(
             [
                 "enqueue", "complete", "grant", "timers", "expire", "cancel", "checkpoint",
-                "retry", "announce", "stale", "duplicate", "garbage",
+                "retry", "announce", "stale", "duplicate", "garbage", "event",
             ],
-            weights=[24, 22, 16, 12, 4, 6, 4, 2, 2, 3, 3, 1],
+            weights=[24, 22, 16, 12, 4, 6, 4, 2, 2, 3, 3, 1, 4],
         )[0]  # fmt: skip
         STATS[f"proposed {kind}"] += 1
         if kind == "enqueue":
@@ -276,9 +280,20 @@ class Workload:
                     Outcome.FATAL,
                     Outcome.CANCELED,
                     Outcome.FAN_OUT,
+                    Outcome.WAIT_EVENT,
                 ],
-                weights=[50, 30, 5, 15, 10],
+                weights=[50, 30, 5, 15, 10, 6],
             )[0]
+            if outcome == Outcome.WAIT_EVENT:  # a workflow attempt ends in ctx.wait_for_event
+                name = rng.choice(EVENT_NAMES)
+                wait = WaitStep(
+                    identity=f"event:{name}#0",
+                    position=0,
+                    name=name,
+                    timeout_ms=rng.choice([None, S, 20 * S]),
+                )
+                done = Completion(task_id=task_id, lease_id=lease_id, outcome=outcome, wait=wait)
+                return [self.encode(CompleteAttempts(items=[done]), leader=False)]
             if outcome == Outcome.FAN_OUT:  # a workflow attempt ends in ctx.parallel
                 kids = [
                     codec.TASK_SPEC.encode(
@@ -320,6 +335,15 @@ class Workload:
             self.now_ms += rng.choice([100, S, 5 * S, 30 * S])
             due = tables.due_timers(self.now_ms, 50)
             return [self.encode(FireTimers(timers=due), leader=True)] if due else []
+        if kind == "event":
+            if not known:
+                return []
+            event = WorkflowEvent(
+                task_id=rng.choice(known), name=rng.choice(EVENT_NAMES), payload=b'"e"'
+            )
+            return [
+                self.encode(SendEvents(tenant=rng.choice(TENANTS), items=[event]), leader=False)
+            ]
         if kind == "cancel":
             if not known:
                 return []
@@ -471,10 +495,14 @@ def check_indexes(kv: KV) -> None:
     for ref in timers:
         if ref.kind != "FORGET_KEY":  # forgets an idempotency key when its window ends
             assert tasks[ref.task_id].status not in TERMINAL, f"timer outlived its task: {ref}"
-    # a WAITING workflow waits on one open barrier that still has a child to land
+    # a WAITING workflow waits for an event, or on one open barrier with a child to land
     for t in tasks.values():
         open_ = [b for b in tables.barriers(t.task_id) if not b.fired]
-        if t.status == "WAITING":
+        wait = tables.event_wait(t.task_id)
+        assert wait is None or t.status == "WAITING", f"{t.task_id} {t.status} keeps a wait"
+        if t.status == "WAITING" and wait is not None:
+            assert not open_, f"{t.task_id} waits for an event and on {open_}"
+        elif t.status == "WAITING":
             assert len(open_) == 1, f"{t.task_id} WAITING with barriers {open_}"
             kids = [child_id(t.task_id, open_[0].identity, i) for i in range(open_[0].total)]
             assert any(tasks[k].status not in TERMINAL for k in kids), "the fan-in never fired"
@@ -561,6 +589,7 @@ def test_sometimes_coverage() -> None:
         "seen TaskRequeued",
         "seen TaskWaiting",
         "seen fan-in fired",
+        "proposed event",
     ):
         assert STATS[what] > 0, f"never happened: {what}; stats: {dict(STATS)}"
 
