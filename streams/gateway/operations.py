@@ -37,7 +37,7 @@ from typing import Any
 
 import asyncpg
 
-from conveyor.errors import NotFound
+from conveyor.errors import FencedError, NotFound, TransientError
 from conveyor.schemas.types import TERMINAL, TaskStatus
 from conveyor.store.postgres import StoreUnavailable
 from conveyor.store.postgres import operations as rows
@@ -155,10 +155,9 @@ class BulkOperations:
                 return
             except asyncio.CancelledError:
                 raise
-            except _UNAVAILABLE as exc:
-                log.warning(
-                    "operation %s: snapshot unavailable, retrying: %s", op.operation_id, exc
-                )
+            except (*_UNAVAILABLE, TransientError, FencedError) as exc:
+                # Postgres unreachable, or a log or leadership hiccup: the batch is redone.
+                log.warning("operation %s paused, retrying: %s", op.operation_id, exc)
                 await clock.sleep_ms(STORE_RETRY_MS)
                 fresh = await _reload(self.pool, op)
                 if fresh is None:
