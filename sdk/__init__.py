@@ -31,7 +31,7 @@ from conveyor.errors import (
     Unauthorized,
 )
 from conveyor.wire import Enqueue, ErrorInfo, TaskInfo, TaskPage
-from conveyor.workflows import ChildError, ChildFailed, EventTimeout
+from conveyor.workflows import ChildError, ChildFailed, EventTimeout, WorkflowRefused
 
 if TYPE_CHECKING:
     from conveyor import testing
@@ -66,6 +66,7 @@ __all__ = [
     "TaskType",
     "TransientError",
     "Unauthorized",
+    "WorkflowRefused",
     "current_task",
     "set_default_client",
     "testing",

@@ -25,6 +25,7 @@ sent before the wait is kept and taken by the next wait of its name, in arrival 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,7 +35,15 @@ from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEP_NAME_BYTES_MAX
 from conveyor.wire import Enqueue, enqueue_body
 
 MODES = {"collect": "COLLECT", "fail_fast": "FAIL_FAST"}
+# The children of one fan-out travel in one completion (HTTP bodies are capped at 8 MiB).
+FAN_OUT_BYTES_MAX = 4 * 1024 * 1024
 _NO_APP = "\x00"  # stands in for "the workflow's app" while the body is built
+
+
+class WorkflowRefused(ContractError, FatalError):
+    """A ``ctx.parallel`` or ``ctx.wait_for_event`` call that cannot be (a bad mode, child or
+    name; children too large). The same code would ask again: the workflow fails without
+    retries."""
 
 
 class ChildError(Exception):
@@ -71,7 +80,7 @@ class ChildFailed(FatalError):
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
-        raise ContractError(
+        raise WorkflowRefused(
             f"ctx.parallel mode must be 'collect' or 'fail_fast', got {mode!r}", field="mode"
         )
     return MODES[mode]
@@ -82,8 +91,15 @@ def child_bodies(children: Iterable[Any]) -> list[dict[str, Any]]:
     an app leaves ``app`` out (the platform takes the workflow's)."""
     bodies = [_body(i, child) for i, child in enumerate(children)]
     if not 1 <= len(bodies) <= PARALLEL_CHILDREN_MAX:
-        raise ContractError(
+        raise WorkflowRefused(
             f"ctx.parallel takes 1..{PARALLEL_CHILDREN_MAX} children, got {len(bodies)}",
+            field="children",
+        )
+    size = len(json.dumps(bodies, separators=(",", ":"), default=str).encode())
+    if size > FAN_OUT_BYTES_MAX:
+        raise WorkflowRefused(
+            f"ctx.parallel children take {size} bytes of JSON; a fan-out carries at most "
+            f"{FAN_OUT_BYTES_MAX}: give children handles to big payloads",
             field="children",
         )
     return bodies
@@ -93,13 +109,13 @@ def _body(index: int, child: Any) -> dict[str, Any]:
     if isinstance(child, tuple) and len(child) == 2:
         child = Enqueue(child[0], child[1])
     if not isinstance(child, Enqueue) or not isinstance(child.task, TaskType | str):
-        raise ContractError(
+        raise WorkflowRefused(
             f"ctx.parallel child {index}: give conveyor.Enqueue(task, payload, ...) or "
             f"(task, payload), got {type(child).__name__}",
             field="children",
         )
     if child.idempotency_key is not None:
-        raise ContractError(
+        raise WorkflowRefused(
             f"ctx.parallel child {index}: children take no idempotency_key (their ids derive "
             "from the workflow and the step)",
             field="children",
@@ -153,7 +169,7 @@ class EventTimeout(FatalError):
 def event_step_name(name: str) -> str:
     """The step a wait is: ``event:<name>``, so its identity is ``event:<name>#<occurrence>``."""
     if not isinstance(name, str) or not name or len(name.encode()) > EVENT_NAME_BYTES_MAX:
-        raise ContractError(
+        raise WorkflowRefused(
             f"an event name is 1..{EVENT_NAME_BYTES_MAX} bytes, got {name!r:.200}", field="name"
         )
     return f"event:{name}"

@@ -214,3 +214,17 @@ def test_the_engine_client_reads_workflows_like_the_http_client(engine: Engine) 
     child = wf["parallel"][0]["children"][0]["task_id"]
     page = engine.client.workflow_history(child, limit=1)
     assert [s["identity"] for s in page["steps"]] == ["sleep#0"] and page["next_cursor"] is None
+
+
+@app.workflow(retry=conveyor.Retry(attempts=3, base="1s"))
+def too_big(ctx: conveyor.Context, _: Any) -> Any:
+    return ctx.parallel("big", [(square, "x" * 3_000_000), (square, "y" * 2_000_000)])
+
+
+def test_a_refused_fan_out_fails_the_workflow_without_retries(engine: Engine) -> None:
+    handle = engine.client.enqueue(too_big, None)
+    engine.run_until_idle()
+    info = handle.get()
+    assert info.status == "FAILED" and len(info.attempts) == 1
+    assert info.error is not None and info.error.error_class == "WorkflowRefused"
+    assert "a fan-out carries at most 4194304" in (info.error.message or "")
