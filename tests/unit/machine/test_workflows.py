@@ -296,3 +296,19 @@ def test_children_of_two_fan_outs_in_one_record_get_distinct_ready_slots() -> No
     ]
     h.report(*items)
     assert h.ready_ids() == children(a.task_id, 3) + children(b.task_id, 3)
+
+
+def test_results_over_the_step_bytes_limit_fail_the_workflow() -> None:
+    h = Harness()
+    parent_id, lease = workflow(h)
+    n = 17  # 17 x 256 KiB > 4 MiB
+    fan_out(h, parent_id, lease, n)
+    leases = {g.task_id: g.lease_id for g in grants(h.grant(n, tenants=["t1"]))}
+    big = json.dumps("x" * (256 * 1024 - 2)).encode()
+    for task_id in children(parent_id, n):
+        h.complete(task_id, leases[task_id], result=big)
+    parent = h.task(parent_id)
+    assert parent.status == TaskStatus.FAILED and parent.error_class == "StepTooLarge"
+    assert "exceed the task's step bytes limit" in (parent.error_message or "")
+    assert h.committed().step(parent_id, "fan#0") is None
+    assert requeued(h, parent_id) == 0
