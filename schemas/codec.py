@@ -31,6 +31,21 @@ def _load(relpath: str) -> Any:
         return parse_schema(json.load(fh), named_schemas=_named)
 
 
+def _history(kind: str) -> list[Any]:
+    """The schemas a record kind had before its current one, oldest first:
+    ``records/history/<kind>.v<N>.avsc``, each parsed on its own (its names are old)."""
+    found = sorted(
+        (int(path.stem.rpartition(".v")[2]), path)
+        for path in (SCHEMA_DIR / "records" / "history").glob(f"{kind}.v*.avsc")
+    )
+    assert [n for n, _ in found] == list(range(1, len(found) + 1)), f"{kind}: gap in history"
+    schemas = []
+    for _, path in found:
+        with open(path) as fh:
+            schemas.append(parse_schema(json.load(fh), named_schemas={}))
+    return schemas
+
+
 # Nested dataclass fields and enum fields per class: what a plain dict must be turned into.
 _NESTED: dict[type, dict[str, type]] = {
     t.GrantLeases: {"requests": t.LeaseRequest},
@@ -75,10 +90,15 @@ class Codec(Generic[T]):
         datum = cast(dict[str, Any], schemaless_reader(io.BytesIO(data), self.schema, None))
         return cast(T, self._from_dict(datum))
 
-    def decode_exact(self, data: bytes) -> T:
-        """``decode``, refusing bytes after the datum: a log record is exactly one datum."""
+    def decode_exact(self, data: bytes, writer: Any = None) -> T:
+        """``decode``, refusing bytes after the datum: a log record is exactly one datum.
+        ``writer``: the schema the bytes were written with, when it is an older one (its
+        datum is resolved to the current schema: fields added since take their defaults)."""
         buf = io.BytesIO(data)
-        datum = cast(dict[str, Any], schemaless_reader(buf, self.schema, None))
+        if writer is None:
+            datum = cast(dict[str, Any], schemaless_reader(buf, self.schema, None))
+        else:
+            datum = cast(dict[str, Any], schemaless_reader(buf, writer, self.schema))
         if buf.tell() != len(data):
             raise ValueError(f"{len(data) - buf.tell()} bytes after the {self.cls.__name__}")
         return cast(T, self._from_dict(datum))
@@ -238,14 +258,38 @@ EVENT_EXTRAS = Codec(t.EventExtras, _load("events/EventExtras.avsc"))
 EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"))
 
 
+# Schema evolution of log records. A record kind whose body schema changed keeps its former
+# schemas in records/history/<Kind>.v<N>.avsc; the current one is the next version. A record is
+# written as kind "<Kind>.v<N>" ("<Kind>" alone is version 1, as every record written before a
+# kind first changed), and read with the schema it was written with, resolved to the current
+# one. So a node reads every record any earlier version wrote, and refuses, by name, one that
+# a newer version wrote.
+HISTORY: dict[str, list[Any]] = {kind: _history(kind) for kind in RECORDS}
+VERSION: dict[str, int] = {kind: len(schemas) + 1 for kind, schemas in HISTORY.items()}
+
+
 class RecordDecodeError(Exception):
     """A log record that is not a valid envelope or body; the processor quarantines it."""
+
+
+def wire_kind(kind: str) -> str:
+    """The envelope's kind for a record of ``kind`` written now."""
+    version = VERSION[kind]
+    return kind if version == 1 else f"{kind}.v{version}"
+
+
+def kind_of(envelope: t.Envelope) -> tuple[str, int]:
+    """(record kind, schema version) of an envelope."""
+    kind, _, version = envelope.kind.partition(".v")
+    return kind, int(version) if version.isdigit() else 1
 
 
 def encode_record(record: t.Record, *, epoch: int, ts_ms: int, key: str) -> bytes:
     kind = type(record).__name__
     body = RECORDS[kind].encode(record)
-    return ENVELOPE.encode(t.Envelope(kind=kind, epoch=epoch, ts_ms=ts_ms, key=key, body=body))
+    return ENVELOPE.encode(
+        t.Envelope(kind=wire_kind(kind), epoch=epoch, ts_ms=ts_ms, key=key, body=body)
+    )
 
 
 # Stamps at or after 10000-01-01T00:00:00Z are no real time and break datetime arithmetic; with
@@ -264,10 +308,17 @@ def decode_envelope(data: bytes) -> t.Envelope:
 
 
 def decode_body(envelope: t.Envelope) -> t.Record:
-    codec = RECORDS.get(envelope.kind)
+    kind, version = kind_of(envelope)
+    codec = RECORDS.get(kind)
     if codec is None:
         raise RecordDecodeError(f"unknown record kind {envelope.kind!r}")
+    if version > VERSION[kind]:
+        raise RecordDecodeError(
+            f"{envelope.kind}: written by a newer Conveyor (schema version {version}, this one "
+            f"reads up to {VERSION[kind]}); run the newer version"
+        )
+    writer = HISTORY[kind][version - 1] if version < VERSION[kind] else None
     try:
-        return cast(t.Record, codec.decode_exact(envelope.body))
+        return cast(t.Record, codec.decode_exact(envelope.body, writer))
     except Exception as exc:
         raise RecordDecodeError(f"bad {envelope.kind} body: {exc!r}") from exc

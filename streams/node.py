@@ -44,7 +44,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.api import KV
 from conveyor.store.memory import MemoryKV
-from conveyor.store.rocksdb import RocksKV
+from conveyor.store.state_schemas import open_state
 from conveyor.store.tables import Tables, TaskCache
 from conveyor.streams.clock import Clock, SystemClock
 from conveyor.streams.log.api import Log
@@ -107,7 +107,8 @@ class Node:
         partitions = _partition_count(home, partitions)
         log_ = await LocalLog.open(home / "log", partitions)
         events = await LocalLog.open(home / "events", partitions)
-        stores = [RocksKV(home / "state" / f"p{p:04d}") for p in range(partitions)]
+        (home / "state").mkdir(parents=True, exist_ok=True)
+        stores = [open_state(home / "state" / f"p{p:04d}") for p in range(partitions)]
         return cls(log_, events, stores, clock=clock, settings=settings)
 
     @classmethod

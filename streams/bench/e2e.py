@@ -415,7 +415,7 @@ def _final_state(home: Path, since_ms: int, tasks: int) -> dict[str, Any]:
     read from the stopped node's RocksDB state."""
     counts: dict[str, int] = {}
     last_ms = since_ms
-    for path in sorted((home / "state").iterdir()):
+    for path in sorted(p for p in (home / "state").iterdir() if p.is_dir()):
         kv = RocksKV(path)
         try:
             for task in _tasks_since(Tables(kv), since_ms):

@@ -288,9 +288,12 @@ def _log_keys(log_root: Path) -> list[str | None]:
 
     keys: list[str | None] = []
     for _, _, payload in inspect(log_root):
-        record = codec.decode_body(codec.decode_envelope(payload))
-        if isinstance(record, types.EnqueueTasks):
-            keys.extend(codec.TASK_SPEC.decode(raw).idempotency_key for raw in record.tasks)
+        envelope = codec.decode_envelope(payload)
+        if codec.kind_of(envelope)[0] != "EnqueueTasks":
+            continue  # only enqueues can create tasks: the others need not even be decoded
+        record = codec.decode_body(envelope)
+        assert isinstance(record, types.EnqueueTasks)
+        keys.extend(codec.TASK_SPEC.decode(raw).idempotency_key for raw in record.tasks)
     return keys
 
 
@@ -300,7 +303,7 @@ def _state_keys(state_root: Path) -> dict[str, str | None]:
     from conveyor.store.tables import Tables
 
     out: dict[str, str | None] = {}
-    for path in sorted(state_root.iterdir()):
+    for path in sorted(p for p in state_root.iterdir() if p.is_dir()):
         kv = RocksKV(path)
         try:
             tables = Tables(kv)
