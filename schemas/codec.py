@@ -272,6 +272,11 @@ class RecordDecodeError(Exception):
     """A log record that is not a valid envelope or body; the processor quarantines it."""
 
 
+class NewerRecord(Exception):
+    """A record a newer version of Conveyor wrote. Not a bad record: skipping it would drop
+    acknowledged work, so the processor halts that partition instead (run the newer version)."""
+
+
 def wire_kind(kind: str) -> str:
     """The envelope's kind for a record of ``kind`` written now."""
     version = VERSION[kind]
@@ -313,7 +318,7 @@ def decode_body(envelope: t.Envelope) -> t.Record:
     if codec is None:
         raise RecordDecodeError(f"unknown record kind {envelope.kind!r}")
     if version > VERSION[kind]:
-        raise RecordDecodeError(
+        raise NewerRecord(
             f"{envelope.kind}: written by a newer Conveyor (schema version {version}, this one "
             f"reads up to {VERSION[kind]}); run the newer version"
         )

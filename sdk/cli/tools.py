@@ -82,7 +82,7 @@ def _row(partition: int, offset: int, payload: bytes) -> dict[str, Any]:
         env = codec.decode_envelope(payload)
         row.update(kind=env.kind, epoch=env.epoch, ts_ms=env.ts_ms, key=env.key)
         row["summary"] = _summary(env.body, env.kind)
-    except codec.RecordDecodeError as exc:
+    except (codec.RecordDecodeError, codec.NewerRecord) as exc:
         row.update(kind="?", summary=f"undecodable: {exc}")
     return row
 
