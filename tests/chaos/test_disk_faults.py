@@ -237,6 +237,26 @@ def test_fsync_eio_is_fatal_for_the_partition_and_never_retried(tmp_path: Path) 
     assert run(check_recovered(tmp_path, ledger)) == len(ledger.acked[0]) + len(ledger.acked[1])
 
 
+def test_fsync_eio_on_a_sealed_index_only_costs_a_rebuild(tmp_path: Path) -> None:
+    """S4 on derived data: the index fsync at a segment roll fails (its pages dropped). The
+    records are durable on their own, so appends go on; after a power cut recovery rebuilds
+    the index and every acknowledged record is there."""
+    fs = FaultyFileIO(tmp_path)
+    ledger = Ledger()
+
+    async def body() -> None:
+        log = await LocalLog.open(tmp_path, 1, segment_bytes=SEGMENT_BYTES, fs=fs)
+        fs.fail_fsync = lambda path: path.suffix == ".idx"
+        await writer(log, ledger, 0, "w", random.Random(6), 40)
+        assert not ledger.refused.get(0) and len(sorted(tmp_path.glob("p0000/*.log"))) > 2
+        await log.close()
+
+    run(body())
+    assert [p.suffix for p in fs.eio_paths] == [".idx"]
+    fs.power_cut(random.Random(7))
+    assert run(check_recovered(tmp_path, ledger, partitions=1)) == len(ledger.acked[0])
+
+
 def test_enospc_refuses_appends_then_recovers_when_space_returns(tmp_path: Path) -> None:
     """S5: with the disk full, appends fail with ``LogFull`` (retryable, nothing acked, the
     partial group cut off again); once space is freed the same log appends again."""
