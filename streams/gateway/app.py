@@ -69,7 +69,15 @@ async def metrics_route(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return routes.reply({"ok": True, "partitions": request.app[routes.GATEWAY].node.partitions})
+    """200 while every partition applies records; 503 naming the halted ones and why (a
+    corrupt log, a failed fsync: rule 4 of the processor), so a supervisor or a load
+    balancer sees a node that can only serve part of its tasks."""
+    node = request.app[routes.GATEWAY].node
+    halted = {str(p.partition): repr(p.halted) for p in node.processors if p.halted is not None}
+    body = {"ok": not halted, "partitions": node.partitions}
+    if halted:
+        body["halted"] = halted
+    return routes.reply(body, 503 if halted else 200)
 
 
 async def openapi_json(request: web.Request) -> web.Response:

@@ -237,7 +237,11 @@ class PartitionProcessor:
 
     def _check_alive(self) -> None:
         if self._failed is not None:
-            raise RuntimeError(f"partition {self.partition} halted") from self._failed
+            raise TransientError(
+                f"partition {self.partition} halted ({self._failed!r}); nothing was written. "
+                "It stays halted until the node is restarted after the cause is fixed",
+                retry_after_ms=5_000,
+            ) from self._failed
 
     # -- lag --------------------------------------------------------------------------------
 

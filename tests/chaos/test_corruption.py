@@ -19,9 +19,12 @@ import shutil
 import struct
 from pathlib import Path
 
+import httpx
 import pytest
 
+from conveyor.errors import TransientError
 from conveyor.schemas.types import TaskSpec
+from conveyor.streams.gateway import KeyStore, Registry, build_app, start
 from conveyor.streams.log.api import LogCorruption
 from conveyor.streams.log.local import HEADER_BYTES, INDEX_INTERVAL, LocalLog
 from conveyor.streams.node import Node
@@ -79,6 +82,20 @@ def flip_record(home: Path, record: int) -> Path:
     return segment
 
 
+async def check_health_reports(node: Node) -> None:
+    """The gateway's /healthz answers 503 naming the halted partition and why."""
+    runner, url = await start(build_app(node, KeyStore({}), Registry()), "127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            reply = await http.get("/healthz")
+        assert reply.status_code == 503, reply.text
+        body = reply.json()
+        assert body["ok"] is False and list(body["halted"]) == [str(VICTIM)]
+        assert "LogCorruption" in body["halted"][str(VICTIM)]
+    finally:
+        await runner.cleanup()
+
+
 async def check_halted_alone(
     home: Path, segment: Path, record: int, *, applied_max: int, on_open: bool
 ) -> None:
@@ -94,8 +111,9 @@ async def check_halted_alone(
         assert isinstance(node.log, LocalLog)
         assert (node.log.corruption(VICTIM) is error) == on_open
         assert victim.applied <= applied_max, "applied records after the corruption"
-        with pytest.raises(Exception, match="partition 1 halted"):
+        with pytest.raises(TransientError, match="partition 1 halted"):
             await node.enqueue([spec(VICTIM, 1_000, 10)])
+        await check_health_reports(node)
         for p in range(PARTITIONS):
             if p == VICTIM:
                 continue
