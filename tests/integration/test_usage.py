@@ -22,6 +22,7 @@ STATUSES = {
     "CANCELED",
     "EXPIRED",
     "SLEEPING",
+    "WAITING",
 }
 
 
