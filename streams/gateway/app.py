@@ -74,7 +74,7 @@ async def healthz(request: web.Request) -> web.Response:
     balancer sees a node that can only serve part of its tasks."""
     node = request.app[routes.GATEWAY].node
     halted = {str(p.partition): repr(p.halted) for p in node.processors if p.halted is not None}
-    body = {"ok": not halted, "partitions": node.partitions}
+    body: dict[str, Any] = {"ok": not halted, "partitions": node.partitions}
     if halted:
         body["halted"] = halted
     return routes.reply(body, 503 if halted else 200)
