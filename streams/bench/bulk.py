@@ -24,7 +24,7 @@ from conveyor.streams.bench.e2e import Cluster
 APP = "bulkbench"
 ENQUEUE_BATCH = 1_000
 ENQUEUERS = 4
-TIMEOUT_S = 900.0
+TIMEOUT_S = 1_800.0  # a million tasks take ~15 min on the 2-core machine
 
 
 async def bench_bulk(*, tasks: int = 1_000_000, partitions: int = 8) -> dict[str, Any]:
