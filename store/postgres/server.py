@@ -7,7 +7,8 @@ rebuild`` next to a stopped node simply starts it again.
 
 After a kill -9 of the node the server keeps running (pgserver starts it as a daemon); the
 next node joins it, and its clean stop stops it (``forget_dead_handles``). If the server died
-too, its stale ``postmaster.pid`` is ignored and PostgreSQL recovers from its WAL on start:
+too, its stale ``postmaster.pid`` is removed (``forget_dead_postmaster``) and PostgreSQL
+recovers from its WAL on start:
 committed rows and watermarks survive, so the projector resumes where it was
 (``tests/integration/test_embedded_postgres.py``).
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 from conveyor.errors import TransientError
 from conveyor.store.postgres.migrate import migrate
@@ -58,6 +60,7 @@ class EmbeddedPostgres:
             raise StoreUnavailable(f"the pgserver package is not installed: {exc}") from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
         forget_dead_handles(self.data_dir)
+        forget_dead_postmaster(self.data_dir)
         try:
             return postgres_server.get_server(self.data_dir, cleanup_mode="stop")
         except Exception as exc:  # pgserver raises plain exceptions for initdb/pg_ctl failures
@@ -94,14 +97,34 @@ def forget_dead_handles(data_dir: Path) -> list[int]:
     return sorted(set(listed) - set(alive))
 
 
+def forget_dead_postmaster(data_dir: Path) -> list[str]:
+    """Remove the lock files of a dead server (``postmaster.pid`` and its socket's lock, both
+    naming its pid); the names removed.
+
+    PostgreSQL ignores lock files whose pid is gone, but a server killed and not yet reaped
+    by its parent (pgserver daemonizes it: the parent is init, which may reap late) is a
+    zombie that still has its pid: pgserver then takes it for a running server and joins it,
+    and PostgreSQL refuses to start over its locks. A zombie serves nothing."""
+    removed = []
+    for path in [data_dir / "postmaster.pid", *sorted(data_dir.glob(".s.PGSQL.*.lock"))]:
+        try:
+            pid = int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if not _running(pid):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:  # exists, but we may not look at it
         return True
-    return True
 
 
 # The embedded server's data is on a local disk that the OS caches: a random page read costs
