@@ -134,16 +134,29 @@ EMBEDDED_SETTINGS = {"random_page_cost": "1.1"}
 
 
 async def _tune(dsn: str) -> None:
-    try:
-        conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+    conn = await _first_connection(dsn)
     try:
         for name, value in EMBEDDED_SETTINGS.items():
             await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
         await conn.execute("SELECT pg_reload_conf()")
     finally:
         await conn.close()
+
+
+async def _first_connection(dsn: str) -> asyncpg.Connection:
+    """A connection to a server just started or joined. One that crashed replays its WAL
+    first, and one pgserver joined may still be coming up: refused connections are retried
+    until ``CONNECT_TIMEOUT_S``."""
+    deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
+        except (OSError, asyncpg.CannotConnectNowError) as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+            await asyncio.sleep(0.2)
+        except asyncpg.PostgresError as exc:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
 
 
 def configured_dsn(dsn: str | None) -> str | None:
