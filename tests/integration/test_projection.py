@@ -296,6 +296,11 @@ async def _steps_and_schedules(node: Node, pool: Any) -> None:
         ("receipt#0", "CLAIMED", 1, None, spec.tenant),
     ]
     assert await _wait_for(pool, STEPS_SQL, expected) == expected
+    workflow = await pool.fetchrow(
+        "SELECT workflow_id, steps, steps_committed FROM workflows WHERE workflow_id = $1",
+        spec.task_id,
+    )
+    assert tuple(workflow) == (spec.task_id, 2, 1)  # the view over tasks and steps
     await node.complete([Completion(task_id=spec.task_id, lease_id=lease.lease_id,
                                     outcome=Outcome.FATAL, error_class="E")])  # fmt: skip
     tables = node.tables(node.partition_of(spec.task_id))
