@@ -347,3 +347,44 @@ def attempt_failed(
         error_class=error_class,
         error_message=error_message,
     )
+
+
+def stopped_instead(
+    tables: Tables,
+    task: Task,
+    meta: Meta,
+    out: Outcome,
+    *,
+    expired: str,
+    until_ms: int | None = None,
+) -> bool:
+    """An attempt that ends in a wait (a sleep, a fan-out, an event wait) ends the task instead
+    when a cancel is pending (CANCELED), when schedule_to_close has passed, or when the wait
+    would run to ``until_ms`` at or past it (EXPIRED, with ``expired`` as the message)."""
+    if task.cancel_cause == CancelCause.CANCEL:
+        record_attempt(tables, task, meta, "CANCELED", "Canceled", task.cancel_reason)
+        finish(
+            tables,
+            task,
+            TaskStatus.CANCELED,
+            meta,
+            out,
+            error_class="Canceled",
+            error_message=task.cancel_reason,
+        )
+        return True
+    closed = task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE
+    close_by = task.close_by_ms
+    outlived = until_ms is not None and close_by is not None and until_ms >= close_by
+    if closed or outlived:
+        finish(
+            tables,
+            task,
+            TaskStatus.EXPIRED,
+            meta,
+            out,
+            error_class="ScheduleToCloseTimeout",
+            error_message=expired,
+        )
+        return True
+    return False

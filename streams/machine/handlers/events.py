@@ -34,13 +34,13 @@ from conveyor.schemas.types import (
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.steps import put_step
 from conveyor.streams.machine.handlers.workflows import (
+    WAIT_EXPIRED,
     end_wait,
     event_timer,
     park,
-    stopped_instead,
     wake,
 )
-from conveyor.streams.machine.lifecycle import SEQ_SLOTS, attempt_failed
+from conveyor.streams.machine.lifecycle import SEQ_SLOTS, attempt_failed, stopped_instead
 from conveyor.streams.machine.outcome import Meta, Outcome, Reply
 
 EVENTS_KEPT_MAX = 1_000
@@ -61,7 +61,7 @@ def wait_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out: 
             fatal=True,
         )
         return
-    if stopped_instead(tables, task, meta, out):
+    if stopped_instead(tables, task, meta, out, expired=WAIT_EXPIRED):
         return
     park(tables, task, "WAITED", meta, out)
     row = tables.step(task.task_id, wait.identity)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from conveyor.schemas.steps import over_cap
 from conveyor.schemas.types import (
-    CancelCause,
     Completion,
     EventKind,
     RecordSteps,
@@ -38,10 +37,10 @@ from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     emit,
     end_lease,
-    finish,
     holder,
     record_attempt,
     run_timer,
+    stopped_instead,
     touch,
 )
 from conveyor.streams.machine.outcome import Meta, Outcome, Reply
@@ -155,7 +154,8 @@ def sleep_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out:
     if isinstance(wake_at, str):
         attempt_failed(tables, task, meta, out, error_class="StepTooLarge", error_message=wake_at)
         return
-    if _stopped_instead(tables, task, wake_at, meta, out):
+    expired = "the sleep would end after schedule_to_close"
+    if stopped_instead(tables, task, meta, out, expired=expired, until_ms=wake_at):
         return
     record_attempt(tables, task, meta, "SLEPT")
     end_lease(tables, task, out)
@@ -197,32 +197,3 @@ def _commit_sleep(
         out,
     )
     return wake_at
-
-
-def _stopped_instead(tables: Tables, task: Task, wake_at: int, meta: Meta, out: Outcome) -> bool:
-    """A pending cancel, or a deadline the sleep would outlive, ends the task instead."""
-    if task.cancel_cause == CancelCause.CANCEL:
-        record_attempt(tables, task, meta, "CANCELED", "Canceled", task.cancel_reason)
-        finish(
-            tables,
-            task,
-            TaskStatus.CANCELED,
-            meta,
-            out,
-            error_class="Canceled",
-            error_message=task.cancel_reason,
-        )
-        return True
-    closed = task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE
-    if closed or (task.close_by_ms is not None and wake_at >= task.close_by_ms):
-        finish(
-            tables,
-            task,
-            TaskStatus.EXPIRED,
-            meta,
-            out,
-            error_class="ScheduleToCloseTimeout",
-            error_message="the sleep would end after schedule_to_close",
-        )
-        return True
-    return False

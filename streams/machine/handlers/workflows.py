@@ -32,7 +32,6 @@ from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEPS_BYTES_MAX
 from conveyor.schemas.types import (
     TERMINAL,
     Barrier,
-    CancelCause,
     ChildLink,
     ChildResult,
     Completion,
@@ -60,6 +59,7 @@ from conveyor.streams.machine.lifecycle import (
     make_ready,
     record_attempt,
     spare_index,
+    stopped_instead,
     touch,
 )
 from conveyor.streams.machine.outcome import Meta, Outcome, TaskFinished
@@ -78,6 +78,9 @@ def child_id(parent_id: str, identity: str, index: int) -> str:
 # -- fan-out -------------------------------------------------------------------------------
 
 
+WAIT_EXPIRED = "schedule_to_close passed before the workflow could wait"
+
+
 def fan_out_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome) -> None:
     """A LEASED attempt ended in ``ctx.parallel`` (rule 1)."""
     fan = item.fan_out
@@ -88,7 +91,7 @@ def fan_out_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, ou
         )
         return
     assert fan is not None
-    if stopped_instead(tables, task, meta, out):
+    if stopped_instead(tables, task, meta, out, expired=WAIT_EXPIRED):
         return
     barrier = tables.barrier(task.task_id, fan.identity)
     if barrier is None:
@@ -137,34 +140,6 @@ def _child_specs(task: Task, fan: FanOut) -> list[TaskSpec] | str:
             return f"parallel step {fan.identity!r}: child {index}: {problem}"
         specs.append(spec)
     return specs
-
-
-def stopped_instead(tables: Tables, task: Task, meta: Meta, out: Outcome) -> bool:
-    """A pending cancel or schedule_to_close ends the workflow instead of waiting."""
-    if task.cancel_cause == CancelCause.CANCEL:
-        record_attempt(tables, task, meta, "CANCELED", "Canceled", task.cancel_reason)
-        finish(
-            tables,
-            task,
-            TaskStatus.CANCELED,
-            meta,
-            out,
-            error_class="Canceled",
-            error_message=task.cancel_reason,
-        )
-        return True
-    if task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE:
-        finish(
-            tables,
-            task,
-            TaskStatus.EXPIRED,
-            meta,
-            out,
-            error_class="ScheduleToCloseTimeout",
-            error_message="schedule_to_close passed before the workflow could wait",
-        )
-        return True
-    return False
 
 
 def _open(
