@@ -83,7 +83,8 @@ async function page(target, query, { nav, view, selectable, fixed }) {
   const rows = reply.tasks.map((task) => row(task, selectable));
   const pager = h("div", { class: "pager" },
     reply.count !== undefined && reply.count !== null
-      ? h("span", { class: "muted count" }, `${reply.count} matching`) : null,
+      ? h("span", { class: "muted count" },
+          `${reply.count_exact === false ? "about " : ""}${reply.count} matching`) : null,
     h("button", { type: "button", class: "secondary", disabled: !query.cursor, onclick: () => {
       const previous = stack.pop();
       history.set(filterKey, stack);
