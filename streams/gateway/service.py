@@ -490,10 +490,10 @@ def _check_batch_keys(reqs: list[EnqueueRequest]) -> None:
             raise _conflict(req, seen.path)
 
 
-def _conflict(req: EnqueueRequest, holder: str) -> Conflict:
+def _conflict(req: EnqueueRequest, named: str) -> Conflict:
     field = req.field("idempotency_key")
     return Conflict(
-        f"{field}: idempotency key {req.idempotency_key!r} already names {holder} with a "
+        f"{field}: idempotency key {req.idempotency_key!r} already names {named} with a "
         "different payload or task type; use a new key for a different task",
         field=field,
     )
