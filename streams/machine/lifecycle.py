@@ -232,29 +232,25 @@ FINISHED = {
 }
 
 
+def cancel_now(tables: Tables, task: Task, meta: Meta, out: Outcome, reason: str | None) -> None:
+    """The task is canceled, with ``reason``."""
+    canceled = TaskStatus.CANCELED
+    finish(tables, task, canceled, meta, out, error_class="Canceled", error_message=reason)
+
+
+def expire_closed(tables: Tables, task: Task, meta: Meta, out: Outcome, message: str) -> None:
+    """schedule_to_close ended the task."""
+    cause = "ScheduleToCloseTimeout"
+    finish(tables, task, TaskStatus.EXPIRED, meta, out, error_class=cause, error_message=message)
+
+
 def end_stopped(tables: Tables, task: Task, meta: Meta, out: Outcome, *, expired: str) -> None:
     """A LEASED task that was asked to stop ends where its cause sends it: EXPIRED after a
     schedule_to_close (``expired`` is the message), else CANCELED with the cancel reason."""
     if task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE:
-        finish(
-            tables,
-            task,
-            TaskStatus.EXPIRED,
-            meta,
-            out,
-            error_class="ScheduleToCloseTimeout",
-            error_message=expired,
-        )
+        expire_closed(tables, task, meta, out, expired)
     else:
-        finish(
-            tables,
-            task,
-            TaskStatus.CANCELED,
-            meta,
-            out,
-            error_class="Canceled",
-            error_message=task.cancel_reason,
-        )
+        cancel_now(tables, task, meta, out, task.cancel_reason)
 
 
 def backoff_ms(spec: TaskSpec, task_id: str, attempt: int) -> int:
@@ -363,28 +359,11 @@ def stopped_instead(
     would run to ``until_ms`` at or past it (EXPIRED, with ``expired`` as the message)."""
     if task.cancel_cause == CancelCause.CANCEL:
         record_attempt(tables, task, meta, "CANCELED", "Canceled", task.cancel_reason)
-        finish(
-            tables,
-            task,
-            TaskStatus.CANCELED,
-            meta,
-            out,
-            error_class="Canceled",
-            error_message=task.cancel_reason,
-        )
+        cancel_now(tables, task, meta, out, task.cancel_reason)
         return True
     closed = task.cancel_cause == CancelCause.SCHEDULE_TO_CLOSE
     close_by = task.close_by_ms
-    outlived = until_ms is not None and close_by is not None and until_ms >= close_by
-    if closed or outlived:
-        finish(
-            tables,
-            task,
-            TaskStatus.EXPIRED,
-            meta,
-            out,
-            error_class="ScheduleToCloseTimeout",
-            error_message=expired,
-        )
+    if closed or (until_ms is not None and close_by is not None and until_ms >= close_by):
+        expire_closed(tables, task, meta, out, expired)
         return True
     return False

@@ -28,7 +28,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
-from conveyor.streams.machine.lifecycle import WAITING, emit, finish, grace_timer, touch
+from conveyor.streams.machine.lifecycle import WAITING, cancel_now, emit, grace_timer, touch
 from conveyor.streams.machine.outcome import CancelLease, Meta, Outcome, Reply
 
 
@@ -55,15 +55,7 @@ def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) 
 def stop_task(tables: Tables, task: Task, reason: str, meta: Meta, out: Outcome) -> None:
     """Cancel one task: at once if it waits, by asking its holder if it runs; else nothing."""
     if task.status in WAITING:
-        finish(
-            tables,
-            task,
-            TaskStatus.CANCELED,
-            meta,
-            out,
-            error_class="Canceled",
-            error_message=reason,
-        )
+        cancel_now(tables, task, meta, out, reason)
     elif task.status == TaskStatus.LEASED and task.cancel_cause != CancelCause.CANCEL:
         request_stop(tables, task, CancelCause.CANCEL, reason, meta, out)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from conveyor.schemas.types import (
+    TERMINAL,
     CancelCause,
     EventKind,
     FireTimers,
@@ -28,6 +29,7 @@ from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     emit,
     end_stopped,
+    expire_closed,
     finish,
     make_ready,
     touch,
@@ -50,12 +52,7 @@ def apply_timers(tables: Tables, record: FireTimers, meta: Meta, out: Outcome) -
             forget_key(tables, ref.task_id, meta)  # whatever the task's state
             continue
         task = tables.task(ref.task_id)
-        if task is not None and task.status not in (
-            TaskStatus.SUCCEEDED,
-            TaskStatus.FAILED,
-            TaskStatus.CANCELED,
-            TaskStatus.EXPIRED,
-        ):
+        if task is not None and task.status not in TERMINAL:
             _fire(tables, task, ref, meta, out, index)
 
 
@@ -92,15 +89,7 @@ def _fire(tables: Tables, task: Task, ref: TimerRef, meta: Meta, out: Outcome, i
                     out,
                 )
             else:
-                finish(
-                    tables,
-                    task,
-                    TaskStatus.EXPIRED,
-                    meta,
-                    out,
-                    error_class="ScheduleToCloseTimeout",
-                    error_message="not finished before schedule_to_close",
-                )
+                expire_closed(tables, task, meta, out, "not finished before schedule_to_close")
         case TimerKind.START_TO_CLOSE:
             if leased_now and task.cancel_cause is None:
                 request_stop(
