@@ -39,6 +39,7 @@ from conveyor.wire import (
     TaskPage,
     chunks,
     enqueue_body,
+    query,
     schedule_body,
 )
 
@@ -187,9 +188,7 @@ class AsyncClient:
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         """One page of the workflow's step rows (see ``Client.workflow_history``)."""
-        params: dict[str, Any] = {"limit": limit}
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = query(limit=limit, cursor=cursor)
         path = f"/v1/workflows/{workflow_id}/history"
         return dict(await self._send("GET", path, params=params))
 
@@ -203,21 +202,15 @@ class AsyncClient:
         limit: int = 100,
         cursor: str | None = None,
     ) -> TaskPage:
-        params = {
-            k: v
-            for k, v in {
-                "status": status,
-                "queue": queue,
-                "task_type": task_type,
-                "since_ms": since_ms,
-                "limit": limit,
-                "cursor": cursor,
-            }.items()
-            if v is not None
-        }
-        reply = await self._send("GET", "/v1/tasks", params=params)
-        tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
-        return TaskPage(tasks=tasks, next_cursor=reply.get("next_cursor"))
+        params = query(
+            status=status,
+            queue=queue,
+            task_type=task_type,
+            since_ms=since_ms,
+            limit=limit,
+            cursor=cursor,
+        )
+        return TaskPage.from_json(await self._send("GET", "/v1/tasks", params=params))
 
     async def retry_failed(
         self,

@@ -37,6 +37,7 @@ from conveyor.wire import (
     chunks,
     enqueue_body,
     error_from_reply,
+    query,
     schedule_body,
 )
 
@@ -253,9 +254,7 @@ class Client:
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         """One page of the workflow's step rows with their values; pass ``next_cursor`` on."""
-        params: dict[str, Any] = {"limit": limit}
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = query(limit=limit, cursor=cursor)
         return dict(self._send("GET", f"/v1/workflows/{workflow_id}/history", params=params))
 
     def list(
@@ -268,21 +267,15 @@ class Client:
         limit: int = 100,
         cursor: str | None = None,
     ) -> TaskPage:
-        params = {
-            k: v
-            for k, v in {
-                "status": status,
-                "queue": queue,
-                "task_type": task_type,
-                "since_ms": since_ms,
-                "limit": limit,
-                "cursor": cursor,
-            }.items()
-            if v is not None
-        }
-        reply = self._send("GET", "/v1/tasks", params=params)
-        tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
-        return TaskPage(tasks=tasks, next_cursor=reply.get("next_cursor"))
+        params = query(
+            status=status,
+            queue=queue,
+            task_type=task_type,
+            since_ms=since_ms,
+            limit=limit,
+            cursor=cursor,
+        )
+        return TaskPage.from_json(self._send("GET", "/v1/tasks", params=params))
 
     def retry_failed(
         self,

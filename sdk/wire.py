@@ -256,6 +256,16 @@ class TaskPage:
     tasks: list[TaskInfo]
     next_cursor: str | None = None
 
+    @classmethod
+    def from_json(cls, reply: Mapping[str, Any]) -> TaskPage:
+        tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
+        return cls(tasks=tasks, next_cursor=reply.get("next_cursor"))
+
+
+def query(**params: Any) -> dict[str, Any]:
+    """Query parameters of a request, those that are None left out."""
+    return {k: v for k, v in params.items() if v is not None}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OperationInfo:
