@@ -13,6 +13,7 @@ from __future__ import annotations
 import typer
 
 from conveyor.cli import schedules, serve, tasks, tools
+from conveyor.cli.common import CliError, fail
 
 app = typer.Typer(
     name="conveyor",
@@ -67,4 +68,10 @@ app.add_typer(schedule_app, name="schedule")
 
 
 def main() -> None:
-    app()
+    """The console script. A ``CliError`` from any command (a refused request, no API key) is
+    one line on stderr and exit status 1, never a traceback."""
+    try:
+        app()
+    except CliError as exc:
+        fail(str(exc))  # prints the line
+        raise SystemExit(1) from None

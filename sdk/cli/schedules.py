@@ -13,14 +13,12 @@ from rich.table import Table
 
 from conveyor.cli.common import (
     DEFAULT_URL,
-    CliError,
     HomeOpt,
     JsonOpt,
     KeyOpt,
     Remote,
     UrlOpt,
     console,
-    fail,
     fmt_ms,
     print_json,
 )
@@ -51,19 +49,16 @@ def add(
     as_json: JsonOpt = False,
 ) -> None:
     """Create or replace a cron schedule."""
-    try:
-        task: dict[str, Any] = {"task_type": task_type, "app": app}
-        task["payload"] = _json_option(payload, "--payload")
-        body = {
-            "schedule_id": schedule_id,
-            "cron": cron,
-            "timezone": timezone,
-            "overlap": overlap.value,
-            "task": task,
-        }
-        reply = Remote.of(url, api_key, home).call("POST", "/v1/schedules", body)
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    task: dict[str, Any] = {"task_type": task_type, "app": app}
+    task["payload"] = _json_option(payload, "--payload")
+    body = {
+        "schedule_id": schedule_id,
+        "cron": cron,
+        "timezone": timezone,
+        "overlap": overlap.value,
+        "task": task,
+    }
+    reply = Remote.of(url, api_key, home).call("POST", "/v1/schedules", body)
     if as_json:
         print_json(reply)
         return
@@ -80,10 +75,7 @@ def list_schedules(
     as_json: JsonOpt = False,
 ) -> None:
     """List the schedules (of the key's tenant)."""
-    try:
-        reply = Remote.of(url, api_key, home).call("GET", "/v1/schedules")
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    reply = Remote.of(url, api_key, home).call("GET", "/v1/schedules")
     rows = reply["schedules"]
     if as_json:
         print_json(rows)
@@ -124,10 +116,7 @@ def rm(
     home: HomeOpt = None,
 ) -> None:
     """Delete a schedule (tasks it already enqueued are untouched)."""
-    try:
-        Remote.of(url, api_key, home).call("DELETE", f"/v1/schedules/{quote(schedule_id, safe='')}")
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    Remote.of(url, api_key, home).call("DELETE", f"/v1/schedules/{quote(schedule_id, safe='')}")
     console.print(f"deleted schedule [bold]{schedule_id}[/]")
 
 
@@ -159,8 +148,5 @@ def _pause_or_resume(
     schedule_id: str, verb: str, url: str, api_key: str | None, home: Path | None
 ) -> dict[str, Any]:
     path = f"/v1/schedules/{quote(schedule_id, safe='')}/{verb}"
-    try:
-        reply: dict[str, Any] = Remote.of(url, api_key, home).call("POST", path)
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    reply: dict[str, Any] = Remote.of(url, api_key, home).call("POST", path)
     return reply

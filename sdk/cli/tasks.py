@@ -140,21 +140,18 @@ def list_tasks(
     query = {"status": ",".join(status or []), "queue": queue or "", "task_type": task_type or ""}
     query = {k: v for k, v in query.items() if v}
     tasks: list[dict[str, Any]] = []
-    try:
-        remote = Remote.of(url, api_key, home)
-        cursor: str | None = None
-        # Pages may be short (the gateway bounds each scan): follow the cursor.
-        while len(tasks) < limit:
-            page_query = {**query, "limit": str(min(PAGE_MAX, limit - len(tasks)))}
-            if cursor:
-                page_query["cursor"] = cursor
-            page = remote.call("GET", "/v1/tasks", query=page_query)
-            tasks.extend(page["tasks"])
-            cursor = page["next_cursor"]
-            if cursor is None:
-                break
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    remote = Remote.of(url, api_key, home)
+    cursor: str | None = None
+    # Pages may be short (the gateway bounds each scan): follow the cursor.
+    while len(tasks) < limit:
+        page_query = {**query, "limit": str(min(PAGE_MAX, limit - len(tasks)))}
+        if cursor:
+            page_query["cursor"] = cursor
+        page = remote.call("GET", "/v1/tasks", query=page_query)
+        tasks.extend(page["tasks"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
     if as_json:
         print_json(tasks)
         return
@@ -180,10 +177,7 @@ def cancel(
     home: HomeOpt = None,
 ) -> None:
     """Cancel a task (a running one stops at its next heartbeat)."""
-    try:
-        reply = Remote.of(url, api_key, home).call("POST", f"/v1/tasks/{task_id}/cancel")
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    reply = Remote.of(url, api_key, home).call("POST", f"/v1/tasks/{task_id}/cancel")
     console.print(f"{reply['task_id']}: {reply['status']}")
 
 
@@ -207,10 +201,7 @@ def retry(
         body = {"filter": {k: v for k, v in flt.items() if v}}
         if limit is not None:
             body["limit"] = limit
-    try:
-        reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks:retry", body)
-    except CliError as exc:
-        raise fail(str(exc)) from None
+    reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks:retry", body)
     if as_json:
         print_json(reply)
         return
