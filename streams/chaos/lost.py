@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.aclient import AsyncClient
-from conveyor.errors import ContractError
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
 from conveyor.streams.chaos.proxy import LossyProxy
-from conveyor.streams.chaos.runner import APP, TASK, Run, _drain, _evidence
+from conveyor.streams.chaos.runner import APP, Run, _drain, _evidence, enqueue_recorded
 
 ENQUEUE = (("POST", "/v1/tasks"),)
 COMPLETE = (("POST", "/worker/complete"),)
@@ -157,7 +156,7 @@ async def _phases(
 
 async def _warm_up(run: Run, client: AsyncClient, payload: dict[str, Any]) -> None:
     deadline = time.monotonic() + 60.0
-    while not await _enqueue(run, client, 0, "warm-up", payload):
+    while not await enqueue_recorded(run, client, 0, "warm-up", payload):
         if time.monotonic() > deadline:
             raise RuntimeError(f"no enqueue succeeded in 60 s\n{run.cluster.logs()}")
         await asyncio.sleep(0.2)
@@ -168,22 +167,5 @@ async def _client(
 ) -> None:
     for key in keys:
         for _ in range(5):  # the SDK already retried; an info here is resent as a new op
-            if await _enqueue(run, client, process, key, payload):
+            if await enqueue_recorded(run, client, process, key, payload):
                 break
-
-
-async def _enqueue(
-    run: Run, client: AsyncClient, process: int, key: str, payload: dict[str, Any]
-) -> bool:
-    op = run.history.invoke(process, "enqueue", {"key": key})
-    try:
-        handle = await client.enqueue(TASK, payload, idempotency_key=key)
-    except ContractError as exc:
-        run.history.complete(op, "fail", {"error": exc.code})
-        return exc.code != "unknown_task_type"
-    except Exception as exc:
-        run.history.complete(op, "info", {"error": type(exc).__name__})
-        return False
-    run.history.complete(op, "ok", {"task_id": handle.id, "created": handle.created})
-    run.acked.setdefault(key, handle.id)
-    return True

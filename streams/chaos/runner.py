@@ -162,7 +162,7 @@ async def _phases(run: Run, config: Config) -> bool:
 async def _warm_up(run: Run, client: AsyncClient) -> None:
     """Until the agent has registered the task type, an enqueue is ``unknown_task_type``."""
     deadline = time.monotonic() + 60.0
-    while not await _enqueue(run, client, 0, "warm-up"):
+    while not await enqueue_recorded(run, client, 0, "warm-up"):
         if time.monotonic() > deadline:
             raise RuntimeError(f"no enqueue succeeded in 60 s\n{run.cluster.logs()}")
         await asyncio.sleep(0.2)
@@ -176,17 +176,21 @@ async def _client(
     while time.monotonic() < until:
         key = f"p{process}-{n}"
         n += 1
-        while not await _enqueue(run, client, process, key) and time.monotonic() < until:
+        while not await enqueue_recorded(run, client, process, key) and time.monotonic() < until:
             await asyncio.sleep(rng.uniform(*RETRY_PAUSE_S))
         await asyncio.sleep(pace * rng.uniform(0.5, 1.5))
 
 
-async def _enqueue(run: Run, client: AsyncClient, process: int, key: str) -> bool:
-    """One recorded attempt; True once the key has a definite answer (ok or fail)."""
+async def enqueue_recorded(
+    run: Run, client: AsyncClient, process: int, key: str, payload: dict[str, Any] | None = None
+) -> bool:
+    """One recorded attempt of every fault run; True once the key has a definite answer (ok
+    or fail). The payload defaults to the run's journal, where the handler notes executions."""
     run.pending.add(key)
     op = run.history.invoke(process, "enqueue", {"key": key})
+    payload = {"log": str(run.journal)} if payload is None else payload
     try:
-        handle = await client.enqueue(TASK, {"log": str(run.journal)}, idempotency_key=key)
+        handle = await client.enqueue(TASK, payload, idempotency_key=key)
     except ContractError as exc:  # the server said no; a rejected request changes nothing
         run.history.complete(op, "fail", {"error": exc.code})
         return exc.code != "unknown_task_type"
@@ -228,7 +232,7 @@ async def _resolve(run: Run, client: AsyncClient) -> None:
     """After the heal, resend each key that never got an answer (same key, new ops)."""
     for _ in range(RESOLVE_ROUNDS):
         for key in sorted(run.pending):
-            await _enqueue(run, client, 0, key)
+            await enqueue_recorded(run, client, 0, key)
         if not run.pending:
             return
         await asyncio.sleep(0.5)

@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.aclient import AsyncClient
-from conveyor.errors import ContractError
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
-from conveyor.streams.chaos.runner import APP, TASK, Run, _drain, _evidence, _read
+from conveyor.streams.chaos.runner import APP, Run, _drain, _evidence, _read, enqueue_recorded
 
 LEASE_S = 2.0  # AGENT_TIMES: the agents' --lease-s
 HEARTBEAT_S = 0.5  # AGENT_TIMES: the agents' --heartbeat-s
@@ -180,7 +179,7 @@ async def _phases(run: Run, config: ZombieConfig, seen: Observed, finals: dict[s
         for n in range(config.tasks):
             # A reply lost to a slow box is resent with the same key until it is answered:
             # every task of the batch is acknowledged, once.
-            while not await _enqueue(run, client, f"z-{config.seed}-{n}", payload):
+            while not await enqueue_recorded(run, client, 0, f"z-{config.seed}-{n}", payload):
                 await asyncio.sleep(0.1)
         await _until_busy(run, config)
         await asyncio.sleep(rng.uniform(0.0, config.sleep_ms / 1000))
@@ -203,25 +202,10 @@ async def _phases(run: Run, config: ZombieConfig, seen: Observed, finals: dict[s
 
 async def _warm_up(run: Run, client: AsyncClient) -> None:
     deadline = time.monotonic() + 60.0
-    while not await _enqueue(run, client, "warm-up", {"log": str(run.journal)}):
+    while not await enqueue_recorded(run, client, 0, "warm-up", {"log": str(run.journal)}):
         if time.monotonic() > deadline:
             raise RuntimeError(f"no enqueue succeeded in 60 s\n{run.cluster.logs()}")
         await asyncio.sleep(0.2)
-
-
-async def _enqueue(run: Run, client: AsyncClient, key: str, payload: dict[str, Any]) -> bool:
-    op = run.history.invoke(0, "enqueue", {"key": key})
-    try:
-        handle = await client.enqueue(TASK, payload, idempotency_key=key)
-    except ContractError as exc:
-        run.history.complete(op, "fail", {"error": exc.code})
-        return exc.code != "unknown_task_type"
-    except Exception as exc:
-        run.history.complete(op, "info", {"error": type(exc).__name__})
-        return False
-    run.history.complete(op, "ok", {"task_id": handle.id, "created": handle.created})
-    run.acked.setdefault(key, handle.id)
-    return True
 
 
 async def _until_busy(run: Run, config: ZombieConfig) -> None:
