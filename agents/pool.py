@@ -216,53 +216,37 @@ def _log_ref(path: str, raw: Any) -> str | None:
     return f"{path}#{start}-{end}" if 0 <= start < end else None
 
 
+# A guest's report of a step signal is reduced to well-typed fields: the guest is not trusted.
+
+
+def _int(raw: dict[str, Any], name: str) -> int | None:
+    value = raw.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _step(raw: dict[str, Any]) -> dict[str, Any]:
+    """The step a signal was raised at: identity and position (-1 when it has none)."""
+    position = _int(raw, "position")
+    return {"identity": str(raw.get("identity")), "position": -1 if position is None else position}
+
+
 def _sleep_of(raw: Any) -> dict[str, Any] | None:
-    """A guest's sleep report, reduced to well-typed fields (the guest is not trusted)."""
     if not isinstance(raw, dict):
         return None
-
-    def num(name: str) -> int | None:
-        value = raw.get(name)
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return {
-        "identity": str(raw.get("identity")),
-        "position": num("position") if num("position") is not None else -1,
-        "sleep_ms": num("sleep_ms"),
-        "wake_at_ms": num("wake_at_ms"),
-    }
+    return {**_step(raw), "sleep_ms": _int(raw, "sleep_ms"), "wake_at_ms": _int(raw, "wake_at_ms")}
 
 
 def _fan_out_of(raw: Any) -> dict[str, Any] | None:
-    """A guest's fan-out report, reduced to its fields (the gateway checks each child)."""
+    """The gateway checks each child."""
     if not isinstance(raw, dict) or not isinstance(raw.get("children"), list):
         return None
-    position = raw.get("position")
-    if not isinstance(position, int) or isinstance(position, bool):
-        position = -1
-    return {
-        "identity": str(raw.get("identity")),
-        "position": position,
-        "mode": str(raw.get("mode")),
-        "children": raw["children"],
-    }
+    return {**_step(raw), "mode": str(raw.get("mode")), "children": raw["children"]}
 
 
 def _wait_of(raw: Any) -> dict[str, Any] | None:
-    """A guest's event wait, reduced to well-typed fields (the guest is not trusted)."""
     if not isinstance(raw, dict):
         return None
-
-    def num(name: str) -> int | None:
-        value = raw.get(name)
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return {
-        "identity": str(raw.get("identity")),
-        "position": num("position") if num("position") is not None else -1,
-        "name": str(raw.get("name")),
-        "timeout_ms": num("timeout_ms"),
-    }
+    return {**_step(raw), "name": str(raw.get("name")), "timeout_ms": _int(raw, "timeout_ms")}
 
 
 def _str_or_none(value: Any) -> str | None:
