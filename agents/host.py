@@ -189,6 +189,7 @@ class HostAgent:
                 app=self.app.name,
                 version=self.app.version,
                 task_types=sorted(self.app.tasks),
+                pinned=sorted(n for n, t in self.app.tasks.items() if t.options.resume == "pinned"),
             )
             for loop in (
                 self._heartbeats(),
@@ -235,6 +236,7 @@ class HostAgent:
                 offers = await self.api.poll(
                     agent_id=self.agent_id,
                     app=self.app.name,
+                    version=self.app.version,
                     queues=list(self.queues),
                     capacity=free,
                     wait_ms=self.poll_wait_ms,

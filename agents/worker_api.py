@@ -130,8 +130,17 @@ class WorkerAPI(Protocol):
     the agent's credentials; they SHOULD retry transport failures themselves."""
 
     async def register(
-        self, *, agent_id: str, app: str, version: str, task_types: Sequence[str]
-    ) -> None: ...
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        version: str,
+        task_types: Sequence[str],
+        pinned: Sequence[str] = (),
+    ) -> None:
+        """``pinned``: the workflow types whose resume policy is pinned (the default of an
+        enqueue that does not say)."""
+        ...
 
     async def poll(
         self,
@@ -142,7 +151,10 @@ class WorkerAPI(Protocol):
         capacity: int,
         wait_ms: int,
         lease_ms: int,
-    ) -> list[LeaseOffer]: ...
+        version: str | None = None,
+    ) -> list[LeaseOffer]:
+        """``version``: the app version the agent serves (pinned workflows resume on it)."""
+        ...
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
         """{task id: CONTINUE | CANCEL | LOST} for each (task id, lease id)."""
@@ -229,9 +241,21 @@ class HttpWorkerAPI:
             await asyncio.sleep(delay)
 
     async def register(
-        self, *, agent_id: str, app: str, version: str, task_types: Sequence[str]
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        version: str,
+        task_types: Sequence[str],
+        pinned: Sequence[str] = (),
     ) -> None:
-        body = {"agent_id": agent_id, "app": app, "version": version, "task_types": [*task_types]}
+        body = {
+            "agent_id": agent_id,
+            "app": app,
+            "version": version,
+            "task_types": [*task_types],
+            "pinned": [*pinned],
+        }
         reply = await self._post("/worker/register", body)
         for warning in reply.get("warnings", []):
             log.warning("registering %s: %s", app, warning)  # a deploy removed handlers
@@ -245,10 +269,12 @@ class HttpWorkerAPI:
         capacity: int,
         wait_ms: int,
         lease_ms: int,
+        version: str | None = None,
     ) -> list[LeaseOffer]:
         body = {
             "agent_id": agent_id,
             "app": app,
+            "version": version,
             "queues": [*queues],
             "capacity": capacity,
             "wait_ms": wait_ms,

@@ -55,6 +55,7 @@ _NESTED: dict[type, dict[str, type]] = {
     t.ExpireLeases: {"items": t.LeaseRef},
     t.FireTimers: {"timers": t.TimerRef},
     t.SendEvents: {"items": t.WorkflowEvent},
+    t.LandChildren: {"items": t.ChildDone},
     t.EventExtras: {"steps": t.StepEvent, "schedules": t.ScheduleEvent},
 }
 # Optional nested records (a union of null and a record) per class.
@@ -217,8 +218,32 @@ def _make_from_dict(cls: type) -> Callable[[dict[str, Any]], Any]:
     return from_dict
 
 
+class SpecCodec(Codec[t.TaskSpec]):
+    """TaskSpec datums are nested in records and state rows (EnqueueTasks items, fan-out
+    children, schedule templates, the ``specs`` table), so they carry no version of their own.
+    A field is only ever added at the end, with a default: a datum of an older schema is
+    exactly that schema's bytes and ends before the new fields, while a current one always
+    holds at least one byte more. So a datum the current schema cannot read to its end is read
+    with the older schemas (``records/history/TaskSpec.v<N>.avsc``), newest first."""
+
+    def __init__(self) -> None:
+        super().__init__(t.TaskSpec, _load("records/TaskSpec.avsc"))
+        self.history = _history("TaskSpec")
+
+    def decode(self, data: bytes) -> t.TaskSpec:
+        try:
+            return self.decode_exact(data)
+        except Exception:
+            for writer in reversed(self.history):
+                try:
+                    return self.decode_exact(data, writer)
+                except Exception:
+                    continue
+            raise
+
+
 ENVELOPE = Codec(t.Envelope, _load("records/Envelope.avsc"))
-TASK_SPEC = Codec(t.TaskSpec, _load("records/TaskSpec.avsc"))
+TASK_SPEC = SpecCodec()
 RECORDS: dict[str, Codec[Any]] = {
     cls.__name__: Codec(cls, _load(f"records/{cls.__name__}.avsc"))
     for cls in (
@@ -236,6 +261,8 @@ RECORDS: dict[str, Codec[Any]] = {
         t.DeleteSchedule,
         t.PauseSchedule,
         t.SendEvents,
+        t.EnqueueChildren,
+        t.LandChildren,
     )
 }
 TASK_HEAD = _load("state/TaskHead.avsc")

@@ -44,6 +44,7 @@ class TaskSpec:
     idempotency_key: str | None = None
     idempotency_window_ms: int = 86_400_000
     run_key: str | None = None  # set by a dead-letter retry: the retried task's run key
+    resume: str = "latest"  # RESUME_LATEST | RESUME_PINNED (TaskSpec v2: codec.SpecCodec)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +74,9 @@ class LeaseRequest:
     queues: list[str]
     capacity: int
     lease_ms: int = 30_000
+    # The app version the agent serves. ``app`` is the ready lane the request takes from: the
+    # app itself, or a pinned lane ``ready_lane`` names (for an agent of that version only).
+    app_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,6 +283,39 @@ class PauseSchedule:
     paused: bool  # False resumes
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueChildren:
+    """Children of a fan-out that spilled to this partition (a cross-partition message the
+    workflow's partition wrote and shipped): each is enqueued with its link back to the
+    workflow's barrier slot, unless its id exists already."""
+
+    parent_id: str
+    identity: str
+    indexes: list[int]
+    tasks: list[bytes]  # encoded TaskSpecs, item for item with indexes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildDone:
+    """A spilled child reached a terminal state: what its slot in the barrier holds."""
+
+    child_id: str
+    parent_id: str
+    identity: str
+    index: int
+    status: str  # a TaskStatus value
+    result: bytes | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LandChildren:
+    """Spilled children that ended, shipped to their workflow's partition."""
+
+    items: list[ChildDone]
+
+
 Record = (
     EnqueueTasks
     | CancelTasks
@@ -294,6 +331,8 @@ Record = (
     | DeleteSchedule
     | PauseSchedule
     | SendEvents
+    | EnqueueChildren
+    | LandChildren
 )
 
 # Records only the partition leader proposes; the machine ignores them from a stale epoch.
@@ -352,8 +391,17 @@ class Task:
     error_stack: str | None = None
     finished_ms: int | None = None
     run_key: str | None = None  # None: the task id (see ``run_key_of``)
+    resume: str = "latest"  # RESUME_LATEST | RESUME_PINNED, from the spec
+    app_version: str | None = None  # of the agent the first lease went to (dispatch.py)
     # Not stored: the TaskDetail last written for this row, so unchanged details are skipped.
     detail_written: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
+
+
+# Resume policies: where a workflow's later attempts run (after a sleep, fan-in, event or
+# retry). Stored as plain strings (TaskSpec.resume, Task.resume).
+RESUME_LATEST = "latest"  # on any agent of its app
+RESUME_PINNED = "pinned"  # only on agents serving the app version its first lease went to
+RESUME_POLICIES = (RESUME_LATEST, RESUME_PINNED)
 
 
 class CancelCause(StrEnum):

@@ -7,6 +7,7 @@ decorator runs, so a bad duration fails at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, ov
 
 from conveyor.durations import Duration, to_ms, to_ms_or_none
 from conveyor.errors import ContractError
+from conveyor.schemas.types import RESUME_POLICIES
 
 if TYPE_CHECKING:
     from conveyor.client import TaskHandle
@@ -86,6 +88,7 @@ class TaskOptions:
     schedule_to_start_ms: int | None = None
     schedule_to_close_ms: int | None = None
     cancel_grace_ms: int = 30_000
+    resume: str = "latest"  # workflows only: "latest" | "pinned" (``App.workflow``)
 
     def timeouts(self) -> dict[str, int | None]:
         return {
@@ -210,13 +213,35 @@ class App:
     @overload
     def workflow(self, /, **options: Any) -> Register: ...
 
-    def workflow(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    def workflow(
+        self, fn: Callable[..., Any] | None = None, /, *, resume: str = "latest", **options: Any
+    ) -> Any:
         """Register a workflow: a task whose body orchestrates durable steps, sleeps and
         ``ctx.parallel`` fan-outs. It takes the options of ``task`` and runs like a task;
-        ``POST /v1/workflows`` enqueues only task types registered this way."""
+        ``POST /v1/workflows`` enqueues only task types registered this way.
+
+        ``resume`` says where the attempts after the first run (after a sleep, a fan-in, an
+        event or a retry). A workflow records the app version of the agent its first attempt
+        was dealt to (``App(version=...)``; ``GET /v1/workflows/{id}`` shows it):
+
+        - ``"latest"`` (default): on any agent of the app, whatever version it serves. The
+          positional step check guards a new version against a changed step sequence.
+        - ``"pinned"``: only on agents serving the recorded version. With none running, the
+          workflow waits ENQUEUED (the API's ``waiting_for`` says for what) until one polls;
+          it never moves to another version. Keep agents of a version up while pinned
+          workflows of it are in flight. A dead-letter retry is a new task: it records the
+          version it first runs on.
+        """
+        if resume not in RESUME_POLICIES:
+            raise ContractError(
+                f"@app.workflow(resume=...) must be one of {', '.join(map(repr, RESUME_POLICIES))}"
+                f", got {resume!r}",
+                field="resume",
+            )
 
         def register(f: Callable[..., Any]) -> TaskType[Any, Any]:
             task: TaskType[Any, Any] = self.task(**options)(f)
+            task.options = dataclasses.replace(task.options, resume=resume)
             task.is_workflow = True
             return task
 

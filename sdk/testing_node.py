@@ -124,6 +124,8 @@ def spec_from_body(
         extra[name] = value
     if "cancel_grace_ms" in body:
         extra["cancel_grace_ms"] = body["cancel_grace_ms"]
+    if "resume" in body:
+        extra["resume"] = str(body["resume"])
     return TaskSpec(
         task_id=mint_task_id(partition_for_key(tenant, key, partitions)),
         tenant=tenant,
@@ -215,7 +217,13 @@ class NodeWorkerAPI:
         self.known: dict[str, set[str]] = {}  # app -> registered task types
 
     async def register(
-        self, *, agent_id: str, app: str, version: str, task_types: Sequence[str]
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        version: str,
+        task_types: Sequence[str],
+        pinned: Sequence[str] = (),
     ) -> None:
         self.known.setdefault(app, set()).update(task_types)
 
@@ -228,6 +236,7 @@ class NodeWorkerAPI:
         capacity: int,
         wait_ms: int,
         lease_ms: int,
+        version: str | None = None,
     ) -> list[LeaseOffer]:
         leases = await self.node.poll(
             agent_id=agent_id,
@@ -237,6 +246,7 @@ class NodeWorkerAPI:
             capacity=capacity,
             lease_ms=lease_ms,
             wait_ms=wait_ms,
+            app_version=version,
         )
         offers = []
         for lease in leases:

@@ -113,6 +113,8 @@ def enqueue_body(req: Enqueue, default_app: str | None) -> dict[str, Any]:
         body["cancel_grace_ms"] = to_ms(req.cancel_grace, field="cancel_grace")
     elif opts is not None:
         body["cancel_grace_ms"] = opts.cancel_grace_ms
+    if opts is not None and opts.resume != "latest":
+        body["resume"] = opts.resume
     return body
 
 

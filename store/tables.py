@@ -28,6 +28,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store import keys
 from conveyor.store.api import KV
+from conveyor.store.lanes import ready_lane
 
 
 class TaskCache:
@@ -65,6 +66,7 @@ class Tables:
         self._dirty: set[str] = set()  # put this batch: encoded at take_changes
         self._new: set[str] = set()  # created this batch: their head row is written too
         self.earliest_timer_ms: int | None = None  # earliest timer armed since last taken
+        self.messages_written = False  # a message row was put since last taken
 
     # -- raw access with the overlay ----------------------------------------------------------
 
@@ -302,7 +304,7 @@ class Tables:
         self._put(key, keys.u64(n) if n else None)
 
     def add_ready(self, task: Task) -> None:
-        queue = keys.queue_keys(task.app, task.tenant, task.queue)
+        queue = keys.queue_keys(ready_lane(task), task.tenant, task.queue)
         key = queue.ready(task.priority, task.ready_seq)
         self._put(key, task.task_id.encode())
         self._bump(queue.tenant_count, 1)
@@ -313,7 +315,7 @@ class Tables:
 
     def remove_ready(self, task: Task, *, taken: bool = False) -> None:
         """Drop a task from its ready queue; ``taken`` when dispatch took it from the head."""
-        queue = keys.queue_keys(task.app, task.tenant, task.queue)
+        queue = keys.queue_keys(ready_lane(task), task.tenant, task.queue)
         key = queue.ready(task.priority, task.ready_seq)
         self._put(key, None)
         self._bump(queue.tenant_count, -1)
@@ -325,7 +327,7 @@ class Tables:
                 self._put(head, key)
 
     def ready_tenants(self, app: str) -> list[str]:
-        """Tenants with ready work for ``app``, in name order."""
+        """Tenants with ready work in lane ``app`` (``lanes.py``), in name order."""
         prefix = keys.ready_count_of(app)
         return [key[len(prefix) :].decode() for key, _ in self.scan(prefix)]
 
@@ -419,6 +421,11 @@ class Tables:
 
     def put_meta_str(self, key: bytes, value: str) -> None:
         self._put(key, value.encode())
+
+    def put_message(self, offset: int, seq: int, partition: int, data: bytes) -> None:
+        """An encoded record for another partition's log, shipped after commit (``messages``)."""
+        self._put(keys.message(offset, seq), keys.message_value(partition, data))
+        self.messages_written = True
 
     def put_raw(self, key: bytes, value: bytes | None) -> None:
         """For the processor's own rows (outbox, applied offset) in the same batch."""

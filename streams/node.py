@@ -292,6 +292,7 @@ class Node:
         capacity: int,
         lease_ms: int = 30_000,
         wait_ms: float = 20_000,
+        app_version: str | None = None,
     ) -> list[Lease]:
         return await self.pool.poll(
             agent_id=agent_id,
@@ -301,6 +302,7 @@ class Node:
             capacity=capacity,
             lease_ms=lease_ms,
             wait_ms=wait_ms,
+            app_version=app_version,
         )
 
     def heartbeat(self, task_id: str, lease_id: int) -> str:

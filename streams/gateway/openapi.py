@@ -11,7 +11,7 @@ from typing import Any
 
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
-from conveyor.schemas.types import Outcome, TaskStatus
+from conveyor.schemas.types import RESUME_POLICIES, Outcome, TaskStatus
 from conveyor.streams.gateway import fields, payloads, validation, worker_requests
 from conveyor.streams.gateway.errors import ERRORS
 
@@ -87,6 +87,12 @@ def _task_request() -> Schema:
             "retry": retry,
             "timeouts": timeouts,
             "cancel_grace_ms": MS,
+            "resume": {
+                "enum": list(RESUME_POLICIES),
+                "description": "a workflow's later attempts run on any agent of its app "
+                "(latest) or only on agents serving the app version its first attempt was "
+                "dealt to (pinned); absent: the policy its agents registered for the type",
+            },
         },
         "task_type",
         "app",
@@ -153,6 +159,13 @@ def _task_shapes() -> dict[str, Schema]:
                 "result": ANY,
                 "checkpoint": ANY,
                 "attempts": array(attempt),
+                "resume": {"enum": list(RESUME_POLICIES)},
+                "app_version": nullable(
+                    {"type": "string", "description": "of the agent the first lease went to"}
+                ),
+                "waiting_for": nullable(
+                    {"type": "string", "description": "why a ready task is not dealt"}
+                ),
             }
         ),
         "Error": obj({"error": error}, "error"),
@@ -168,6 +181,10 @@ def _worker_shapes() -> dict[str, Schema]:
                 "app": NAME,
                 "version": NAME,
                 "task_types": array(NAME, 0, w.TASK_TYPES_MAX),
+                "pinned": {
+                    **array(NAME, 0, w.TASK_TYPES_MAX),
+                    "description": "workflow types whose resume policy is pinned",
+                },
             },
             "agent_id",
             "app",
@@ -177,6 +194,7 @@ def _worker_shapes() -> dict[str, Schema]:
             {
                 "agent_id": NAME,
                 "app": NAME,
+                "version": {**NAME, "description": "the app version served: pinned lanes"},
                 "queues": array(NAME, 0, w.QUEUES_MAX),
                 "capacity": integer(1, w.CAPACITY_MAX),
                 "wait_ms": integer(0, validation.WAIT_MS_MAX),

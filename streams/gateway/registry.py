@@ -10,14 +10,20 @@ later NEW version that serves the type brings it back, not an old agent still ro
 The file is rewritten (atomically) only when something changed, so agent restarts cost no
 writes.
 
+Rule 3 (resume policies): the workflow types an agent declares ``pinned`` are the default
+policy of enqueues of them that do not name one. The newest version's agents decide (an old
+agent still rolling out changes nothing); an agent that declares nothing changes nothing.
+
     {"tenants": {"<tenant>": {"<app>": {"task_types": [...], "version": "...",
-                                        "versions": [...], "removed": {"<type>": "<version>"}}}}}
+                                        "versions": [...], "removed": {"<type>": "<version>"},
+                                        "pinned": [...]}}}}
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from conveyor.schemas.types import RESUME_LATEST, RESUME_PINNED
 from conveyor.streams.gateway.errors import UnknownTaskType
 from conveyor.streams.gateway.files import read_json, write_json_atomic
 
@@ -31,6 +37,7 @@ class Registry:
         self._versions: dict[tuple[str, str], str] = {}  # the newest version
         self._seen: dict[tuple[str, str], set[str]] = {}  # every version registered
         self._removed: dict[tuple[str, str], dict[str, str]] = {}  # type -> removed by version
+        self._pinned: dict[tuple[str, str], set[str]] = {}  # rule 3
 
     @classmethod
     def load(cls, home: str | Path) -> Registry:
@@ -43,17 +50,24 @@ class Registry:
                     registry._versions[(tenant, app)] = entry["version"]
                 registry._seen[(tenant, app)] = set(entry.get("versions", []))
                 registry._removed[(tenant, app)] = dict(entry.get("removed", {}))
+                registry._pinned[(tenant, app)] = set(entry.get("pinned", []))
         return registry
 
     def register(
-        self, tenant: str, app: str, task_types: list[str], version: str | None = None
+        self,
+        tenant: str,
+        app: str,
+        task_types: list[str],
+        version: str | None = None,
+        pinned: list[str] | None = None,
     ) -> list[str]:
         """Record an agent's types; returns the types this registration removed (rule 2)."""
         key = (tenant, app)
         known = self._types.setdefault(key, set())
         seen = self._seen.setdefault(key, set())
         removed = self._removed.setdefault(key, {})
-        before = (set(known), set(seen), dict(removed), self._versions.get(key))
+        pins = self._pinned.setdefault(key, set())
+        before = (set(known), set(seen), dict(removed), self._versions.get(key), set(pins))
         served = set(task_types)
         removed_now: list[str] = []
         if version is not None and version not in seen:
@@ -65,9 +79,16 @@ class Registry:
             seen.add(version)
             self._versions[key] = version
         known.update(served)
-        if (known, seen, removed, self._versions.get(key)) != before:
+        if pinned is not None and (version is None or version == self._versions.get(key)):
+            pins.clear()
+            pins.update(pinned)
+        if (known, seen, removed, self._versions.get(key), pins) != before:
             self._save()
         return removed_now
+
+    def resume_of(self, tenant: str, app: str, task_type: str) -> str:
+        """The resume policy of an enqueue of ``task_type`` that names none (rule 3)."""
+        return RESUME_PINNED if task_type in self._pinned.get((tenant, app), ()) else RESUME_LATEST
 
     def task_types(self, tenant: str, app: str) -> frozenset[str]:
         return frozenset(self._types.get((tenant, app), ()))
@@ -104,5 +125,7 @@ class Registry:
                 entry["versions"] = sorted(self._seen[(tenant, app)])
             if self._removed.get((tenant, app)):
                 entry["removed"] = dict(sorted(self._removed[(tenant, app)].items()))
+            if self._pinned.get((tenant, app)):
+                entry["pinned"] = sorted(self._pinned[(tenant, app)])
             tenants.setdefault(tenant, {})[app] = entry
         write_json_atomic(self._path, {"tenants": tenants})

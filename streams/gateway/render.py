@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conveyor.schemas.types import Attempt, CancelCause, StepRow, Task, TaskStatus
+from conveyor.schemas.types import (
+    RESUME_PINNED,
+    Attempt,
+    CancelCause,
+    StepRow,
+    Task,
+    TaskStatus,
+)
 from conveyor.streams.machine import Reply
 from conveyor.streams.processor.dispatch import Lease
 
@@ -81,7 +88,20 @@ def task_detail(
             }
         )
     body["attempts"] = rows
+    body.update(version_json(task))
     return body
+
+
+def version_json(task: Task) -> dict[str, Any]:
+    """The resume policy, the recorded app version, and, for a pinned task that is ready but
+    can only go to agents of that version, what it waits for (``store/lanes.py``, rule 3)."""
+    waiting_for = None
+    pinned = task.resume == RESUME_PINNED and task.app_version is not None
+    if pinned and task.status == TaskStatus.ENQUEUED:
+        waiting_for = (
+            f"an agent serving version {task.app_version!r} of app {task.app!r} (resume=pinned)"
+        )
+    return {"resume": task.resume, "app_version": task.app_version, "waiting_for": waiting_for}
 
 
 def enqueue_reply(reply: Reply) -> dict[str, Any]:

@@ -123,7 +123,14 @@ class Gateway:
             payload = await self.payloads.pack(req.payload, req.field("payload"))
             task_id = mint_task_id(self._partition(tenant, req.idempotency_key))
             specs.append(
-                to_spec(req, task_id=task_id, tenant=tenant, payload=payload, now_ms=now_ms)
+                to_spec(
+                    req,
+                    task_id=task_id,
+                    tenant=tenant,
+                    payload=payload,
+                    now_ms=now_ms,
+                    resume=self.registry.resume_of(tenant, req.app, req.task_type),
+                )
             )
         for req, spec in zip(reqs, specs, strict=True):
             self._check_twin(req, spec, now_ms)
@@ -259,7 +266,8 @@ class Gateway:
         self.registry.require(tenant, task.app, task.task_type, task.field("task_type"))
         payload = await self.payloads.pack(task.payload, task.field("payload"))
         # The firing sets id, time and key; the template keeps everything else of the body.
-        spec = to_spec(task, task_id="", tenant=tenant, payload=payload, now_ms=0)
+        resume = self.registry.resume_of(tenant, task.app, task.task_type)
+        spec = to_spec(task, task_id="", tenant=tenant, payload=payload, now_ms=0, resume=resume)
         record = to_record(req, tenant=tenant, template=codec.TASK_SPEC.encode(spec))
         reply = await self.node.upsert_schedule(record)
         if not reply.ok:  # validated above: only a record changed underneath us gets here
@@ -308,7 +316,7 @@ class Gateway:
 
     async def register(self, tenant: str, req: Register) -> list[str]:
         """Record the agent's app; the warnings of a deploy that removed handlers."""
-        removed = self.registry.register(tenant, req.app, req.task_types, req.version)
+        removed = self.registry.register(tenant, req.app, req.task_types, req.version, req.pinned)
         return [
             f"version {req.version!r} of app {req.app!r} removes the handler of task type "
             f"{task_type!r}, referenced by {await self._live(tenant, task_type)} unfinished "
@@ -339,6 +347,7 @@ class Gateway:
             capacity=req.capacity,
             lease_ms=req.lease_ms,
             wait_ms=req.wait_ms,
+            app_version=req.version,
         )
         if leases:
             failpoints.hit("lease-granted")  # durable grants, not yet delivered
@@ -429,7 +438,10 @@ class Gateway:
                 req = parse_task(body, path)
                 self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
                 payload = await self.payloads.pack(req.payload, req.field("payload"))
-                spec = to_spec(req, task_id="", tenant=tenant, payload=payload, now_ms=now_ms)
+                resume = self.registry.resume_of(tenant, req.app, req.task_type)
+                spec = to_spec(
+                    req, task_id="", tenant=tenant, payload=payload, now_ms=now_ms, resume=resume
+                )
                 children.append(codec.TASK_SPEC.encode(spec))
         except ContractError as exc:
             return bad_fan_out(completion, str(exc))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
+from conveyor.schemas.types import RESUME_POLICIES, TERMINAL, TaskSpec, TaskStatus
 from conveyor.streams.gateway.fields import (
     INT_MAX,
     Fields,
@@ -52,6 +52,7 @@ _TASK_FIELDS = frozenset(
         "retry",
         "timeouts",
         "cancel_grace_ms",
+        "resume",
     }
 )
 _RETRY_FIELDS = frozenset(
@@ -85,6 +86,7 @@ class EnqueueRequest:
     start_to_close_ms: int | None = None
     schedule_to_close_ms: int | None = None
     cancel_grace_ms: int = _DEFAULT.cancel_grace_ms
+    resume: str | None = None  # None: the task type's registered policy (registry rule 3)
 
     def field(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
@@ -127,7 +129,21 @@ def parse_task(body: Any, path: str = "") -> EnqueueRequest:
         schedule_to_start_ms=timeouts.opt_int("schedule_to_start_ms", 1, DURATION_MS_MAX),
         start_to_close_ms=timeouts.opt_int("start_to_close_ms", 1, DURATION_MS_MAX),
         schedule_to_close_ms=timeouts.opt_int("schedule_to_close_ms", 1, DURATION_MS_MAX),
+        resume=_resume(f),
     )
+
+
+def _resume(f: Fields) -> str | None:
+    value = f.raw("resume")
+    if value is None:
+        return None
+    if value not in RESUME_POLICIES:
+        raise invalid(
+            f.at("resume"),
+            f"must be one of {'|'.join(RESUME_POLICIES)} (where a workflow's later attempts "
+            f"run), got {describe(value)}",
+        )
+    return str(value)
 
 
 def _run_at(f: Fields) -> int | None:
@@ -156,9 +172,16 @@ def parse_batch(body: Any) -> list[EnqueueRequest]:
 
 
 def to_spec(
-    req: EnqueueRequest, *, task_id: str, tenant: str, payload: bytes, now_ms: int
+    req: EnqueueRequest,
+    *,
+    task_id: str,
+    tenant: str,
+    payload: bytes,
+    now_ms: int,
+    resume: str = _DEFAULT.resume,
 ) -> TaskSpec:
-    """The record for ``req``; ``payload`` is ``req.payload`` or its blob marker."""
+    """The record for ``req``; ``payload`` is ``req.payload`` or its blob marker; ``resume``
+    the policy when ``req`` names none."""
     run_at_ms = req.run_at_ms
     if run_at_ms is None and req.delay_ms:
         run_at_ms = now_ms + req.delay_ms
@@ -181,6 +204,7 @@ def to_spec(
         schedule_to_close_ms=req.schedule_to_close_ms,
         cancel_grace_ms=req.cancel_grace_ms,
         idempotency_key=req.idempotency_key,
+        resume=req.resume or resume,
     )
 
 

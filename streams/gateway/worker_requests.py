@@ -44,10 +44,11 @@ class Register:
     app: str
     version: str | None
     task_types: list[str]
+    pinned: list[str] | None = None  # workflow types with resume="pinned"; None: not told
 
 
 def parse_register(body: Any) -> Register:
-    f = Fields(body, "", {"agent_id", "app", "version", "task_types"})
+    f = Fields(body, "", {"agent_id", "app", "version", "task_types", "pinned"})
     if not isinstance(f.raw("task_types"), list):
         f.items("task_types", 0, TASK_TYPES_MAX)  # raises, naming the field
     return Register(
@@ -55,6 +56,7 @@ def parse_register(body: Any) -> Register:
         app=f.req_str("app"),
         version=f.opt_str("version"),
         task_types=f.strs("task_types", TASK_TYPES_MAX),
+        pinned=None if f.raw("pinned") is None else f.strs("pinned", TASK_TYPES_MAX),
     )
 
 
@@ -66,13 +68,17 @@ class Poll:
     capacity: int
     wait_ms: int
     lease_ms: int
+    version: str | None = None  # the app version the agent serves: pinned workflows need it
 
 
 def parse_poll(body: Any) -> Poll:
-    f = Fields(body, "", {"agent_id", "app", "queues", "capacity", "wait_ms", "lease_ms"})
+    f = Fields(
+        body, "", {"agent_id", "app", "version", "queues", "capacity", "wait_ms", "lease_ms"}
+    )
     return Poll(
         agent_id=f.req_str("agent_id"),
         app=f.req_str("app"),
+        version=f.opt_str("version"),
         queues=f.strs("queues", QUEUES_MAX),
         capacity=f.int_or("capacity", 1, CAPACITY_MAX, 8),
         wait_ms=f.int_or("wait_ms", 0, WAIT_MS_MAX, 20_000),

@@ -12,7 +12,9 @@ Postgres snapshot keeps them, so they are read there once the projection has fol
 (without a snapshot, ``--no-projection``, an ended workflow shows no steps). ``GET`` shows the
 workflow, its steps in
 position order (keyed steps last) with their states, and each parallel step with its barrier
-and children (the first ``CHILDREN_SHOWN_MAX`` listed, all counted by status). ``history``
+and children (the first ``CHILDREN_SHOWN_MAX`` listed, all counted by status; a child that
+spilled to another partition, ``handlers/workflows.py`` rule 7, is read from that partition's
+live state, so its status is as fresh as a local child's). ``history``
 pages the step rows, values included, with a keyset cursor (the last identity of the page,
 in identity order): each page is one seek, however many steps the workflow has.
 Rule 4 (events): ``POST /v1/workflows/{id}/events`` {name, payload} appends a SendEvents
@@ -27,7 +29,7 @@ import base64
 import binascii
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiohttp import web
@@ -43,7 +45,10 @@ from conveyor.streams.gateway import render, routes
 from conveyor.streams.gateway.fields import Fields, compact, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.validation import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, _query_int
-from conveyor.streams.machine.handlers.workflows import child_id
+from conveyor.streams.machine.handlers.workflows import child_id, spilled
+
+if TYPE_CHECKING:
+    from conveyor.streams.node import Node
 
 CHILDREN_SHOWN_MAX = 1_000
 EVENT_NAME_BYTES_MAX = STEP_NAME_BYTES_MAX - len("event:")  # the wait is the step event:<name>
@@ -69,10 +74,11 @@ def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
 async def get_workflow(request: web.Request) -> web.Response:
     task, tables, now_ms = _workflow(request)
     pool = await _ended_snapshot(request, task)
+    node = request.app[routes.GATEWAY].node
     if pool is None:
-        return routes.reply(workflow_json(task, tables, now_ms))
+        return routes.reply(workflow_json(task, tables, now_ms, node=node))
     rows = await queries.step_rows(pool, task.tenant, task.task_id)
-    return routes.reply(workflow_json(task, tables, now_ms, rows))
+    return routes.reply(workflow_json(task, tables, now_ms, rows, node=node))
 
 
 async def get_history(request: web.Request) -> web.Response:
@@ -131,9 +137,15 @@ def parse_event(body: Any) -> tuple[str, bytes]:
 
 
 def workflow_json(
-    task: Task, tables: Tables, now_ms: int, rows: list[StepRow] | None = None
+    task: Task,
+    tables: Tables,
+    now_ms: int,
+    rows: list[StepRow] | None = None,
+    *,
+    node: Node | None = None,
 ) -> dict[str, Any]:
-    """``rows``: the step rows when they come from the snapshot (rule 3)."""
+    """``rows``: the step rows when they come from the snapshot (rule 3); ``node``: where
+    spilled children are read (without it, every child is looked up in ``tables``)."""
     found = tables.steps(task.task_id) if rows is None else rows
     rows = sorted(found, key=lambda r: (r.position < 0, r.position, r.identity))
     barriers = {b.identity: b for b in tables.barriers(task.task_id)}
@@ -152,9 +164,9 @@ def workflow_json(
                 }
             )
     return {
-        "workflow": render.task_summary(task),
+        "workflow": {**render.task_summary(task), **render.version_json(task)},
         "steps": steps,
-        "parallel": [_parallel(tables, task.task_id, b) for b in barriers.values()],
+        "parallel": [_parallel(tables, task.task_id, b, node) for b in barriers.values()],
     }
 
 
@@ -176,12 +188,18 @@ def _step_summary(row: StepRow, task: Task, barrier: Barrier | None, now_ms: int
     }
 
 
-def _parallel(tables: Tables, parent_id: str, barrier: Barrier) -> dict[str, Any]:
+def _parallel(
+    tables: Tables, parent_id: str, barrier: Barrier, node: Node | None
+) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     shown = []
+    partitions = 1 if node is None else node.partitions
     for index in range(barrier.total):
-        task_id = child_id(parent_id, barrier.identity, index)
-        child = tables.task(task_id)
+        task_id = child_id(parent_id, barrier.identity, index, partitions)
+        if node is not None and spilled(parent_id, task_id):
+            child = node.processors[node.partition_of(task_id)].read_task(task_id)
+        else:
+            child = tables.task(task_id)
         status = child.status.value if child is not None else "UNKNOWN"
         counts[status] += 1
         if index < CHILDREN_SHOWN_MAX:

@@ -8,6 +8,9 @@ offers come back as actions after the batch is committed, and only then reach th
 
 Rule: a request is answered only when none of its claims is in flight, so no granted lease is
 ever stranded in a request that already returned.
+Lanes: an agent serving app version V takes from two ready lanes (``store/lanes.py``), its app's
+and V's pinned lane; ready work is counted per lane, and a slot dealt from a lane becomes a
+LeaseRequest for that lane.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.errors import TransientError
 from conveyor.schemas.types import GrantLeases, LeaseRequest, StepRow
+from conveyor.store.lanes import lanes_of
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
@@ -64,6 +68,8 @@ class Entry:
     lease_ms: int
     remaining: int
     future: asyncio.Future[list[Lease]]
+    app_version: str | None = None
+    lanes: list[str] = field(default_factory=list)  # lanes_of(app, app_version)
     in_flight: int = 0
     closed: bool = False  # the poll timed out: answer as soon as nothing is in flight
     leases: list[Lease] = field(default_factory=list)
@@ -102,7 +108,8 @@ class WaitingPool:
         self._last_tenant: dict[str, str] = {}
 
     def apps(self) -> set[str]:
-        return {e.app for e in self.entries.values()}
+        """The lanes some waiting entry takes from."""
+        return {lane for e in self.entries.values() for lane in e.lanes}
 
     async def poll(
         self,
@@ -114,8 +121,10 @@ class WaitingPool:
         capacity: int,
         lease_ms: int,
         wait_ms: float,
+        app_version: str | None = None,
     ) -> list[Lease]:
-        """Up to ``capacity`` leases from any partition, or none after ``wait_ms``."""
+        """Up to ``capacity`` leases from any partition, or none after ``wait_ms``;
+        ``app_version``: the version the agent serves (see Lanes)."""
         entry = Entry(
             entry_id=f"{agent_id}/{next(self._ids)}",
             agent_id=agent_id,
@@ -126,10 +135,13 @@ class WaitingPool:
             lease_ms=lease_ms,
             remaining=capacity,
             future=asyncio.get_running_loop().create_future(),
+            app_version=app_version,
+            lanes=lanes_of(app, app_version),
         )
         self.entries[entry.entry_id] = entry
         for dispatcher in self.dispatchers:
-            dispatcher.refresh(app)  # O(tenants) reads of the ready counts
+            for lane in entry.lanes:
+                dispatcher.refresh(lane)  # O(tenants) reads of the ready counts
         self.deal()
         try:
             return await asyncio.wait_for(asyncio.shield(entry.future), wait_ms / 1000)
@@ -165,8 +177,8 @@ class WaitingPool:
                 if room.get(tenant, 1) <= 0:
                     del holders[tenant]
             while entry.remaining > 0 and holders:
-                dispatcher, tenant = self._next(entry.app, holders)
-                dispatcher.assign(entry, tenant)
+                dispatcher, tenant, lane = self._next(entry.app, holders)
+                dispatcher.assign(entry, tenant, lane)
                 entry.remaining -= 1
                 woken.add(id(dispatcher))
                 if tenant in room:
@@ -177,33 +189,38 @@ class WaitingPool:
             if id(dispatcher) in woken:
                 dispatcher.wake()
 
-    def _holders(self, entry: Entry) -> dict[str, list[Dispatcher]]:
-        """Tenant -> the leading partitions with ready work of it for this entry."""
-        holders: dict[str, list[Dispatcher]] = {}
+    def _holders(self, entry: Entry) -> dict[str, list[tuple[Dispatcher, str]]]:
+        """Tenant -> the (leading partition, lane) pairs with ready work of it for this
+        entry."""
+        holders: dict[str, list[tuple[Dispatcher, str]]] = {}
         for d in self.dispatchers:
             if not d.leading:
                 continue
-            for tenant, count in d.ready.get(entry.app, {}).items():
-                if count > 0 and (not entry.tenants or tenant in entry.tenants):
-                    holders.setdefault(tenant, []).append(d)
+            for lane in entry.lanes:
+                for tenant, count in d.ready.get(lane, {}).items():
+                    if count > 0 and (not entry.tenants or tenant in entry.tenants):
+                        holders.setdefault(tenant, []).append((d, lane))
         return holders
 
-    def _next(self, app: str, holders: dict[str, list[Dispatcher]]) -> tuple[Dispatcher, str]:
-        """The tenant after the last one served for this app, and a partition holding it;
-        takes one ready task off the counts (and off ``holders`` when none is left)."""
+    def _next(
+        self, app: str, holders: dict[str, list[tuple[Dispatcher, str]]]
+    ) -> tuple[Dispatcher, str, str]:
+        """The tenant after the last one served for this app, and a partition and lane
+        holding it; takes one ready task off the counts (and off ``holders`` when none is
+        left)."""
         last = self._last_tenant.get(app)
         tenant = min((t for t in holders if last is None or t > last), default=min(holders))
         self._last_tenant[app] = tenant
         choices = holders[tenant]
         self._turn += 1
-        dispatcher = choices[self._turn % len(choices)]
-        counts = dispatcher.ready[app]
+        dispatcher, lane = choice = choices[self._turn % len(choices)]
+        counts = dispatcher.ready[lane]
         counts[tenant] -= 1
         if counts[tenant] <= 0:
-            choices.remove(dispatcher)
+            choices.remove(choice)
             if not choices:
                 del holders[tenant]
-        return dispatcher, tenant
+        return dispatcher, tenant, lane
 
 
 class Dispatcher:
@@ -213,7 +230,8 @@ class Dispatcher:
         self._poke = Poke(processor.clock)
         # app -> tenant -> ready tasks here (counted up to READY_PEEK, minus slots dealt).
         self.ready: dict[str, dict[str, int]] = {}
-        self._dealt: dict[tuple[str, str], tuple[Entry, int]] = {}  # dealt, not yet proposed
+        # (entry id, tenant, lane) -> slots dealt, not yet proposed
+        self._dealt: dict[tuple[str, str, str], tuple[Entry, int]] = {}
         self._claims: dict[str, tuple[Entry, LeaseRequest]] = {}  # proposed, not yet applied
         self.granted = 0
         pool.dispatchers.append(self)
@@ -222,17 +240,17 @@ class Dispatcher:
     def leading(self) -> bool:
         return self._p.leader
 
-    def refresh(self, app: str) -> None:
-        """Recount this partition's ready work for ``app`` from committed state."""
+    def refresh(self, lane: str) -> None:
+        """Recount this partition's ready work in ``lane`` from committed state."""
         tables = self._p.reader()
         counts = {
-            tenant: min(READY_PEEK, tables.count_ready(app, tenant))
-            for tenant in tables.ready_tenants(app)
+            tenant: min(READY_PEEK, tables.count_ready(lane, tenant))
+            for tenant in tables.ready_tenants(lane)
         }
-        for (_, tenant), (entry, n) in self._dealt.items():
-            if entry.app == app and tenant in counts:
+        for (_, tenant, dealt_lane), (_, n) in self._dealt.items():
+            if dealt_lane == lane and tenant in counts:
                 counts[tenant] -= n
-        self.ready[app] = counts
+        self.ready[lane] = counts
 
     def poke(self) -> None:
         """Ready work changed here (enqueued, back from backoff, leased): recount and deal.
@@ -247,12 +265,12 @@ class Dispatcher:
 
     def holding(self, tenant: str) -> int:
         """Leases of ``tenant`` live here, plus slots dealt or in flight for it."""
-        dealt = sum(n for (_, t), (_, n) in self._dealt.items() if t == tenant)
+        dealt = sum(n for (_, t, _), (_, n) in self._dealt.items() if t == tenant)
         claimed = sum(r.capacity for _, r in self._claims.values() if r.tenants == [tenant])
         return self._p.leases.running[tenant] + dealt + claimed
 
-    def assign(self, entry: Entry, tenant: str) -> None:
-        key = (entry.entry_id, tenant)
+    def assign(self, entry: Entry, tenant: str, lane: str) -> None:
+        key = (entry.entry_id, tenant, lane)
         _, n = self._dealt.get(key, (entry, 0))
         self._dealt[key] = (entry, n + 1)
 
@@ -344,17 +362,19 @@ class Dispatcher:
 
     def _requests(self) -> list[LeaseRequest]:
         requests = []
-        for (entry_id, tenant), (entry, n) in self._dealt.items():
+        for (entry_id, tenant, lane), (entry, n) in self._dealt.items():
             if entry.closed or entry.future.done():
                 continue
+            lane_no = entry.lanes.index(lane)  # request ids stay printable and unique
             request = LeaseRequest(
-                request_id=f"{entry_id}/{tenant}/{self._p.partition}/{self._p.applied}",
+                request_id=f"{entry_id}/{tenant}/{lane_no}/{self._p.partition}/{self._p.applied}",
                 agent_id=entry.agent_id,
-                app=entry.app,
+                app=lane,
                 tenants=[tenant],
                 queues=entry.queues,
                 capacity=n,
                 lease_ms=entry.lease_ms,
+                app_version=entry.app_version,
             )
             entry.in_flight += 1
             self._claims[request.request_id] = (entry, request)

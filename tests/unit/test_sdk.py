@@ -376,3 +376,17 @@ def test_task_enqueue_uses_the_default_client() -> None:
     finally:
         conveyor.set_default_client(previous)
     assert calls == [(resize, {"image": "b.png"})]
+
+
+def test_a_workflow_resume_policy_is_checked_at_decoration_and_sent_when_pinned() -> None:
+    app = conveyor.App("shop")
+    with pytest.raises(conveyor.ContractError, match=r"resume=.*'latest', 'pinned'.*'sticky'"):
+        app.workflow(resume="sticky")
+    pinned = app.workflow(resume="pinned")(lambda ctx, order: order)
+    assert enqueue_body(Enqueue(pinned, 1), None)["resume"] == "pinned"
+
+    @app.workflow
+    def latest(ctx: Context, order: int) -> int:
+        return order
+
+    assert "resume" not in enqueue_body(Enqueue(latest, 1), None)  # the default

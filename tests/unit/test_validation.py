@@ -118,6 +118,8 @@ def test_parse_json_depth_and_size() -> None:
         ({"idempotency_key": ""}, "idempotency_key"),
         ({"idempotency_key": "é" * 129}, "idempotency_key"),
         ({"payload": {"$blob": "sha256:00"}}, "payload"),
+        ({"resume": "sticky"}, "resume"),
+        ({"resume": 1}, "resume"),
     ],
 )
 def test_parse_task_rejects(extra: dict[str, Any], field: str) -> None:
@@ -269,3 +271,12 @@ def test_error_body_shape() -> None:
     error = rejects(parse_task, {**OK, "priority": "high"}, "priority")
     body = json.loads(json.dumps(error.to_json()))
     assert body["error"]["field"] == "priority" and classify(error) == (400, "invalid_request")
+
+
+def test_the_resume_policy_reaches_the_spec_and_defaults_to_latest() -> None:
+    for body, resume in (({**OK}, "latest"), ({**OK, "resume": "pinned"}, "pinned")):
+        req = parse_task(body)
+        spec = to_spec(req, task_id="0" * 32, tenant="t", payload=req.payload, now_ms=1_000)
+        assert spec.resume == resume
+    error = rejects(parse_task, {**OK, "resume": "sticky"}, "resume")
+    assert "latest|pinned" in str(error)

@@ -4,6 +4,12 @@ Fairness rule: within a partition, capacity is dealt one task at a time, round-r
 tenants with ready work, starting after the tenant served last (the cursor is state, so the
 order is a function of the log). Within a tenant, higher priority first, then oldest first,
 across the requested queues. A tenant's backlog therefore costs that tenant latency only.
+
+Version rule: a request takes from one ready lane (``store/lanes.py``): its app's, or the pinned
+lane of the version its agent serves. A task's first lease records the app version of the agent
+it went to (``Task.app_version``); from then on a pinned workflow becomes ready in that
+version's lane only, so a later attempt (after a sleep, fan-in, event or retry) runs on an
+agent of that version and no other.
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ def _lease(tables: Tables, task_id: str, request: LeaseRequest, meta: Meta, out:
     task.lease_id += 1
     task.agent_id = request.agent_id
     task.leased_ms = meta.ts_ms
+    if task.app_version is None:
+        task.app_version = request.app_version
     touch(task, meta)
     tables.set_leased(task_id, task.lease_id)
     timer = start_to_close_timer(task)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
+    RESUME_POLICIES,
     EnqueueTasks,
     EventKind,
     IdempotencyEntry,
@@ -115,6 +116,8 @@ def invalid(spec: TaskSpec) -> str | None:
         return "a time or duration outside 0..2^53 ms"
     if spec.attempts_max < 1:
         return "attempts_max below 1"
+    if spec.resume not in RESUME_POLICIES:
+        return f"resume {spec.resume[:64]!r} is not one of {'|'.join(RESUME_POLICIES)}"
     return None
 
 
@@ -167,4 +170,5 @@ def _new_task(spec: TaskSpec, meta: Meta) -> Task:
         else max(now, spec.run_at_ms or now) + spec.schedule_to_start_ms,
         close_by_ms=None if spec.schedule_to_close_ms is None else now + spec.schedule_to_close_ms,
         run_key=spec.run_key,
+        resume=spec.resume,
     )

@@ -62,6 +62,7 @@ class Applied:
 @dataclass
 class Harness:
     partition: int = 0
+    partitions: int = 1  # of the node: where spilled children of a fan-out go
     now_ms: int = START_MS
     roundtrip: bool = True  # encode + decode every record, as the processor would see it
     kv: MemoryKV = field(default_factory=MemoryKV)
@@ -86,7 +87,13 @@ class Harness:
         raw = codec.encode_record(record, epoch=epoch, ts_ms=ts, key="harness")
         if self.roundtrip:
             record = codec.decode_body(codec.decode_envelope(raw))
-        meta = Meta(partition=self.partition, offset=self.offset, epoch=epoch, ts_ms=ts)
+        meta = Meta(
+            partition=self.partition,
+            offset=self.offset,
+            epoch=epoch,
+            ts_ms=ts,
+            partitions=self.partitions,
+        )
         outcome = apply(self.tables, record, meta)
         changes = self.tables.take_changes()
         changes[keys.META_APPLIED] = keys.u64(meta.offset)
@@ -207,6 +214,7 @@ class Harness:
         lease_ms: int = 30_000,
         request_id: str | None = None,
         epoch: int | None = None,
+        app_version: str | None = None,
     ) -> MachineOutcome:
         request = LeaseRequest(
             request_id=request_id or f"req-{self.offset}",
@@ -216,6 +224,7 @@ class Harness:
             queues=list(queues),
             capacity=capacity,
             lease_ms=lease_ms,
+            app_version=app_version,
         )
         return self.apply(GrantLeases(requests=[request]), epoch=epoch)
 
