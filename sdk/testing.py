@@ -334,7 +334,7 @@ class EngineClient:
         async def go() -> dict[str, Any]:
             task = engine.node.get(engine.tenant, workflow_id)
             tables = engine.node.tables(engine.node.partition_of(workflow_id))
-            return workflow_json(task, tables, engine.clock.now_ms())
+            return workflow_json(task, tables, engine.clock.now_ms(), node=engine.node)
 
         return engine.call(go())
 

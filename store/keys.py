@@ -30,6 +30,9 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
     waits        Q task_id                                        EventWait (Avro)
     inbox        N lp:task_id lp:name u64:seq                     an event's payload, kept
     outbox       o u64:offset                                     EventBatch (Avro)
+    messages     M u64:offset u32:seq                             u16:partition + a record for
+                                                                  that partition's log (shipped
+                                                                  then deleted: ``messages.py``)
     meta         m name                                           per name
 """
 
@@ -62,6 +65,7 @@ CHILDREN = b"P"
 WAITS = b"Q"
 INBOX = b"N"
 OUTBOX = b"o"
+MESSAGES = b"M"
 META = b"m"
 
 META_APPLIED = META + b"applied"
@@ -232,6 +236,20 @@ def dead_of(tenant: str) -> bytes:
 
 def outbox(offset: int) -> bytes:
     return OUTBOX + _U64.pack(offset)
+
+
+def message(offset: int, seq: int) -> bytes:
+    return MESSAGES + _U64.pack(offset) + _U32.pack(seq)
+
+
+def message_value(partition: int, data: bytes) -> bytes:
+    return _U16.pack(partition) + data
+
+
+def parse_message_value(value: bytes) -> tuple[int, bytes]:
+    """(target partition, the encoded record) of a message row."""
+    (partition,) = _U16.unpack_from(value, 0)
+    return partition, value[2:]
 
 
 def cursor(app: str) -> bytes:

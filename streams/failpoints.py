@@ -10,6 +10,8 @@ state looks like, so they stay outside the deterministic core.
 Points:
     lease-granted   the gateway holds leases that are durable in the log and not yet sent
                     to the agent that polled for them (RELIABILITY.md P5)
+    message-shipped messages to other partitions are appended to their logs and not yet
+                    deleted here: they are shipped again (``processor/messages.py``)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import signal
 import sys
 
 ENV = "CONVEYOR_FAILPOINTS"
-POINTS = frozenset({"lease-granted"})
+POINTS = frozenset({"lease-granted", "message-shipped"})
 
 
 def parse(spec: str) -> dict[str, float]:

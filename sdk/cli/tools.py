@@ -69,6 +69,10 @@ def _summary(body: bytes, kind: str) -> str:
             text = f"tenant {record.tenant}: " + ", ".join(
                 f"{i.task_id} {i.name!r}" for i in record.items
             )
+        case types.EnqueueChildren():
+            text = f"{len(record.tasks)} child(ren) of {record.parent_id} {record.identity}"
+        case types.LandChildren():
+            text = ", ".join(f"{i.child_id}={i.status}" for i in record.items)
         case _:
             assert_never(record)
     return text if len(text) <= SUMMARY_CHARS_MAX else text[: SUMMARY_CHARS_MAX - 3] + "..."
@@ -195,13 +199,15 @@ def bench_engine(
 
 def bench_fanout(
     children: Annotated[int, typer.Option("--children", min=1, max=10_000)] = 10_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1, max=64)] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """One workflow fans out to N no-op children and resumes, without HTTP: the fan-in must
-    fire exactly once, with the results in child order."""
+    fire exactly once, with the results in child order. With several partitions, children
+    past the first 1,000 spill over the other partitions."""
     from conveyor.streams.bench.fanout import bench_fanout as run
 
-    result = asyncio.run(run(children=children))
+    result = asyncio.run(run(children=children, partitions=partitions))
     _print_result(result, as_json)
     if not (result["fan_in_fired_once"] and result["results_in_order"]):
         raise fail("the fan-in did not fire exactly once with the results in order")

@@ -6,7 +6,9 @@ children; every child completes at once; the workflow's next lease must carry th
 parallel step with N results, and it then succeeds. The run checks that the fan-in fired
 exactly once (the workflow is leased exactly twice and its barrier is fired), that every
 child SUCCEEDED, and that the results are in child order. The figure counts from the
-workflow's enqueue to its SUCCEEDED.
+workflow's enqueue to its SUCCEEDED. With ``partitions`` > 1, children past the first 1,000
+spill over the other partitions (``handlers/workflows.py`` rule 7): ``children_by_partition``
+counts where they ran.
 """
 
 from __future__ import annotations
@@ -32,10 +34,15 @@ TENANT = APP = "bench"
 
 
 async def bench_fanout(
-    *, children: int = 10_000, agents: int = 4, capacity: int = 1_000, home: str | None = None
+    *,
+    children: int = 10_000,
+    partitions: int = 1,
+    agents: int = 4,
+    capacity: int = 1_000,
+    home: str | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-fanout-") as tmp:
-        node = await Node.open(Path(home or tmp), partitions=1)
+        node = await Node.open(Path(home or tmp), partitions=partitions)
         await node.start()
         node.tune_gc()
         try:
@@ -74,15 +81,19 @@ async def _run(node: Node, children: int, agents: int, capacity: int) -> dict[st
     await asyncio.gather(*(agent(k) for k in range(agents)))
     finished = await node.wait_finished(TENANT, workflow_id, 60_000)
     seconds = time.perf_counter() - start
-    tables = node.tables(0)
-    barrier = tables.barrier(workflow_id, STEP)
+    barrier = node.tables(0).barrier(workflow_id, STEP)
     statuses: dict[str, int] = {}
+    by_partition = [0] * node.partitions
     for i in range(children):
-        child = tables.task(child_id(workflow_id, STEP, i))
+        task_id = child_id(workflow_id, STEP, i, node.partitions)
+        by_partition[node.partition_of(task_id)] += 1
+        child = node.processors[node.partition_of(task_id)].read_task(task_id)
         status = child.status.value if child is not None else "MISSING"
         statuses[status] = statuses.get(status, 0) + 1
     return {
         "children": children,
+        "partitions": node.partitions,
+        "children_by_partition": by_partition,
         "seconds": round(seconds, 3),
         "children_per_s": round(children / seconds),
         "fan_out_to_resume_seconds": round(state["resumed_at"] - state["fanned_at"], 3),

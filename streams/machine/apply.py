@@ -19,10 +19,12 @@ from conveyor.schemas.types import (
     CancelTasks,
     CompleteAttempts,
     DeleteSchedule,
+    EnqueueChildren,
     EnqueueTasks,
     ExpireLeases,
     FireTimers,
     GrantLeases,
+    LandChildren,
     PauseSchedule,
     Record,
     RecordSteps,
@@ -47,6 +49,7 @@ from conveyor.streams.machine.handlers.schedules import (
     apply_pause_schedule,
     apply_upsert_schedule,
 )
+from conveyor.streams.machine.handlers.spill import apply_enqueue_children, apply_land_children
 from conveyor.streams.machine.handlers.steps import apply_steps
 from conveyor.streams.machine.handlers.timers import apply_timers
 from conveyor.streams.machine.handlers.workflows import settle
@@ -99,6 +102,10 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             apply_pause_schedule(tables, record, meta, out)
         case SendEvents():
             apply_send_events(tables, record, meta, out)
+        case EnqueueChildren():
+            apply_enqueue_children(tables, record, meta, out)
+        case LandChildren():
+            apply_land_children(tables, record, meta, out)
         case _:
             assert_never(record)
     settle(tables, meta, out)  # the fan-in of whatever this record finished

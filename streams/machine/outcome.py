@@ -15,6 +15,7 @@ class Meta:
     offset: int
     epoch: int
     ts_ms: int
+    partitions: int = 1  # of the node, fixed at creation: where spilled children go
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,3 +82,4 @@ class Outcome:
     schedules: list[ScheduleEvent] = field(default_factory=list)  # schedule rows changed
     ignored: str | None = None  # set when a valid record did not apply at all (stale epoch)
     spare_ready: int = 0  # ready indexes dealt by ``lifecycle.spare_index`` so far
+    sent: int = 0  # message rows for other partitions written so far (``machine/messages.py``)

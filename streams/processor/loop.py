@@ -52,6 +52,7 @@ from conveyor.streams.machine import (
 from conveyor.streams.processor import leadership
 from conveyor.streams.processor.dispatch import Dispatcher, WaitingPool
 from conveyor.streams.processor.leases import LeaseTracker
+from conveyor.streams.processor.messages import MessageShipper
 from conveyor.streams.processor.outbox import OutboxShipper
 from conveyor.streams.processor.timers import TimerScanner
 
@@ -114,6 +115,7 @@ class PartitionProcessor:
         self.leases = LeaseTracker(self)
         self.timers = TimerScanner(self)
         self.outbox = OutboxShipper(self, events_log)
+        self.messages = MessageShipper(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._failed: BaseException | None = None
 
@@ -143,7 +145,14 @@ class PartitionProcessor:
         offset = await self.propose(AnnounceEpoch(leader_id=self.leader_id))
         await self.wait_applied(offset)
         self.leases.take_over(self.reader())
-        for duty in (self.dispatch.run(), self.leases.run(), self.timers.run(), self.outbox.run()):
+        duties = (
+            self.dispatch.run(),
+            self.leases.run(),
+            self.timers.run(),
+            self.outbox.run(),
+            self.messages.run(),
+        )
+        for duty in duties:
             self._tasks.append(asyncio.create_task(duty))
         log.info("partition %d: leader at epoch %d", self.partition, self.epoch)
 
@@ -319,6 +328,7 @@ class PartitionProcessor:
                 offset=item.offset,
                 epoch=envelope.epoch,
                 ts_ms=envelope.ts_ms,
+                partitions=self.log.partitions,
             )
             outcome = apply(self.tables, record, meta)
             actions.extend(outcome.actions)
@@ -397,6 +407,9 @@ class PartitionProcessor:
                 self.dispatch.poke()
         # Not only after events: a schedule's pause, resume or upsert arms a timer silently,
         # and the scanner must lower its floor to see it.
+        if self.tables.messages_written:  # committed: ship them to their partitions
+            self.tables.messages_written = False
+            self.messages.poke()
         armed = self.tables.earliest_timer_ms
         if armed is not None:
             self.tables.earliest_timer_ms = None

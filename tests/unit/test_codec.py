@@ -286,6 +286,30 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
             st.builds(t.WorkflowEvent, task_id=ids, name=TEXT, payload=BLOB), max_size=3
         ),
     ),
+    t.EnqueueChildren: st.builds(
+        t.EnqueueChildren,
+        parent_id=ids,
+        identity=TEXT,
+        indexes=st.lists(I32, max_size=3),
+        tasks=st.lists(BLOB, max_size=3),
+    ),
+    t.LandChildren: st.builds(
+        t.LandChildren,
+        items=st.lists(
+            st.builds(
+                t.ChildDone,
+                child_id=ids,
+                parent_id=ids,
+                identity=TEXT,
+                index=I32,
+                status=TEXT,
+                result=st.none() | BLOB,
+                error_class=st.none() | TEXT,
+                error_message=st.none() | TEXT,
+            ),
+            max_size=3,
+        ),
+    ),
 }
 records = st.one_of(*RECORDS.values())
 

@@ -1,0 +1,80 @@
+"""The message shipper (a leader duty): records the machine wrote for other partitions' logs.
+
+The machine writes a ``messages`` row in the batch of the state change that needs another
+partition to act (``machine/messages.py``: spilled children, their landings, their cancels).
+Here the leader appends the rows, in key order, to their partitions' record logs as client
+records (no epoch: an append to another partition is never fenced by this one's leadership),
+restamped with the leader's clock, and only then deletes them. A crash between the append and
+the delete ships them again; every message kind is a no-op the second time it is applied.
+Rows of one target are appended in one call, in order, so a receiver applies one sender's
+messages in the order they were written (an EnqueueChildren before the CancelTasks that
+follows it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from conveyor.errors import TransientError
+from conveyor.schemas import codec
+from conveyor.store import keys
+from conveyor.streams import failpoints
+from conveyor.streams.processor.waiting import Poke, back_off
+
+if TYPE_CHECKING:
+    from conveyor.streams.processor.loop import PartitionProcessor
+
+SHIP_MAX = 256  # message rows per round (each may carry SPILL_BATCH children)
+
+
+class MessageShipper:
+    def __init__(self, processor: PartitionProcessor) -> None:
+        self._p = processor
+        self._poke = Poke(processor.clock)
+        self.shipped = 0
+        self._after: bytes | None = None  # the last row shipped: deleted rows are skipped
+
+    def poke(self) -> None:
+        self._poke.poke()
+
+    async def run(self) -> None:
+        while self._p.leader:
+            try:
+                shipped = await self.ship_once()
+            except TransientError as exc:  # the rows stay: shipped later
+                await back_off(self._p.clock, exc, f"partition {self._p.partition} messages")
+                continue
+            if not shipped:
+                await self._poke.wait(1_000)
+
+    async def ship_once(self) -> bool:
+        rows: list[bytes] = []
+        by_target: dict[int, list[bytes]] = defaultdict(list)
+        now_ms = self._p.clock.now_ms()
+        for key, value in self._p.kv.scan(keys.MESSAGES, self._after):
+            if key == self._after:
+                continue
+            target, data = keys.parse_message_value(value)
+            rows.append(key)
+            by_target[target].append(_restamp(data, now_ms))
+            if len(rows) >= SHIP_MAX:
+                break
+        if not rows:
+            return False
+        await asyncio.gather(
+            *(self._p.log.append(target, datas) for target, datas in by_target.items())
+        )
+        failpoints.hit("message-shipped")
+        self._p.kv.write({key: None for key in rows})
+        self._after = rows[-1]
+        self.shipped += len(rows)
+        return True
+
+
+def _restamp(data: bytes, now_ms: int) -> bytes:
+    """The record as appended now: "now" on the receiving partition is the append's time."""
+    envelope = codec.decode_envelope(data)
+    return codec.ENVELOPE.encode(dataclasses.replace(envelope, ts_ms=now_ms))

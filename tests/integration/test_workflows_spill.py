@@ -1,0 +1,158 @@
+"""Fan-outs over 1,000 children spill across partitions (``handlers/workflows.py`` rules 7-8),
+through real processes: ``conveyor dev`` on 4 partitions (node, gateway, agent, guest
+processes) over real sockets. The workflow resumes once, with every result in child order;
+the spilled children ran on the other partitions; ``GET /v1/workflows/{id}`` counts them.
+Then the same with the node killed (SIGKILL, by the ``message-shipped`` failpoint) right
+after it appended cross-partition messages and before it deleted them: the restarted node
+ships them again, and nothing lands twice."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_gateway import KEY_A, KEY_B, NodeProcess, call
+
+from conveyor.streams.machine.handlers.workflows import SPILL_AFTER, child_id
+
+pytestmark = pytest.mark.timeout(300)
+
+APP = "spillapp"
+CHILDREN = SPILL_AFTER + 120  # 120 spill over the 3 other partitions
+PARTITIONS = 4  # NodeProcess starts every node with 4
+CRASHES_MAX = 3
+SPILL_APP = """
+import conveyor
+
+app = conveyor.App("spillapp")
+
+
+@app.task(retry=conveyor.Retry(attempts=5, base="50ms", cap="100ms"))
+def double(n):
+    return 2 * n
+
+
+@app.workflow
+def wide(ctx, n):
+    return ctx.parallel("wide", [(double, i) for i in range(n)])
+"""
+
+
+def home_with_app(root: Path) -> Path:
+    (root / "spillapp.py").write_text(SPILL_APP)
+    home = root / "home"
+    home.mkdir()
+    keys = {KEY_A: {"tenant": "default"}, KEY_B: {"tenant": "beta"}}
+    (home / "keys.json").write_text(json.dumps({"keys": keys}))
+    return home
+
+
+def dev_process(root: Path) -> NodeProcess:
+    return NodeProcess(root / "home", ("dev", "--app", "spillapp:app", "--no-projection"))
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    root = tmp_path_factory.mktemp("spill")
+    home_with_app(root)
+    proc = dev_process(root)
+    proc.start(cwd=root)
+    try:
+        yield proc
+    finally:
+        assert proc.stop(signal.SIGINT) == 0, proc.logs()
+
+
+def start(base: str, n: int) -> str:
+    body = {"task_type": "wide", "app": APP, "payload": n}
+    deadline = time.monotonic() + 30
+    while True:  # the agent registers its task types shortly after the node is up
+        status, reply = call(base, "POST", "/v1/workflows", body)
+        if status != 400 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert status == 201, reply
+    return str(reply["task_id"])
+
+
+def finished(base: str, task_id: str, timeout_s: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, task = call(base, "GET", f"/v1/tasks/{task_id}?wait_ms=20000", timeout=30)
+        assert status == 200, task
+        if task["finished_ms"] is not None or time.monotonic() > deadline:
+            return task  # type: ignore[no-any-return]
+
+
+def check_completed_once(base: str, workflow_id: str) -> None:
+    task = finished(base, workflow_id)
+    assert task["status"] == "SUCCEEDED", task
+    assert task["result"] == [2 * i for i in range(CHILDREN)]  # in child order
+    # the fan-in fired once: one attempt fanned out, the one it woke succeeded
+    assert [a["outcome"] for a in task["attempts"]] == ["FANNED_OUT", "SUCCEEDED"]
+    status, wf = call(base, "GET", f"/v1/workflows/{workflow_id}")
+    assert status == 200, wf
+    (parallel,) = wf["parallel"]
+    assert parallel["fired"] and parallel["total"] == CHILDREN
+    assert parallel["counts"] == {"SUCCEEDED": CHILDREN}  # spilled ones read where they live
+    assert all(c["task_id"][:4] == workflow_id[:4] for c in parallel["children"])
+    spilled = [child_id(workflow_id, "wide#0", i, PARTITIONS) for i in range(SPILL_AFTER, CHILDREN)]
+    homes = {task_id[:4] for task_id in spilled}
+    assert len(homes) == PARTITIONS - 1 and workflow_id[:4] not in homes
+    for task_id in spilled[:: len(spilled) // 6]:
+        status, child = call(base, "GET", f"/v1/tasks/{task_id}")
+        assert status == 200 and child["status"] == "SUCCEEDED", child
+    # another tenant sees neither the workflow nor its spilled children
+    assert call(base, "GET", f"/v1/workflows/{workflow_id}", key=KEY_B)[0] == 404
+    assert call(base, "GET", f"/v1/tasks/{spilled[0]}", key=KEY_B)[0] == 404
+
+
+def test_a_fan_out_over_1000_children_spills_and_resumes_once_in_order(
+    dev: NodeProcess,
+) -> None:
+    workflow_id = start(dev.base, CHILDREN)
+    check_completed_once(dev.base, workflow_id)
+
+
+def test_kill9_after_messages_were_appended_ships_them_again_and_lands_nothing_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home_with_app(tmp_path)
+    proc = dev_process(tmp_path)
+    monkeypatch.setenv("CONVEYOR_FAILPOINTS", "message-shipped=0.2")
+    proc.start(cwd=tmp_path)  # nothing to ship yet: no crash before the workflow starts
+    workflow_id = start(proc.base, CHILDREN)
+    crashes = 0
+
+    def crashed() -> None:
+        nonlocal crashes
+        assert proc.proc is not None and proc.proc.returncode == -signal.SIGKILL, proc.logs()
+        crashes += 1
+        if crashes == CRASHES_MAX:  # the last start ships what is left without crashing
+            monkeypatch.delenv("CONVEYOR_FAILPOINTS")
+
+    try:
+        while crashes < CRASHES_MAX:
+            assert proc.proc is not None
+            try:
+                proc.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                break  # no crash within a minute: every message was shipped
+            crashed()
+            while True:  # a restart ships the rows left behind at once: it may crash again
+                try:
+                    proc.start(cwd=tmp_path)
+                    break
+                except AssertionError:
+                    crashed()
+        assert crashes >= 1, "the failpoint never fired: the test proved nothing"
+        print(f"\n{crashes} kill -9(s) between a message append and its delete")
+        check_completed_once(proc.base, workflow_id)
+    finally:
+        assert proc.stop(signal.SIGINT) == 0, proc.logs()
