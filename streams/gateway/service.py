@@ -311,7 +311,10 @@ class Gateway:
         """
         if not self.owns(tenant, task_id):
             return UNKNOWN_TASK
-        held = holder(self.node.tables(self.node.partition_of(task_id)), task_id, lease_id)
+        # The processor's reader: its decoded-row cache holds the leased tasks (a plain
+        # ``Tables`` would decode three rows per report, the node's largest cost per task).
+        reader = self.node.processors[self.node.partition_of(task_id)].reader()
+        held = holder(reader, task_id, lease_id)
         return held if isinstance(held, str) else None
 
     async def register(self, tenant: str, req: Register) -> list[str]:
