@@ -2,9 +2,10 @@
 through real processes: ``conveyor dev`` on 4 partitions (node, gateway, agent, guest
 processes) over real sockets. The workflow resumes once, with every result in child order;
 the spilled children ran on the other partitions; ``GET /v1/workflows/{id}`` counts them.
-Then the same with the node killed (SIGKILL, by the ``message-shipped`` failpoint) right
-after it appended cross-partition messages and before it deleted them: the restarted node
-ships them again, and nothing lands twice."""
+fail_fast at a spilled child, and the cancel of a waiting workflow, cancel the spilled
+siblings through their partitions. Then the same fan-out with the node killed (SIGKILL, by
+the ``message-shipped`` failpoint) right after it appended cross-partition messages and
+before it deleted them: the restarted node ships them again, and nothing lands twice."""
 
 from __future__ import annotations
 
@@ -38,9 +39,38 @@ def double(n):
     return 2 * n
 
 
+@app.task(retry=conveyor.Retry(attempts=1))
+def boom(n):
+    raise conveyor.FatalError(f"child {n} broke")
+
+
+@app.task
+def slow(ctx, n):
+    ctx.wait_cancelled(60)
+    ctx.raise_if_cancelled()
+    return n
+
+
 @app.workflow
 def wide(ctx, n):
     return ctx.parallel("wide", [(double, i) for i in range(n)])
+
+
+@app.workflow
+def fast(ctx, n):
+    # children 0..n-1 succeed on the workflow's partition; n (spilled) fails; n+1.. (spilled)
+    # wait to be canceled
+    children = [(double, i) for i in range(n)] + [(boom, n)] + [(slow, i) for i in range(4)]
+    try:
+        ctx.parallel("fast", children, mode="fail_fast")
+    except conveyor.ChildFailed as exc:
+        return {"failed": exc.task_id, "index": exc.index, "status": exc.status}
+    return "not reached"
+
+
+@app.workflow
+def parks(ctx, n):
+    return ctx.parallel("parks", [(double, i) for i in range(n)] + [(slow, 0), (slow, 1)])
 """
 
 
@@ -69,8 +99,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
         assert proc.stop(signal.SIGINT) == 0, proc.logs()
 
 
-def start(base: str, n: int) -> str:
-    body = {"task_type": "wide", "app": APP, "payload": n}
+def start(base: str, n: int, task_type: str = "wide") -> str:
+    body = {"task_type": task_type, "app": APP, "payload": n}
     deadline = time.monotonic() + 30
     while True:  # the agent registers its task types shortly after the node is up
         status, reply = call(base, "POST", "/v1/workflows", body)
@@ -95,7 +125,7 @@ def check_completed_once(base: str, workflow_id: str) -> None:
     assert task["status"] == "SUCCEEDED", task
     assert task["result"] == [2 * i for i in range(CHILDREN)]  # in child order
     # the fan-in fired once: one attempt fanned out, the one it woke succeeded
-    assert [a["outcome"] for a in task["attempts"]] == ["FANNED_OUT", "SUCCEEDED"]
+    assert [a["outcome"] for a in task["attempts"]] == ["FANNED_OUT", "SUCCEEDED"], task["attempts"]
     status, wf = call(base, "GET", f"/v1/workflows/{workflow_id}")
     assert status == 200, wf
     (parallel,) = wf["parallel"]
@@ -118,6 +148,44 @@ def test_a_fan_out_over_1000_children_spills_and_resumes_once_in_order(
 ) -> None:
     workflow_id = start(dev.base, CHILDREN)
     check_completed_once(dev.base, workflow_id)
+
+
+def test_fail_fast_at_a_spilled_child_cancels_the_spilled_siblings(dev: NodeProcess) -> None:
+    workflow_id = start(dev.base, SPILL_AFTER, "fast")
+    task = finished(dev.base, workflow_id)
+    assert task["status"] == "SUCCEEDED", task
+    failed = child_id(workflow_id, "fast#0", SPILL_AFTER, PARTITIONS)
+    assert failed[:4] != workflow_id[:4]  # it ran on another partition
+    assert task["result"] == {"failed": failed, "index": SPILL_AFTER, "status": "FAILED"}
+    assert [a["outcome"] for a in task["attempts"]] == ["FANNED_OUT", "SUCCEEDED"]
+    for index in range(SPILL_AFTER + 1, SPILL_AFTER + 5):  # canceled by messages
+        sibling = child_id(workflow_id, "fast#0", index, PARTITIONS)
+        assert sibling[:4] != workflow_id[:4]
+        assert finished(dev.base, sibling)["status"] == "CANCELED"
+
+
+def test_cancel_of_a_waiting_workflow_cascades_to_its_spilled_children(dev: NodeProcess) -> None:
+    workflow_id = start(dev.base, SPILL_AFTER, "parks")
+    slow = [child_id(workflow_id, "parks#0", SPILL_AFTER + i, PARTITIONS) for i in range(2)]
+
+    def running() -> bool:
+        return all(
+            call(dev.base, "GET", f"/v1/tasks/{t}")[1].get("status") == "LEASED" for t in slow
+        )
+
+    deadline = time.monotonic() + 60
+    while not running():
+        assert time.monotonic() < deadline, [call(dev.base, "GET", f"/v1/tasks/{t}") for t in slow]
+        time.sleep(0.05)
+    assert call(dev.base, "GET", f"/v1/tasks/{workflow_id}")[1]["status"] == "WAITING"
+    assert call(dev.base, "POST", f"/v1/tasks/{workflow_id}/cancel")[1]["status"] == "CANCELED"
+    for task_id in slow:  # asked to stop through their partitions; they stop at once
+        assert finished(dev.base, task_id, timeout_s=30)["status"] == "CANCELED"
+    _, wf = call(dev.base, "GET", f"/v1/workflows/{workflow_id}")
+    (parallel,) = wf["parallel"]
+    # every child ended: the doubles that had not run yet were canceled at once
+    assert set(parallel["counts"]) <= {"CANCELED", "SUCCEEDED"}, parallel
+    assert sum(parallel["counts"].values()) == SPILL_AFTER + 2
 
 
 def test_kill9_after_messages_were_appended_ships_them_again_and_lands_nothing_twice(
