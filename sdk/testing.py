@@ -225,6 +225,8 @@ class Engine:
                 return f"partition {p} has a task running"
             if tables.due_timers(now, 1):
                 return f"partition {p} has a due timer"
+            if next(tables.scan(keys.MESSAGES), None) is not None:
+                return f"partition {p} has messages for other partitions to ship"
         if agent.busy:
             return "the worker is running or completing an attempt"
         return None

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import conveyor
+from conveyor.streams.machine.handlers.workflows import SPILL_AFTER, child_id
 from conveyor.testing import Engine
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,6 +70,11 @@ def nested(ctx: conveyor.Context, _: Any) -> Any:
         "inner", [conveyor.Enqueue(squares, {"numbers": [1, 2]}), (squares, {"numbers": [3]})]
     )
     return sum(sum(r) for r in inner)
+
+
+@app.workflow
+def wide(ctx: conveyor.Context, n: int) -> Any:
+    return ctx.parallel("wide", [(square, i) for i in range(n)])
 
 
 @app.workflow
@@ -142,6 +148,19 @@ def test_an_unknown_child_task_type_fails_the_workflow_loudly(engine: Engine) ->
     assert info.status == "FAILED" and info.error is not None
     assert info.error.error_class == "BadFanOut"
     assert "no_such_type" in (info.error.message or "")
+
+
+def test_a_fan_out_past_1000_children_spills_to_the_other_partition(engine: Engine) -> None:
+    handle = engine.client.enqueue(wide, 1_050)
+    engine.run_until_idle()
+    assert handle.result() == [i * i for i in range(1_050)]
+    assert [a.outcome for a in handle.get().attempts] == ["FANNED_OUT", "SUCCEEDED"]
+    (parallel,) = engine.client.get_workflow(handle.id)["parallel"]
+    assert parallel["counts"] == {"SUCCEEDED": 1_050}
+    for index in (0, 999, 1_000, 1_049):  # the engine's node has two partitions
+        task = engine.client.get(child_id(handle.id, "wide#0", index, 2))
+        assert task.status == "SUCCEEDED"
+        assert (task.task_id[:4] == handle.id[:4]) == (index < SPILL_AFTER)
 
 
 def test_workflows_nest(engine: Engine) -> None:
