@@ -5,7 +5,7 @@ frame reports the byte range the attempt wrote (``log_range``). ``BlockingFrames
 guest's side (threads, blocking socket); ``AsyncFrames`` the agent's.
 
     agent -> guest   {"op": "run", "task_id", "task_type", "attempt", "payload", "checkpoint",
-                      "steps", "started_ms", "run_key", "cpu_s"}
+                      "steps", "started_ms", "run_key", "compensating", "cpu_s"}
                      {"op": "cancel", "task_id"}        {"op": "exit"}
                      {"op": "step_ack", "task_id", "seq", "ok", "lost", "transient", "reason"}
     guest -> agent   {"op": "hello", "ok", "pid", "error"}

@@ -136,6 +136,7 @@ class Guest:
             steps=list(frame.get("steps") or []),
             started_ms=int(frame.get("started_ms") or 0),
             run_key=frame.get("run_key"),
+            compensating=bool(frame.get("compensating")),
         )
         with self._lock:
             self._current = ctx

@@ -286,6 +286,7 @@ class HostAgent:
             steps=offer.steps,
             started_ms=offer.started_ms,
             run_key=offer.run_key,
+            compensating=offer.compensating,
         )
         try:
             async with self._guests:

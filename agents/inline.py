@@ -63,6 +63,7 @@ class InlineSandbox:
             steps=job.steps,
             started_ms=job.started_ms,
             run_key=job.run_key,
+            compensating=job.compensating,
         )
         self._killed: str | None = None
         task = app.tasks.get(job.task_type)

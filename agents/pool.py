@@ -122,6 +122,7 @@ class GuestSandbox:
             "steps": job.steps,
             "started_ms": job.started_ms,
             "run_key": job.run_key,
+            "compensating": job.compensating,
             "cpu_s": job.cpu_s,
             "cpu_hard": self.pool.fresh_process,
         }

@@ -16,11 +16,16 @@ Shared by the guest stub and the in-process executor, so a handler behaves the s
     a step divergence or overlap    FATAL (the same code would do it again)
     a lost lease (a refused step)   FAILED; the agent drops it anyway
     swallowed one of those three    FATAL, naming what was swallowed, whatever it returned
+
+A compensating attempt (a canceled workflow, ``conveyor.steps`` rule 6) ends however its replay
+ended; then its compensations run and it reports CANCELED, or FAILED (FATAL when the cause is
+a ``FatalError``) as ``CompensationFailed`` when one raised. A lost lease stays a lost lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -32,7 +37,14 @@ from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
 from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
-from conveyor.steps import ClaimLost, FanOut, Sleep, StepSignal, WaitEvent
+from conveyor.steps import (
+    ClaimLost,
+    CompensationFailed,
+    FanOut,
+    Sleep,
+    StepSignal,
+    WaitEvent,
+)
 
 STACK_CHARS_MAX = 16 * 1024
 MESSAGE_CHARS_MAX = 4 * 1024
@@ -74,6 +86,11 @@ def unknown_type(app: App, task_type: str) -> AttemptResult:
 
 def run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     """Call the handler in this thread (an async handler gets its own event loop)."""
+    result = _run_sync(task, ctx, payload)
+    return compensated(task, ctx, result) if ctx.step.compensating else result
+
+
+def _run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     try:
         with running(ctx):
             value = task.invoke(ctx, payload)
@@ -89,7 +106,14 @@ def run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptRes
 
 
 async def run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
-    """Call an async handler in the running loop."""
+    """Call an async handler in the running loop (its compensations in a thread)."""
+    result = await _run_async(task, ctx, payload)
+    if ctx.step.compensating:
+        return await asyncio.to_thread(compensated, task, ctx, result)
+    return result
+
+
+async def _run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     try:
         with running(ctx):
             value = task.invoke(ctx, payload)
@@ -102,6 +126,24 @@ async def run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> Att
     except (Exception, SystemExit) as exc:
         return latched(ctx) or failed(task, exc)
     return latched(ctx) or succeeded(ctx, value)
+
+
+def compensated(task: TaskType[Any, Any], ctx: Context, replayed: AttemptResult) -> AttemptResult:
+    """The end of a compensating attempt whose replay ended as ``replayed``."""
+    if isinstance(ctx.step.signal, ClaimLost):
+        return replayed  # the lease is gone: the next attempt compensates
+    try:
+        count = ctx.step.compensate_all()
+    except StepSignal as exc:
+        return signal_result(exc)
+    except CompensationFailed as exc:
+        result = failed(task, exc.cause)
+        return dataclasses.replace(
+            result, error_class="CompensationFailed", error_message=str(exc)[:MESSAGE_CHARS_MAX]
+        )
+    except Exception as exc:  # a refused or unreachable step
+        return failed(task, exc)
+    return canceled(f"canceled after {count} compensation(s)")
 
 
 def signal_of(ctx: Context, raised: StepSignal) -> AttemptResult:

@@ -26,6 +26,7 @@ class Job:
     started_ms: int = 0  # when the lease was granted (platform time)
     run_key: str | None = None
     cpu_s: float | None = None  # CPU seconds this attempt may use (guests only)
+    compensating: bool = False  # a canceled workflow's attempt: run its compensations
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

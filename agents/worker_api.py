@@ -46,6 +46,7 @@ class LeaseOffer:
     steps: list[dict[str, Any]] = field(default_factory=list)
     started_ms: int = 0
     run_key: str | None = None
+    compensating: bool = False  # a canceled workflow's attempt: run its compensations
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,6 +186,7 @@ def offer_from_json(data: dict[str, Any]) -> LeaseOffer:
         steps=list(data.get("steps") or []),
         started_ms=int(data.get("started_ms") or 0),
         run_key=data.get("run_key"),
+        compensating=bool(data.get("compensating")),
     )
 
 

@@ -36,3 +36,12 @@ def over_cap(identity: str, size: int, count: int, total: int) -> str | None:
     if count + 1 > STEPS_MAX:
         return f"step {identity!r} exceeds the task's step count limit: {count + 1} > {STEPS_MAX}"
     return None
+
+
+# Compensations (``ctx.step.run(..., compensate=fn)``, see ``conveyor.steps``): before the body
+# of a step with a compensation first runs, the SDK commits the keyed marker step
+# ``@compensate:<identity>`` (the machine then knows the task has compensations: a cancel gives
+# it a compensating attempt); the compensation itself runs as the keyed step
+# ``@undo:<identity>``. Step names cannot begin with "@", so user steps never collide.
+COMPENSATE_PREFIX = "@compensate:"
+UNDO_PREFIX = "@undo:"

@@ -393,6 +393,8 @@ class Task:
     run_key: str | None = None  # None: the task id (see ``run_key_of``)
     resume: str = "latest"  # RESUME_LATEST | RESUME_PINNED, from the spec
     app_version: str | None = None  # of the agent the first lease went to (dispatch.py)
+    compensable: bool = False  # a compensation was registered (a @compensate: marker step)
+    compensating: bool = False  # canceled: its attempts now run the compensations
     # Not stored: the TaskDetail last written for this row, so unchanged details are skipped.
     detail_written: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 

@@ -30,6 +30,7 @@ from conveyor.errors import (
     TransientError,
     Unauthorized,
 )
+from conveyor.steps import CompensationFailed
 from conveyor.wire import Enqueue, ErrorInfo, TaskInfo, TaskPage
 from conveyor.workflows import ChildError, ChildFailed, EventTimeout, WorkflowRefused
 
@@ -44,6 +45,7 @@ __all__ = [
     "ChildError",
     "ChildFailed",
     "Client",
+    "CompensationFailed",
     "Conflict",
     "Context",
     "ContractError",

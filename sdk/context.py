@@ -52,6 +52,7 @@ class Context:
         steps: list[dict[str, Any]] | None = None,
         started_ms: int = 0,
         run_key: str | None = None,
+        compensating: bool = False,
     ) -> None:
         self.task_id = task_id
         self.task_type = task_type
@@ -65,6 +66,7 @@ class Context:
             started_ms=started_ms,
             recorded=steps or [],
             channel=channel,
+            compensating=compensating,
         )
         self.logger = logging.LoggerAdapter(
             logging.getLogger(f"conveyor.task.{task_type}"),

@@ -19,6 +19,17 @@ Rule 5 (signals): sleep, a fan-out (``ctx.parallel``, see ``conveyor.workflows``
 overlap and a lost lease unwind the body as
 ``StepSignal`` (a BaseException). Each is latched: every later step call raises it again, and
 a body that swallowed one and returned anyway fails the attempt naming it.
+Rule 6 (compensations, saga style): ``run(name, fn, compensate=undo)`` registers ``undo``, to be
+called with the step's value if the task is canceled after the step committed. Before the
+step's body first runs, the marker step ``@compensate:<identity>`` is committed, so the platform
+knows, before any side effect, that a cancel must compensate. A canceled task with markers gets
+one more attempt in compensating mode: the body replays its committed steps (re-registering
+their compensations) and stops at the first step, sleep, fan-out or wait that had not
+committed (``Compensate``, a signal); then the compensations run newest first, each as the
+durable keyed step ``@undo:<identity>`` (memoized: exactly once across crashes and retries),
+and the attempt reports CANCELED. A compensation that raises fails the attempt
+(``CompensationFailed``, naming the step): retried per the task's retry policy, the task ends
+FAILED when it runs out. Compensations are synchronous callables.
 """
 
 from __future__ import annotations
@@ -34,7 +45,13 @@ from typing import Any, Protocol, TypeVar
 
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError, FatalError, TransientError
-from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX, over_cap
+from conveyor.schemas.steps import (
+    COMPENSATE_PREFIX,
+    STEP_KEY_BYTES_MAX,
+    STEP_NAME_BYTES_MAX,
+    UNDO_PREFIX,
+    over_cap,
+)
 from conveyor.workflows import check_mode, child_bodies, event_of, event_step_name, results_of
 
 T = TypeVar("T")
@@ -123,6 +140,17 @@ class ClaimLost(StepSignal):
     error_class = "LeaseLost"
 
 
+class Compensate(StepSignal):
+    """Compensating mode (rule 6): the replay reached the first step the canceled task had not
+    committed; the body stops there and the compensations run."""
+
+    error_class = "Compensate"
+
+    def __init__(self, identity: str) -> None:
+        super().__init__(f"canceled: compensating before step {identity!r}")
+        self.identity = identity
+
+
 # -- ordinary errors ---------------------------------------------------------------------------
 
 
@@ -133,6 +161,19 @@ class StepRefused(FatalError):
 
 class StepUnavailable(TransientError):
     """The step store could not be reached; the attempt fails and is retried."""
+
+
+class CompensationFailed(Exception):
+    """The compensation of a committed step raised (rule 6). The attempt fails and is retried
+    per the task's retry policy (at once FATAL when the cause is a ``FatalError``); the task
+    ends FAILED, with this message, when the retries run out."""
+
+    def __init__(self, identity: str, cause: BaseException) -> None:
+        super().__init__(
+            f"compensation of step {identity!r} failed: {type(cause).__name__}: {cause}"
+        )
+        self.identity = identity
+        self.cause = cause
 
 
 @dataclass(slots=True)
@@ -182,6 +223,18 @@ def encode_value(identity: str, value: Any) -> str:
     return text
 
 
+def _undoing(identity: str, compensate: Callable[[Any], Any], value: Any) -> Callable[[], Any]:
+    """The body of ``@undo:<identity>``: ``compensate(value)``, its failure named."""
+
+    def call() -> Any:
+        try:
+            return compensate(value)
+        except Exception as exc:
+            raise CompensationFailed(identity, exc) from exc
+
+    return call
+
+
 class StepContext:
     """``ctx.step``: the durable steps of one attempt."""
 
@@ -193,8 +246,11 @@ class StepContext:
         started_ms: int,
         recorded: list[dict[str, Any]],
         channel: StepChannel,
+        compensating: bool = False,
     ) -> None:
         self._task_id = task_id
+        self.compensating = compensating  # rule 6: replay, then run the compensations
+        self._compensations: list[tuple[str, Callable[[Any], Any], Any]] = []
         self._run_key = run_key
         self._started_ms = started_ms
         self._channel = channel
@@ -237,14 +293,42 @@ class StepContext:
 
     # -- steps ----------------------------------------------------------------------------------
 
-    def run(self, name: str, fn: Callable[[], T], key: str | None = None) -> T:
-        """Run ``fn`` once per task: a later attempt returns its committed value."""
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], T],
+        key: str | None = None,
+        *,
+        compensate: Callable[[T], Any] | None = None,
+    ) -> T:
+        """Run ``fn`` once per task: a later attempt returns its committed value.
+
+        ``compensate``: called with the step's value if the task is canceled after the step
+        committed, newest first, each exactly once, as a durable step (rule 6):
+
+            charge = ctx.step.run("charge", lambda: pay(order), compensate=refund)
+        """
         self._reraise()
+        if compensate is not None and not callable(compensate):
+            raise StepRefused(f"compensate= takes a callable, got {type(compensate).__name__}")
         identity, position = self._identify(name, key)
         row = self._by_identity.get(identity)
         if row is not None and row.committed:
             self._used.add(identity)
+            self._register(identity, compensate, row.value)
             return row.value  # type: ignore[no-any-return]
+        if self.compensating:
+            raise self._latch(Compensate(identity))
+        if compensate is not None:
+            self._mark(identity)
+        decoded = self._execute(identity, position, row, fn)
+        self._register(identity, compensate, decoded)
+        return decoded  # type: ignore[no-any-return]
+
+    def _execute(
+        self, identity: str, position: int, row: _Recorded | None, fn: Callable[[], Any]
+    ) -> Any:
+        """Claim, run ``fn``, commit (rules 3 and 4); the value as a memo hit would give it."""
         self._enter(identity)
         try:
             self._write(CLAIM, identity, position, None)
@@ -259,7 +343,41 @@ class StepContext:
             self._write(COMMIT, identity, position, decoded)
         finally:
             self._leave()
-        return decoded  # type: ignore[no-any-return]
+        return decoded
+
+    # -- compensations (rule 6) -----------------------------------------------------------------
+
+    def _mark(self, identity: str) -> None:
+        """Commit ``@compensate:<identity>`` before the step's body first runs."""
+        marker = f"{COMPENSATE_PREFIX}{identity}"
+        row = self._by_identity.get(marker)
+        if row is not None and row.committed:
+            return
+        if len(marker.encode()) > STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX:
+            raise StepRefused(f"step {identity!r} is too long to take a compensation")
+        self._used.add(marker)
+        self._enter(marker)
+        try:
+            self._write(COMMIT, marker, -1, True)
+        finally:
+            self._leave()
+
+    def _register(self, identity: str, compensate: Callable[[Any], Any] | None, value: Any) -> None:
+        if compensate is not None:
+            self._compensations.append((identity, compensate, value))
+
+    def compensate_all(self) -> int:
+        """Compensating mode: run the registered compensations newest first, each as the
+        durable step ``@undo:<identity>`` (one committed by an earlier attempt is skipped);
+        how many there were. Raises ``CompensationFailed`` at the first that raises."""
+        for identity, compensate, value in reversed(self._compensations):
+            undo = f"{UNDO_PREFIX}{identity}"
+            row = self._by_identity.get(undo)
+            if row is not None and row.committed:
+                continue
+            self._used.add(undo)
+            self._execute(undo, -1, row, _undoing(identity, compensate, value))
+        return len(self._compensations)
 
     def sleep(self, duration: Duration, name: str | None = None) -> None:
         """End the attempt; the task comes back ``duration`` after the first commit of this
@@ -279,6 +397,8 @@ class StepContext:
             if row.wake_at_ms <= self._started_ms:
                 return  # slept already: carry on
             sleep_ms, wake_at_ms = None, row.wake_at_ms  # woke early: the first deadline holds
+        if self.compensating:
+            raise self._latch(Compensate(identity))
         self._enter(identity)  # a sleep inside a step body overlaps that step
         self._leave()
         raise self._latch(Sleep(identity, position, sleep_ms=sleep_ms, wake_at_ms=wake_at_ms))
@@ -292,6 +412,8 @@ class StepContext:
         row = self._by_identity.get(identity)
         if row is not None and row.committed:
             return results_of(row.value)
+        if self.compensating:
+            raise self._latch(Compensate(identity))
         bodies = child_bodies(children)
         self._enter(identity)  # a fan-out inside a step body overlaps that step
         self._leave()
@@ -326,6 +448,8 @@ class StepContext:
             return False  # another step was recorded here first: the old branch
         if identity in self._used:
             raise StepRefused(f"ctx.version({name!r}) is asked twice in one attempt")
+        if self.compensating:
+            raise self._latch(Compensate(identity))
         self._running.append(identity)
         self._used.add(identity)
         self._enter(identity)
@@ -344,6 +468,8 @@ class StepContext:
         row = self._by_identity.get(identity)
         if row is not None and row.committed:
             return event_of(name, row.value)
+        if self.compensating:
+            raise self._latch(Compensate(identity))
         self._enter(identity)  # a wait inside a step body overlaps that step
         self._leave()
         raise self._latch(WaitEvent(identity, position, name=name, timeout_ms=timeout_ms))

@@ -265,6 +265,7 @@ class NodeWorkerAPI:
                     steps=[step_json(row) for row in lease.steps],
                     started_ms=lease.started_ms,
                     run_key=lease.run_key,
+                    compensating=lease.compensating,
                 )
             )
         return offers

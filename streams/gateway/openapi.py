@@ -166,6 +166,10 @@ def _task_shapes() -> dict[str, Schema]:
                 "waiting_for": nullable(
                     {"type": "string", "description": "why a ready task is not dealt"}
                 ),
+                "compensating": {
+                    "type": "boolean",
+                    "description": "canceled: running its compensations before it ends",
+                },
             }
         ),
         "Error": obj({"error": error}, "error"),
@@ -216,6 +220,10 @@ def _worker_shapes() -> dict[str, Schema]:
                 "steps": {"type": "array", "items": ref("StepRow")},
                 "started_ms": MS,
                 "run_key": TEXT,
+                "compensating": {
+                    "type": "boolean",
+                    "description": "a canceled workflow: run its compensations, then stop",
+                },
             }
         ),
         "StepRow": obj(

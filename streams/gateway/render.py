@@ -101,7 +101,13 @@ def version_json(task: Task) -> dict[str, Any]:
         waiting_for = (
             f"an agent serving version {task.app_version!r} of app {task.app!r} (resume=pinned)"
         )
-    return {"resume": task.resume, "app_version": task.app_version, "waiting_for": waiting_for}
+    return {
+        "resume": task.resume,
+        "app_version": task.app_version,
+        "waiting_for": waiting_for,
+        # canceled, and running its compensations before it ends (``conveyor.steps`` rule 6)
+        "compensating": task.compensating,
+    }
 
 
 def enqueue_reply(reply: Reply) -> dict[str, Any]:
@@ -126,6 +132,7 @@ def lease_json(lease: Lease, *, payload: Any, checkpoint: Any) -> dict[str, Any]
         "steps": [step_json(row) for row in lease.steps],
         "started_ms": lease.started_ms,
         "run_key": lease.run_key,
+        "compensating": lease.compensating,
     }
 
 

@@ -233,9 +233,41 @@ FINISHED = {
 
 
 def cancel_now(tables: Tables, task: Task, meta: Meta, out: Outcome, reason: str | None) -> None:
-    """The task is canceled, with ``reason``."""
+    """The task is canceled, with ``reason``: at once, or, if it registered compensations,
+    after an attempt that runs them (``begin_compensation``)."""
+    if task.compensable and not task.compensating:
+        begin_compensation(tables, task, meta, out, reason)
+        return
     canceled = TaskStatus.CANCELED
     finish(tables, task, canceled, meta, out, error_class="Canceled", error_message=reason)
+
+
+def begin_compensation(
+    tables: Tables, task: Task, meta: Meta, out: Outcome, reason: str | None
+) -> None:
+    """A canceled task with compensations (a workflow that ran a step with ``compensate=``)
+    does not end yet: it drops its lease, sleep or wait, goes back to ENQUEUED flagged
+    ``compensating`` with a fresh retry budget, and its children and timers are canceled in
+    this record (``out.compensating``). Its next attempt replays the committed steps, runs their
+    compensations newest first as durable steps, and reports CANCELED; a compensation that
+    keeps failing ends it FAILED per the retry policy. A cancel of a compensating task changes
+    nothing."""
+    if task.status == TaskStatus.LEASED:
+        end_lease(tables, task, out)
+        task.attempt += 1
+    elif task.status != TaskStatus.ENQUEUED:
+        leave_waiting(tables, task)
+    task.compensating = True
+    task.cancel_reason = reason
+    task.budget_base = task.attempt - 1
+    if task.status != TaskStatus.ENQUEUED:
+        move(task, TaskStatus.ENQUEUED)
+        task.run_at_ms = meta.ts_ms
+        make_ready(tables, task, meta, spare_index(out))
+    touch(task, meta)
+    tables.put_task(task)
+    emit(out, EventKind.TaskRequeued, task, meta, error_class="Compensating", error_message=reason)
+    out.compensating.append(task.task_id)
 
 
 def expire_closed(tables: Tables, task: Task, meta: Meta, out: Outcome, message: str) -> None:
@@ -276,6 +308,9 @@ def attempt_failed(
     """A LEASED attempt failed: retry after a backoff, or fail the task for good."""
     assert task.status == TaskStatus.LEASED
     record_attempt(tables, task, meta, "FAILED", error_class, error_message, error_stack)
+    if task.cancel_cause == CancelCause.CANCEL and task.compensable and not task.compensating:
+        begin_compensation(tables, task, meta, out, task.cancel_reason)
+        return
     if task.cancel_cause == CancelCause.CANCEL:
         finish(
             tables,

@@ -82,4 +82,7 @@ class Outcome:
     schedules: list[ScheduleEvent] = field(default_factory=list)  # schedule rows changed
     ignored: str | None = None  # set when a valid record did not apply at all (stale epoch)
     spare_ready: int = 0  # ready indexes dealt by ``lifecycle.spare_index`` so far
+    # Workflows that began compensating: their children and pending timers are canceled in the
+    # same record (``handlers/workflows.settle``), as if they had ended.
+    compensating: list[str] = field(default_factory=list)
     sent: int = 0  # message rows for other partitions written so far (``machine/messages.py``)

@@ -55,6 +55,7 @@ class Lease:
     steps: list[StepRow]
     started_ms: int
     run_key: str
+    compensating: bool = False  # a canceled workflow: run its compensations, then stop
 
 
 @dataclass(slots=True, kw_only=True)
@@ -319,6 +320,7 @@ class Dispatcher:
             steps=tables.steps(grant.task_id) if task.attempt > 1 else [],
             started_ms=task.leased_ms or 0,
             run_key=task.run_key or task.task_id,
+            compensating=task.compensating,
         )
 
     def clear(self) -> None:

@@ -53,7 +53,10 @@ def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) 
 
 
 def stop_task(tables: Tables, task: Task, reason: str, meta: Meta, out: Outcome) -> None:
-    """Cancel one task: at once if it waits, by asking its holder if it runs; else nothing."""
+    """Cancel one task: at once if it waits, by asking its holder if it runs; else nothing
+    (a compensating task is being canceled already)."""
+    if task.compensating:
+        return
     if task.status in WAITING:
         cancel_now(tables, task, meta, out, reason)
     elif task.status == TaskStatus.LEASED and task.cancel_cause != CancelCause.CANCEL:

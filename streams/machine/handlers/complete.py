@@ -25,6 +25,7 @@ from conveyor.streams.machine.handlers.steps import sleep_attempt
 from conveyor.streams.machine.handlers.workflows import fan_out_attempt
 from conveyor.streams.machine.lifecycle import (
     attempt_failed,
+    cancel_now,
     emit,
     end_stopped,
     finish,
@@ -53,6 +54,12 @@ def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Ou
 
 def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome) -> None:
     match item.outcome:
+        case AttemptOutcome.SUCCEEDED | AttemptOutcome.CANCELED if (
+            task.compensating and task.cancel_cause is None
+        ):
+            # The compensating attempt ran every compensation: the cancel is complete.
+            record_attempt(tables, task, meta, "CANCELED", "Canceled", item.error_message)
+            cancel_now(tables, task, meta, out, task.cancel_reason)
         case AttemptOutcome.SUCCEEDED:
             # The final attempt is described by the task row itself; no attempts row.
             task.result = item.result

@@ -14,11 +14,14 @@ drops them (and the totals row) in the terminal transition's batch. FAILED keeps
 a dead-letter retry is a NEW task that runs its steps again under the run key it carries, so
 ``ctx.step.idempotency_key`` stays stable for the side effects, and memos never cross tasks.
 The history of steps lives in the Postgres projection, fed by the step events.
+Rule 6 (compensations): committing a ``@compensate:<identity>`` marker (``schemas/steps.py``)
+flags the task ``compensable``: from then on a cancel gives it a compensating attempt
+(``lifecycle.begin_compensation``) instead of ending it at once.
 """
 
 from __future__ import annotations
 
-from conveyor.schemas.steps import over_cap
+from conveyor.schemas.steps import COMPENSATE_PREFIX, over_cap
 from conveyor.schemas.types import (
     Completion,
     EventKind,
@@ -119,6 +122,10 @@ def _commit(tables: Tables, task: Task, item: StepWrite, meta: Meta, out: Outcom
         meta,
         out,
     )
+    if item.identity.startswith(COMPENSATE_PREFIX) and not task.compensable:
+        task.compensable = True  # rule 6: a cancel now runs its compensations first
+        touch(task, meta)
+        tables.put_task(task)
     return None
 
 

@@ -14,8 +14,9 @@ child that ends FAILED, CANCELED or EXPIRED (fail_fast). Firing commits the para
 (its results in child order, or the failure) and moves the parent WAITING -> ENQUEUED; the
 ``fired`` flag, written in the same batch, makes every later landing a no-op. fail_fast then
 cancels the siblings still running (their landings change nothing but their slots).
-Rule 4 (cascade): a workflow that ends while a barrier is open (canceled, expired) cancels
-every child of that barrier that has not ended.
+Rule 4 (cascade): a workflow that ends while a barrier is open (canceled, expired) or begins
+compensating (``lifecycle.begin_compensation``) cancels every child of that barrier that has
+not ended.
 Rule 5 (no I/O): like every handler, only the tables; the slots of a fired barrier stay for
 ``GET /v1/workflows/{id}``.
 Rule 6 (events): ``ctx.wait_for_event`` parks a workflow in WAITING too (handlers/events.py);
@@ -24,7 +25,7 @@ Rule 7 (spill): children with index < SPILL_AFTER live on the parent's partition
 on a node of several partitions, go round-robin to the other partitions (``child_partition``),
 their ids derived as before but with the target's four hex digits. The barrier, its stripes
 and its slots stay on the parent's partition. The fan-out writes, in its own batch, one
-EnqueueChildren message per SPILL_BATCH spilled children of a partition
+EnqueueChildren message per run of spilled children of a partition (``messages.chunks``)
 (``machine/messages.py``); the receiving partition enqueues each child with its link back to
 the slot (``handlers/spill.py``), skipping an id it holds already.
 Rule 8 (remote landing): a spilled child that ends writes a ChildDone (in a LandChildren
@@ -80,13 +81,12 @@ from conveyor.streams.machine.lifecycle import (
     stopped_instead,
     touch,
 )
-from conveyor.streams.machine.messages import send
+from conveyor.streams.machine.messages import chunks, send
 from conveyor.streams.machine.outcome import Meta, Outcome, TaskFinished
 from conveyor.streams.machine.transitions import move
 
 STRIPES = 16
 SPILL_AFTER = 1_000  # children of one parallel step kept on the parent's partition (rule 7)
-SPILL_BATCH = 256  # children, landings or cancels per message to another partition
 
 
 def child_partition(home: int, index: int, partitions: int) -> int:
@@ -210,8 +210,7 @@ def _open(
         )
         enqueue_one(tables, raw, meta, out, spare_index(out))
     for partition, children in sorted(away.items()):
-        for i in range(0, len(children), SPILL_BATCH):
-            chunk = children[i : i + SPILL_BATCH]
+        for chunk in chunks(children, lambda child: len(child[1])):
             message = EnqueueChildren(
                 parent_id=task.task_id,
                 identity=fan.identity,
@@ -243,6 +242,10 @@ def settle(tables: Tables, meta: Meta, out: Outcome) -> None:
     siblings fail_fast cancels): they are settled in the same pass."""
     actions = out.actions
     away: dict[int, list[ChildDone]] = defaultdict(list)
+    for task_id in out.compensating:  # canceled, ending after its compensations: cascade now
+        compensating = tables.task(task_id)
+        if compensating is not None:
+            _cascade(tables, compensating, meta, out)
     i = 0
     while i < len(actions):
         action = actions[i]
@@ -263,8 +266,7 @@ def settle(tables: Tables, meta: Meta, out: Outcome) -> None:
         if task.attempt > 1:  # only a task that ended an attempt can have fanned out
             _cascade(tables, task, meta, out)
     for partition, items in sorted(away.items()):
-        for n in range(0, len(items), SPILL_BATCH):
-            chunk = items[n : n + SPILL_BATCH]
+        for chunk in chunks(items, _done_bytes):
             send(tables, meta, out, partition, LandChildren(items=chunk), chunk[0].parent_id)
 
 
@@ -277,6 +279,10 @@ def _result_row(child: Task) -> ChildResult:
         error_class=child.error_class if failed else None,
         error_message=child.error_message if failed else None,
     )
+
+
+def _done_bytes(done: ChildDone) -> int:
+    return len(done.result or b"") + len(done.error_message or "") + 200
 
 
 def _done(link: ChildLink, row: ChildResult) -> ChildDone:
@@ -416,17 +422,16 @@ def _cancel_open(
     if parent is None:
         return
     for partition, ids in sorted(away.items()):
-        for n in range(0, len(ids), SPILL_BATCH):
-            message = CancelTasks(
-                tenant=parent.tenant, task_ids=ids[n : n + SPILL_BATCH], reason=reason
-            )
+        for chunk in chunks(ids, len):
+            message = CancelTasks(tenant=parent.tenant, task_ids=chunk, reason=reason)
             send(tables, meta, out, partition, message, parent_id)
 
 
 def _cascade(tables: Tables, task: Task, meta: Meta, out: Outcome) -> None:
     for barrier in tables.barriers(task.task_id):
         if not barrier.fired:
-            reason = f"the workflow {task.task_id} ended {task.status.value}"
+            ended = "was canceled" if task.compensating else f"ended {task.status.value}"
+            reason = f"the workflow {task.task_id} {ended}"
             _cancel_open(tables, task.task_id, barrier, reason, meta, out)
     wait = tables.event_wait(task.task_id)
     if wait is not None:  # its pending timer goes with it
