@@ -19,7 +19,10 @@ function facts(task, workflows) {
     ["Run at", fmtTime(task.run_at_ms)],
     ["Updated", fmtTime(task.updated_ms)],
     ["Finished", fmtTime(task.finished_ms)],
+    ["App version", task.app_version ? `${task.app_version} (resume ${task.resume})` : null],
   ];
+  // A pinned task that is ready but may only go to agents of its version says so.
+  if (task.waiting_for) items.push(["Waiting for", task.waiting_for]);
   if (workflows) {
     items.push(["Steps", h("a", { href: `#/workflow/${encodeURIComponent(task.task_id)}`,
       class: "workflow-link" }, "workflow view")]);
@@ -139,6 +142,8 @@ export async function renderTask(main, ctx) {
         h("h1", {}, "Task ", h("span", { class: "mono", id: "task-id" }, task.task_id)),
         badge(task.status),
         task.cancel_requested ? h("span", { class: "badge s-canceled" }, "cancel requested") : null,
+        task.compensating && !TERMINAL.has(task.status)
+          ? h("span", { class: "badge s-canceled" }, "compensating") : null,
         h("span", { class: "spacer" }),
         actions(task, { ...ctx, reload })),
       facts(task, workflows),

@@ -150,7 +150,12 @@ export async function renderWorkflow(main, { arg, live }) {
         h("dt", {}, "Queue"), h("dd", {}, wf.queue),
         h("dt", {}, "Created"), h("dd", {}, fmtTime(wf.created_ms)),
         h("dt", {}, "Finished"), h("dd", {}, fmtTime(wf.finished_ms)),
-        h("dt", {}, "Attempt"), h("dd", {}, wf.attempt)),
+        h("dt", {}, "Attempt"), h("dd", {}, wf.attempt),
+        h("dt", {}, "App version"),
+        h("dd", {}, wf.app_version ? `${wf.app_version} (resume ${wf.resume})` : "—"),
+        wf.waiting_for ? [h("dt", {}, "Waiting for"), h("dd", {}, wf.waiting_for)] : null,
+        wf.compensating ? [h("dt", {}, "Canceled"), h("dd", {}, "compensations: see the " +
+          "@undo: steps")] : null),
       h("section", { class: "card" }, h("h2", {}, "Steps"), graph(reply.steps, reply.parallel),
         stepsTable(reply.steps, values),
         TERMINAL.has(wf.status) ? h("p", { class: "muted dropped" }, "The step memos of a " +
