@@ -13,10 +13,20 @@ cancel of a task that ended).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
 from conveyor.schemas import codec
 from conveyor.schemas.types import Record
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.outcome import Meta, Outcome
+
+T = TypeVar("T")
+MESSAGE_ITEMS_MAX = 256  # children, landings or task ids per message
+# Bytes of items per message: far below the log's record limit (16 MiB), and a round of the
+# shipper holds a few messages in memory. An item bigger than this alone still fits: it came
+# in one record already.
+MESSAGE_BYTES_MAX = 2 * 2**20
 
 
 def send(
@@ -27,3 +37,19 @@ def send(
     data = codec.encode_record(record, epoch=0, ts_ms=meta.ts_ms, key=key)
     tables.put_message(meta.offset, out.sent, partition, data)
     out.sent += 1
+
+
+def chunks(items: Sequence[T], size_of: Callable[[T], int]) -> Iterator[list[T]]:
+    """``items`` in order, in runs of at most MESSAGE_ITEMS_MAX items and MESSAGE_BYTES_MAX
+    bytes (an item bigger than that makes a run of its own): one message each."""
+    run: list[T] = []
+    size = 0
+    for item in items:
+        n = size_of(item)
+        if run and (len(run) == MESSAGE_ITEMS_MAX or size + n > MESSAGE_BYTES_MAX):
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += n
+    if run:
+        yield run

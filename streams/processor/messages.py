@@ -27,7 +27,8 @@ from conveyor.streams.processor.waiting import Poke, back_off
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
 
-SHIP_MAX = 256  # message rows per round (each may carry SPILL_BATCH children)
+SHIP_MAX = 256  # message rows per round
+SHIP_BYTES_MAX = 8 * 2**20  # and their bytes (a message holds up to 2 MiB of items)
 
 
 class MessageShipper:
@@ -52,6 +53,7 @@ class MessageShipper:
 
     async def ship_once(self) -> bool:
         rows: list[bytes] = []
+        size = 0
         by_target: dict[int, list[bytes]] = defaultdict(list)
         now_ms = self._p.clock.now_ms()
         for key, value in self._p.kv.scan(keys.MESSAGES, self._after):
@@ -60,7 +62,8 @@ class MessageShipper:
             target, data = keys.parse_message_value(value)
             rows.append(key)
             by_target[target].append(_restamp(data, now_ms))
-            if len(rows) >= SHIP_MAX:
+            size += len(data)
+            if len(rows) >= SHIP_MAX or size >= SHIP_BYTES_MAX:
                 break
         if not rows:
             return False

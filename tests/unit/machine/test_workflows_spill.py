@@ -11,19 +11,17 @@ from conveyor.schemas import codec
 from conveyor.schemas.types import (
     CancelTasks,
     ChildDone,
+    Completion,
     EnqueueChildren,
     LandChildren,
+    Outcome,
     ParallelMode,
     Record,
     TaskStatus,
 )
 from conveyor.store import keys
-from conveyor.streams.machine.handlers.workflows import (
-    SPILL_AFTER,
-    SPILL_BATCH,
-    child_id,
-    child_partition,
-)
+from conveyor.streams.machine.handlers.workflows import SPILL_AFTER, child_id, child_partition
+from conveyor.streams.machine.messages import MESSAGE_BYTES_MAX, MESSAGE_ITEMS_MAX, chunks
 
 from .harness import Harness, grants
 from .test_workflows import fan_out, requeued, workflow
@@ -108,7 +106,7 @@ def test_a_fan_out_of_2500_enqueues_1000_here_and_writes_messages_for_the_rest()
     for target, record in sent:
         assert isinstance(record, EnqueueChildren)
         assert record.parent_id == parent_id and record.identity == "fan#0"
-        assert len(record.tasks) == len(record.indexes) <= SPILL_BATCH
+        assert len(record.tasks) == len(record.indexes) <= MESSAGE_ITEMS_MAX
         for index, raw in zip(record.indexes, record.tasks, strict=True):
             assert codec.TASK_SPEC.decode(raw).task_id == ids[index]
             assert ids[index][:4] == f"{target:04x}"
@@ -230,3 +228,36 @@ def test_canceling_the_workflow_cascades_to_spilled_children_not_yet_enqueued() 
     for i in ids[SPILL_AFTER:]:
         assert hs[int(i[:4], 16)].task(i).status == TaskStatus.CANCELED
     assert hs[1].ready_ids() == [] and hs[2].ready_ids() == []
+
+
+def test_messages_are_cut_by_item_count_and_by_bytes() -> None:
+    assert [len(c) for c in chunks(list(range(600)), lambda _: 1)] == [256, 256, 88]
+    big = MESSAGE_BYTES_MAX // 3 + 1
+    assert [len(c) for c in chunks([b"x"] * 7, lambda _: big)] == [2, 2, 2, 1]
+    assert list(
+        chunks([b"huge", b"a"], lambda b: MESSAGE_BYTES_MAX * 2 if b == b"huge" else 1)
+    ) == [
+        [b"huge"],
+        [b"a"],
+    ]
+    assert list(chunks([], len)) == []
+
+
+def test_big_child_results_travel_in_several_landings() -> None:
+    hs = cluster(2)
+    parent_id, lease = workflow(hs[0])
+    n = SPILL_AFTER + 12
+    fan_out(hs[0], parent_id, lease, n)
+    ship_all(hs)
+    result = json.dumps("x" * (MESSAGE_BYTES_MAX // 5)).encode()
+    granted = grants(hs[1].grant(100, tenants=["t1"]))
+    hs[1].report(
+        *(
+            Completion(
+                task_id=g.task_id, lease_id=g.lease_id, outcome=Outcome.SUCCEEDED, result=result
+            )
+            for g in granted
+        )
+    )
+    sizes = [len(r.items) for _, r in messages(hs[1]) if isinstance(r, LandChildren)]
+    assert sum(sizes) == 12 and max(sizes) <= 5  # one record finished 12 children
