@@ -25,9 +25,10 @@ Rule 7 (spill): children with index < SPILL_AFTER live on the parent's partition
 on a node of several partitions, go round-robin to the other partitions (``child_partition``),
 their ids derived as before but with the target's four hex digits. The barrier, its stripes
 and its slots stay on the parent's partition. The fan-out writes, in its own batch, one
-EnqueueChildren message per run of spilled children of a partition (``messages.chunks``)
-(``machine/messages.py``); the receiving partition enqueues each child with its link back to
-the slot (``handlers/spill.py``), skipping an id it holds already.
+EnqueueChildren message per run of spilled children of a partition (``machine/messages.py``:
+runs of MESSAGE_ITEMS_MAX children or MESSAGE_BYTES_MAX bytes); the receiving partition
+enqueues each child with its link back to the slot (``handlers/spill.py``), skipping an id it
+holds already.
 Rule 8 (remote landing): a spilled child that ends writes a ChildDone (in a LandChildren
 message) to the parent's partition, which lands it exactly like a local child (rules 2-3); a
 resent ChildDone meets a filled slot and changes nothing. Cancels of rules 3 and 4 reach
