@@ -139,6 +139,17 @@ def _task_shapes() -> dict[str, Schema]:
         "code",
         "message",
     )
+    versions = {  # render.version_json
+        "resume": {"enum": list(RESUME_POLICIES)},
+        "app_version": nullable(
+            {"type": "string", "description": "of the agent the first lease went to"}
+        ),
+        "waiting_for": nullable({"type": "string", "description": "why a ready task is not dealt"}),
+        "compensating": {
+            "type": "boolean",
+            "description": "canceled: running its compensations before it ends",
+        },
+    }
     return {
         "TaskRequest": _task_request(),
         "EnqueueReply": obj(
@@ -159,19 +170,11 @@ def _task_shapes() -> dict[str, Schema]:
                 "result": ANY,
                 "checkpoint": ANY,
                 "attempts": array(attempt),
-                "resume": {"enum": list(RESUME_POLICIES)},
-                "app_version": nullable(
-                    {"type": "string", "description": "of the agent the first lease went to"}
-                ),
-                "waiting_for": nullable(
-                    {"type": "string", "description": "why a ready task is not dealt"}
-                ),
-                "compensating": {
-                    "type": "boolean",
-                    "description": "canceled: running its compensations before it ends",
-                },
+                **versions,
             }
         ),
+        # GET /v1/workflows/{id}: the live summary, with the version facts of ``Task``.
+        "WorkflowTask": obj({**summary, **versions}),
         "Error": obj({"error": error}, "error"),
     }
 
@@ -751,7 +754,7 @@ def _list(item: Schema) -> Schema:
 _STEP_STATES = {"enum": ["CLAIMED", "COMMITTED", "SLEEPING", "WAITING", "ENDED"]}
 _WORKFLOW = obj(
     {
-        "workflow": ref("TaskSummary"),
+        "workflow": ref("WorkflowTask"),
         "steps": _list(
             obj(
                 {
