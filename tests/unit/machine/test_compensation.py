@@ -145,3 +145,22 @@ def test_a_task_without_compensations_is_canceled_at_once() -> None:
     sleep(h, spec.task_id, lease)
     h.cancel(spec.task_id)
     assert h.task(spec.task_id).status == TaskStatus.CANCELED
+
+
+def test_a_compensating_attempt_that_dies_is_retried_with_its_undone_steps_kept() -> None:
+    h = Harness()
+    task_id, lease = charged(h, attempts_max=3)
+    sleep(h, task_id, lease)
+    h.cancel(task_id)
+    lease2 = compensating_lease(h, task_id)
+    commit(h, task_id, lease2, "@undo:charge#0", b'"refunded"')
+    h.expire(task_id, lease2)  # the agent died before it reported
+    task = h.task(task_id)
+    assert task.status == TaskStatus.RETRY_WAIT and task.compensating
+    h.fire_due(h.now_ms + 60_000)
+    lease3 = compensating_lease(h, task_id)
+    undo = h.committed().step(task_id, "@undo:charge#0")
+    assert undo is not None and undo.value == b'"refunded"'  # the next attempt skips it
+    assert h.cancel(task_id).events == []
+    h.canceled(task_id, lease3)
+    assert h.task(task_id).status == TaskStatus.CANCELED
