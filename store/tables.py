@@ -101,7 +101,11 @@ class Tables:
                 pending[keys.head(task_id)] = task_codec.encode_head(task)
             detail = task_codec.detail_of(task)
             if detail != task.detail_written:
-                if task.detail_written is not None or any(v is not None for v in detail):
+                # A new task writes a detail row only when it holds something: a value that
+                # is not its default (None, or False for the compensation flags).
+                if task.detail_written is not None or any(
+                    v is not None and v is not False for v in detail
+                ):
                     pending[keys.detail(task_id)] = task_codec.encode_detail(task)
                 task.detail_written = detail
             cache.put(task)

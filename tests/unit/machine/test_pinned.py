@@ -10,6 +10,7 @@ from fastavro import parse_schema, schemaless_writer
 
 from conveyor.schemas import codec
 from conveyor.schemas.types import Completion, Outcome, SleepStep, TaskStatus
+from conveyor.store import keys
 from conveyor.store.lanes import pinned_lane
 from conveyor.streams.machine import Reply
 
@@ -97,3 +98,15 @@ def test_a_spec_written_before_resume_existed_decodes_as_latest() -> None:
     schemaless_writer(buf, old, datum)
     decoded = codec.TASK_SPEC.decode(buf.getvalue())
     assert decoded == spec and decoded.resume == "latest"
+
+
+def test_a_task_writes_no_detail_row_for_its_version_or_flags() -> None:
+    """The version goes into the state row the lease writes anyway; a new task's default
+    compensation flags are no reason to write the rarely-changing detail row."""
+    h = Harness()
+    spec = h.spec(resume="pinned")
+    h.enqueue(spec)
+    h.lease_one(spec.task_id, app_version="v1")
+    assert keys.detail(spec.task_id) not in h.kv.data
+    fresh = h.fresh_task(spec.task_id)
+    assert fresh is not None and fresh.app_version == "v1" and fresh.resume == "pinned"
