@@ -5,7 +5,8 @@ enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
-chaos kill9|soak|zombie|lost-replies|power-cut   fault-injection runs (tools.py, streams/chaos)
+chaos kill9|soak|zombie|lost-replies|power-cut|fan-in
+                                  fault-injection runs (tools.py, streams/chaos)
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ chaos_app.command("soak")(tools.chaos_soak)
 chaos_app.command("zombie")(tools.chaos_zombie)
 chaos_app.command("lost-replies")(tools.chaos_lost_replies)
 chaos_app.command("power-cut")(tools.chaos_power_cut)
+chaos_app.command("fan-in")(tools.chaos_fan_in)
 app.add_typer(log_app, name="log")
 app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")

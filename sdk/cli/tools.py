@@ -497,3 +497,32 @@ def chaos_lost_replies(
     )
     result = asyncio.run(run_lost_replies(config))
     _judge(result, as_json)
+
+
+def chaos_fan_in(
+    workflows: Annotated[int, typer.Option("--workflows", min=1, help="Fan-in workflows")] = 6,
+    most: Annotated[
+        int, typer.Option("--children", min=2, help="Most children of one workflow")
+    ] = 1_500,
+    seconds: Annotated[float, typer.Option("--seconds", min=1.0, help="Of faults")] = 30.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """W1: workflows fan out to children (some fail, some fan-outs spill across partitions)
+    while the node, agents and guests are killed with -9; check each workflow's barrier fired
+    once with every child's result in its slot, and each child ended as it should. Prints the
+    run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    import random
+
+    from conveyor.streams.chaos.fanin import FanInConfig, run_fan_in
+
+    config = FanInConfig(
+        workflows=workflows,
+        children=(min(50, most), most),
+        seconds=seconds,
+        seed=random.randrange(2**31) if seed is None else seed,
+        home=home,
+    )
+    result = asyncio.run(run_fan_in(config))
+    _judge(result, as_json)

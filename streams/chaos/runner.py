@@ -182,7 +182,12 @@ async def _client(
 
 
 async def enqueue_recorded(
-    run: Run, client: AsyncClient, process: int, key: str, payload: dict[str, Any] | None = None
+    run: Run,
+    client: AsyncClient,
+    process: int,
+    key: str,
+    payload: dict[str, Any] | None = None,
+    task: str = TASK,
 ) -> bool:
     """One recorded attempt of every fault run; True once the key has a definite answer (ok
     or fail). The payload defaults to the run's journal, where the handler notes executions."""
@@ -190,7 +195,7 @@ async def enqueue_recorded(
     op = run.history.invoke(process, "enqueue", {"key": key})
     payload = {"log": str(run.journal)} if payload is None else payload
     try:
-        handle = await client.enqueue(TASK, payload, idempotency_key=key)
+        handle = await client.enqueue(task, payload, idempotency_key=key)
     except ContractError as exc:  # the server said no; a rejected request changes nothing
         run.history.complete(op, "fail", {"error": exc.code})
         return exc.code != "unknown_task_type"
