@@ -315,6 +315,8 @@ class StepContext:
         row = self._by_identity.get(identity)
         if row is not None and row.committed:
             self._used.add(identity)
+            if compensate is not None and not self.compensating:
+                self._mark(identity)  # committed by code that had no compensate= yet
             self._register(identity, compensate, row.value)
             return row.value  # type: ignore[no-any-return]
         if self.compensating:

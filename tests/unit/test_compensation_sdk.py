@@ -156,3 +156,13 @@ def test_compensate_takes_a_callable() -> None:
     result = run_sync(bad, ctx, None)
     assert result.outcome == "FATAL" and "compensate= takes a callable" in result.error_message
     assert channel.writes == []
+
+
+def test_a_step_committed_before_it_had_a_compensation_gets_its_marker_on_replay() -> None:
+    before = [row("charge#0", 0, "ch_7")]  # committed by code without compensate=
+    result, channel = attempt(before, compensating=False)
+    assert result.outcome == "SLEEP"
+    assert [(op, identity) for op, identity, _, _ in channel.writes][:2] == [
+        ("COMMIT", "@compensate:charge#0"),
+        ("COMMIT", "@compensate:reserve#0"),
+    ]
