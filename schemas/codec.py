@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import expand_schema
 
 from conveyor.schemas import types as t
 
@@ -148,11 +149,35 @@ class TaskCodec:
         return task
 
 
-class EventBatchCodec:
-    """``EventBatch`` <-> its columnar Avro form (see events/EventBatch.avsc)."""
+class NewerEvents(ValueError):
+    """An events batch written by a newer Conveyor: refused by name, never misread."""
 
-    def __init__(self, schema: Any) -> None:
+
+EVENTS_MARK = 0xFF
+
+
+class EventBatchCodec:
+    """``EventBatch`` <-> its columnar Avro form (see events/EventBatch.avsc), versioned.
+
+    A batch is ``EVENTS_MARK``, its version (one byte), the EventBatch datum and, only when
+    there are step or schedule events, the EventExtras datum (the trailer). A batch without the
+    mark is version 1: every batch written before batches carried a version. The mark is never
+    the first byte of such a batch, which is the zigzag varint of a partition number (even).
+    Former versions keep their two schemas, self-contained, in ``events/history/v<N>/``: a batch
+    of an older version is read with them and resolved to the current schemas (fields added
+    since take their defaults), and one of a newer version raises ``NewerEvents``. The outbox
+    rows and the events log hold these bytes, so a reader (the projector) meets batches of
+    every version a node ever ran.
+    """
+
+    def __init__(
+        self, schema: Any, extras: Codec[t.EventExtras], history: list[tuple[Any, Any]]
+    ) -> None:
         self.schema = schema
+        self.extras = extras
+        self.history = history  # [version N - 1]: the (EventBatch, EventExtras) of version N
+        self.version = len(history) + 1
+        self._head = bytes([EVENTS_MARK, self.version])
         self.columns = [f.name for f in dataclasses.fields(t.TaskEvent)]
 
     def encode(self, batch: t.EventBatch) -> bytes:
@@ -161,15 +186,30 @@ class EventBatchCodec:
         for name in self.columns:
             datum[name] = [getattr(e, name) for e in events]
         buf = io.BytesIO()
+        buf.write(self._head)
         schemaless_writer(buf, self.schema, datum)
-        if batch.steps or batch.schedules:  # the trailer (events/EventExtras.avsc)
-            extras = t.EventExtras(steps=batch.steps, schedules=batch.schedules)
-            buf.write(EVENT_EXTRAS.encode(extras))
+        if batch.steps or batch.schedules:
+            buf.write(
+                self.extras.encode(t.EventExtras(steps=batch.steps, schedules=batch.schedules))
+            )
         return buf.getvalue()
 
     def decode(self, data: bytes) -> t.EventBatch:
+        version, start = (data[1], 2) if data[:1] == self._head[:1] else (1, 0)
+        if version > self.version:
+            raise NewerEvents(
+                f"an events batch of version {version}, written by a newer Conveyor (this one "
+                f"reads versions up to {self.version}): upgrade this reader before it goes on"
+            )
+        writer, extras_writer = (
+            (None, None) if version == self.version else self.history[version - 1]
+        )
         buf = io.BytesIO(data)
-        datum = cast(dict[str, Any], schemaless_reader(buf, self.schema, None))
+        buf.seek(start)
+        if writer is None:
+            datum = cast(dict[str, Any], schemaless_reader(buf, self.schema, None))
+        else:
+            datum = cast(dict[str, Any], schemaless_reader(buf, writer, self.schema))
         datum["kind"] = [t.EventKind(kind) for kind in datum["kind"]]
         names = self.columns
         rows = zip(*(datum[name] for name in names), strict=True)
@@ -177,8 +217,37 @@ class EventBatchCodec:
         batch = t.EventBatch(partition=datum["partition"], offset=datum["offset"], events=events)
         if buf.tell() == len(data):
             return batch
-        extras = EVENT_EXTRAS.decode(data[buf.tell() :])
+        extras = self.extras.decode_exact(data[buf.tell() :], extras_writer)
         return dataclasses.replace(batch, steps=extras.steps, schedules=extras.schedules)
+
+
+def self_contained(schema: Any) -> dict[str, Any]:
+    """A parsed schema with every named type it uses written out in place: what a history
+    file holds, so that it parses on its own however the current schemas change."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if not k.startswith("__")}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return cast(dict[str, Any], strip(expand_schema(schema)))
+
+
+def _events_history() -> list[tuple[Any, Any]]:
+    """The (EventBatch, EventExtras) schemas of every former events version, oldest first."""
+    root = SCHEMA_DIR / "events" / "history"
+    found = sorted((int(d.name[1:]), d) for d in root.glob("v*") if d.is_dir())
+    assert [n for n, _ in found] == list(range(1, len(found) + 1)), "events: gap in history"
+    out = []
+    for _, folder in found:
+        pair = []
+        for name in ("EventBatch.avsc", "EventExtras.avsc"):
+            with open(folder / name) as fh:
+                pair.append(parse_schema(json.load(fh), named_schemas={}))
+        out.append((pair[0], pair[1]))
+    return out
 
 
 def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
@@ -282,7 +351,7 @@ TASK_EVENT = Codec(t.TaskEvent, _load("events/TaskEvent.avsc"))
 STEP_EVENT = Codec(t.StepEvent, _load("events/StepEvent.avsc"))
 SCHEDULE_EVENT = Codec(t.ScheduleEvent, _load("events/ScheduleEvent.avsc"))
 EVENT_EXTRAS = Codec(t.EventExtras, _load("events/EventExtras.avsc"))
-EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"))
+EVENT_BATCH = EventBatchCodec(_load("events/EventBatch.avsc"), EVENT_EXTRAS, _events_history())
 
 
 # Schema evolution of log records. A record kind whose body schema changed keeps its former

@@ -1,5 +1,6 @@
-"""Log records written by an earlier version decode; a changed record schema cannot slip in
-without its history (records/history/, schemas.lock.json)."""
+"""Log records and events batches written by an earlier version decode; a changed record or
+events schema cannot slip in without its history (records/history/, events/history/,
+schemas.lock.json)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 
 from conveyor.schemas import codec
-from conveyor.schemas.types import CompleteAttempts, Completion, Envelope, Outcome
+from conveyor.schemas.types import (
+    CompleteAttempts,
+    Completion,
+    Envelope,
+    EventBatch,
+    EventKind,
+    Outcome,
+    TaskEvent,
+)
 
 RECORDS = Path(codec.SCHEMA_DIR) / "records"
 LOCK = RECORDS / "history" / "schemas.lock.json"
@@ -32,12 +41,26 @@ def fingerprint(kind: str) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def events_fingerprint() -> str:
+    pair = [codec.self_contained(s) for s in (codec.EVENT_BATCH.schema, codec.EVENT_EXTRAS.schema)]
+    return hashlib.sha256(json.dumps(_canonical(pair), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def test_every_record_schema_matches_its_lock() -> None:
     """A failure here means a record schema changed. Copy its last released form to
     records/history/<Kind>.v<N>.avsc (N = the next free number) so that records already in
-    logs stay readable, then put the new fingerprint in schemas.lock.json."""
+    logs stay readable, then put the new fingerprint in schemas.lock.json.
+
+    TaskSpec (nested in records and state rows, so unversioned itself) the same way: its
+    history is records/history/TaskSpec.v<N>.avsc, and fields are only ever added at the end.
+    For "events" (EventBatch, EventExtras and the types they use): write the last released
+    pair, self-contained (``codec.self_contained(codec.EVENT_BATCH.schema)`` and the same for
+    ``codec.EVENT_EXTRAS.schema``, from the released code), as events/history/v<N>/
+    EventBatch.avsc and EventExtras.avsc; new fields need defaults."""
     lock = json.loads(LOCK.read_text())
     now = {kind: f"v{codec.VERSION[kind]}:{fingerprint(kind)}" for kind in codec.RECORDS}
+    now["events"] = f"v{codec.EVENT_BATCH.version}:{events_fingerprint()}"
+    now["TaskSpec"] = f"v{len(codec.TASK_SPEC.history) + 1}:{fingerprint('TaskSpec')}"
     assert now == lock
 
 
@@ -87,3 +110,46 @@ def test_a_record_from_a_newer_version_is_refused_by_name_not_quarantined() -> N
     with pytest.raises(codec.NewerRecord, match="written by a newer Conveyor"):
         codec.decode_body(envelope)
     assert not issubclass(codec.NewerRecord, codec.RecordDecodeError)  # halts, never skipped
+
+
+def _batch() -> EventBatch:
+    event = TaskEvent(
+        kind=EventKind.TaskEnqueued,
+        task_id="0" * 32,
+        tenant="t",
+        app="a",
+        task_type="noop",
+        queue="default",
+        status="ENQUEUED",
+        attempt=0,
+        ts_ms=5,
+        version=9,
+    )
+    return EventBatch(partition=3, offset=9, events=[event])
+
+
+def test_an_events_batch_written_before_batches_carried_a_version_decodes() -> None:
+    data = codec.EVENT_BATCH.encode(_batch())
+    assert data[0] == codec.EVENTS_MARK and data[1] == codec.EVENT_BATCH.version
+    assert codec.EVENT_BATCH.decode(data[2:]) == _batch()  # no mark: version 1
+
+
+def test_an_events_batch_of_a_former_version_is_resolved_to_the_current_schema() -> None:
+    # A release that adds a column with a default: version 2, with today's pair as version 1.
+    released = [
+        codec.self_contained(s) for s in (codec.EVENT_BATCH.schema, codec.EVENT_EXTRAS.schema)
+    ]
+    grown = codec.self_contained(codec.EVENT_BATCH.schema)
+    grown["fields"].append({"name": "note", "type": "string", "default": ""})
+    v1 = tuple(parse_schema(s, named_schemas={}) for s in released)
+    later = codec.EventBatchCodec(parse_schema(grown, named_schemas={}), codec.EVENT_EXTRAS, [v1])
+    assert later.version == 2
+    written = codec.EVENT_BATCH.encode(_batch())  # by today's code: version 1
+    assert later.decode(written) == _batch()
+    assert later.decode(later.encode(_batch())) == _batch()
+
+
+def test_an_events_batch_of_a_newer_version_is_refused_by_name() -> None:
+    data = bytes([codec.EVENTS_MARK, codec.EVENT_BATCH.version + 1]) + b"\x00"
+    with pytest.raises(codec.NewerEvents, match="written by a newer Conveyor"):
+        codec.EVENT_BATCH.decode(data)
