@@ -10,9 +10,10 @@ The checks, per acked workflow:
 - it SUCCEEDED, and its result equals ``app.expected`` computed here: every child's result in
   order and every failure in its slot, so a barrier that fired before its last child landed,
   or lost or doubled a landing, shows as a wrong result;
-- its barrier fired exactly once: one ``TaskRequeued`` event of the workflow (events are
-  delivered at least once: they are counted by their log offset, from the events log and the
-  outbox rows not yet shipped);
+- its barrier fired exactly once: firing commits the parallel step, so the workflow has one
+  COMMITTED step event of it (events are delivered at least once: they are counted by their
+  log offset, from the events log and the outbox rows not yet shipped; a ``TaskRequeued``
+  would not do, a retry after a lost lease emits one too);
 - each of its children ended as planned (SUCCEEDED, or FAILED when it fails by design), and no
   child is missing or extra.
 Anti-vacuity: the run is ``unknown`` unless every workflow was acked, at least one fanned out
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.aclient import AsyncClient
-from conveyor.schemas.types import EventKind, Task
+from conveyor.schemas.types import Task
 from conveyor.streams.chaos import app as chaos_app
 from conveyor.streams.chaos import history as history_
 from conveyor.streams.chaos.checker import _kills
@@ -44,6 +45,7 @@ from conveyor.streams.machine.handlers.workflows import SPILL_AFTER
 
 WORKFLOW = "fan_in"
 CHILD = "child"
+PARALLEL = "children"  # the step name of fan_in's ctx.parallel
 SHIP_WAIT_S = 2.0  # after the drain: the outboxes ship their last events
 RESOLVE_ROUNDS = 5
 
@@ -160,7 +162,7 @@ class NodeView:
 
     tasks: dict[str, Task] = field(default_factory=dict)
     payloads: dict[str, Any] = field(default_factory=dict)  # task id -> decoded payload
-    requeued: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    fires: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))  # offsets
 
 
 def _read_node(home: Path) -> NodeView:
@@ -184,9 +186,9 @@ def _read_node(home: Path) -> NodeView:
         finally:
             kv.close()
     for raw in batches:
-        for event in codec.EVENT_BATCH.decode(raw).events:
-            if event.kind == EventKind.TaskRequeued:
-                view.requeued[event.task_id].add(event.version)
+        for step in codec.EVENT_BATCH.decode(raw).steps:
+            if step.identity.startswith(f"{PARALLEL}#") and step.state == "COMMITTED":
+                view.fires[step.task_id].add(step.version)
     return view
 
 
@@ -219,7 +221,7 @@ def _check(
         result = json.loads(wf.result) if wf.result else None
         if result != chaos_app.expected(p.n, p.fail):
             wrong_result.append({"key": p.key, "got": result})
-        fires[len(view.requeued.get(wf_id, ()))] += 1
+        fires[len(view.fires.get(wf_id, ()))] += 1
         mine = children.get(p.key, [])
         child_total += len(mine)
         missing_children += abs(p.n - len({view.payloads[c.task_id]["i"] for c in mine}))

@@ -61,7 +61,7 @@ def _view(n: int, fail: list[int], *, result: object, fires: int) -> NodeView:
         status = TaskStatus.FAILED if i in fail else TaskStatus.SUCCEEDED
         view.tasks[f"c{i}"] = _task(f"c{i}", "child", status)
         view.payloads[f"c{i}"] = {"wf": "k", "i": i, "fail": i in fail}
-    view.requeued["wf"] = set(range(fires))
+    view.fires["wf"] = set(range(fires))
     return view
 
 
