@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import operator
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -110,6 +111,83 @@ def _read(data: bytes, schema: Any) -> dict[str, Any]:
     return cast(dict[str, Any], schemaless_reader(io.BytesIO(data), schema, None))
 
 
+def _zigzag(n: int) -> bytes:
+    """The Avro encoding of an int or long: zigzag, then a little-endian base-128 varint."""
+    if not -(2**63) <= n < 2**63:
+        raise ValueError(f"{n} does not fit an Avro long")
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_SMALL_LO, _SMALL_HI = -64, 8_192  # longs encoded ahead: counts, attempts, ids, lengths
+_SMALL = tuple(_zigzag(n) for n in range(_SMALL_LO, _SMALL_HI))
+
+
+def _write_long(n: int) -> bytes:
+    if _SMALL_LO <= n < _SMALL_HI:
+        return _SMALL[n - _SMALL_LO]
+    return _zigzag(n)
+
+
+def _write_string(s: str) -> bytes:
+    data = s.encode()
+    return _write_long(len(data)) + data
+
+
+def _write_bytes(data: bytes) -> bytes:
+    return _write_long(len(data)) + data
+
+
+def _write_boolean(b: bool) -> bytes:
+    return b"\x01" if b else b"\x00"
+
+
+_FLAT_WRITERS: dict[str, Callable[[Any], bytes]] = {
+    "int": _write_long,
+    "long": _write_long,
+    "string": _write_string,
+    "bytes": _write_bytes,
+    "boolean": _write_boolean,
+}
+
+
+def _write_optional(write: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    def write_optional(value: Any) -> bytes:
+        return b"\x00" if value is None else b"\x02" + write(value)
+
+    return write_optional
+
+
+def _flat_field_writer(schema: Any) -> Callable[[Any], bytes]:
+    if isinstance(schema, str):
+        return _FLAT_WRITERS[schema]
+    if isinstance(schema, list):
+        assert len(schema) == 2 and schema[0] == "null", f"not an optional type: {schema}"
+        return _write_optional(_flat_field_writer(schema[1]))
+    assert schema["type"] == "enum", f"not a flat type: {schema}"
+    index = {symbol: _write_long(i) for i, symbol in enumerate(schema["symbols"])}
+    return index.__getitem__  # a StrEnum member finds its symbol
+
+
+def flat_writer(schema: Any) -> Callable[[Any], bytes]:
+    """An encoder of objects with the attributes of a flat record ``schema`` (fields of
+    int, long, string, bytes, boolean, an enum, or null and one of these), giving the bytes
+    ``schemaless_writer`` gives, at about half its cost (it spends most of it per call and per
+    field). For the rows a transition rewrites; ``tests/unit/test_codec.py`` holds the two equal."""
+    writers = [_flat_field_writer(f["type"]) for f in schema["fields"]]
+    values = operator.attrgetter(*(f["name"] for f in schema["fields"]))
+
+    def write(obj: Any) -> bytes:
+        return b"".join([w(v) for w, v in zip(writers, values(obj), strict=True)])
+
+    return write
+
+
 class TaskCodec:
     """The in-memory ``Task`` stored as three rows, so a transition re-encodes only the small
     ``TaskState``: ``TaskHead`` is written once and ``TaskDetail`` only when it changes."""
@@ -118,24 +196,15 @@ class TaskCodec:
         self.head = [f["name"] for f in TASK_HEAD["fields"]]
         self.state = [f["name"] for f in TASK_STATE["fields"]]
         self.detail = [f["name"] for f in TASK_DETAIL["fields"]]
-
-    @staticmethod
-    def _write(schema: Any, names: list[str], task: t.Task) -> bytes:
-        buf = io.BytesIO()
-        schemaless_writer(buf, schema, {name: getattr(task, name) for name in names})
-        return buf.getvalue()
-
-    def encode_head(self, task: t.Task) -> bytes:
-        return self._write(TASK_HEAD, self.head, task)
-
-    def encode_state(self, task: t.Task) -> bytes:
-        return self._write(TASK_STATE, self.state, task)
+        self.encode_head = flat_writer(TASK_HEAD)
+        self.encode_state = flat_writer(TASK_STATE)
+        self._encode_detail = flat_writer(TASK_DETAIL)
 
     def detail_of(self, task: t.Task) -> tuple[Any, ...]:
         return tuple(getattr(task, name) for name in self.detail)
 
     def encode_detail(self, task: t.Task) -> bytes:
-        return self._write(TASK_DETAIL, self.detail, task)
+        return self._encode_detail(task)
 
     def decode(self, head: bytes, state: bytes, detail: bytes | None) -> t.Task:
         fields: dict[str, Any] = {}
