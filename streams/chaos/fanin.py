@@ -2,9 +2,10 @@
 
 Phases: start a node and agents; start ``workflows`` runs of the chaos app's ``fan_in`` (each
 fans out to a seeded number of ``child`` tasks, a seeded few of which fail FATAL) through
-recorded enqueues with idempotency keys, while the nemesis kill -9s the node, the agents and
-guests for ``seconds``; heal; drain (every acked workflow terminal, with a deadline); let the
-outboxes ship; stop the node and read its logs and state offline; check.
+recorded enqueues with idempotency keys; a second later kill -9 the node (every barrier is open
+then), and let the nemesis kill -9 the node, the agents and guests until ``seconds`` after the
+first enqueue; heal; drain (every acked workflow terminal, with a deadline); let the outboxes
+ship; stop the node and read its logs and state offline; check.
 
 The checks, per acked workflow:
 - it SUCCEEDED, and its result equals ``app.expected`` computed here: every child's result in
@@ -48,6 +49,7 @@ CHILD = "child"
 PARALLEL = "children"  # the step name of fan_in's ctx.parallel
 SHIP_WAIT_S = 2.0  # after the drain: the outboxes ship their last events
 RESOLVE_ROUNDS = 5
+FIRST_KILL_AFTER_S = 1.0  # after the last workflow was acked
 
 
 # Node kills above all: they are what can lose a landing or fire a barrier twice.
@@ -119,11 +121,13 @@ async def _phases(run: Run, config: FanInConfig, plans: list[Plan], finals: dict
         run.cluster.url, run.cluster.key, app=APP, retries=0, timeout=5.0
     ) as client:
         until = time.monotonic() + config.seconds
-        faults = asyncio.create_task(nemesis.run(until))
-        for p in plans:  # a reply lost to a kill: the same key again, until it is answered
-            while not await _start(run, client, p) and time.monotonic() < until:
-                await asyncio.sleep(0.2)
-        await faults
+        for p in plans:
+            await _start(run, client, p)
+        # The first strike at a known moment: the node dies while the children surely still
+        # run, every barrier open. Then the nemesis, for the rest of the fault window.
+        await asyncio.sleep(FIRST_KILL_AFTER_S)
+        await nemesis.strike_now("node")
+        await nemesis.run(until)
         await nemesis.heal()
         for _ in range(RESOLVE_ROUNDS):  # keys still unanswered, now that nothing is killed
             for p in plans:

@@ -166,6 +166,12 @@ class Nemesis:
         else:
             await self._crash_loop()
 
+    async def strike_now(self, role: str) -> None:
+        """A kill -9 of ``role`` ("node" or "agent") now, then its restart, as in ``strike``:
+        for runs that need a fault at a known moment."""
+        name = "node" if role == "node" else self.rng.choice(self.cluster.agent_names())
+        await self._kill_and_restart(name, role)
+
     async def _kill_and_restart(self, name: str, role: str) -> None:
         self._kill(name, role)
         await asyncio.sleep(self.rng.uniform(*self.config.restart_s))
