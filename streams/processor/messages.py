@@ -18,11 +18,10 @@ import dataclasses
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from conveyor.errors import TransientError
 from conveyor.schemas import codec
 from conveyor.store import keys
 from conveyor.streams import failpoints
-from conveyor.streams.processor.waiting import Poke, back_off
+from conveyor.streams.processor.waiting import Poke, ship_while
 
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
@@ -42,14 +41,9 @@ class MessageShipper:
         self._poke.poke()
 
     async def run(self) -> None:
-        while self._p.leader:
-            try:
-                shipped = await self.ship_once()
-            except TransientError as exc:  # the rows stay: shipped later
-                await back_off(self._p.clock, exc, f"partition {self._p.partition} messages")
-                continue
-            if not shipped:
-                await self._poke.wait(1_000)
+        p = self._p
+        duty = f"partition {p.partition} messages"
+        await ship_while(lambda: p.leader, self.ship_once, self._poke, p.clock, duty)
 
     async def ship_once(self) -> bool:
         rows: list[bytes] = []

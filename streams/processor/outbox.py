@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conveyor.errors import TransientError
 from conveyor.store import keys
 from conveyor.streams.log.api import Log
-from conveyor.streams.processor.waiting import Poke, back_off
+from conveyor.streams.processor.waiting import Poke, ship_while
 
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
@@ -37,16 +36,9 @@ class OutboxShipper:
         self._poke.poke()
 
     async def run(self) -> None:
-        while self._p.leader:
-            try:
-                shipped = await self.ship_once()
-            except TransientError as exc:  # the rows stay in the outbox: shipped later
-                await back_off(self._p.clock, exc, f"partition {self._p.partition} outbox")
-                continue
-            if shipped:
-                await self._p.clock.sleep_ms(SHIP_PAUSE_MS)
-            else:
-                await self._poke.wait(1_000)
+        p = self._p
+        duty = f"partition {p.partition} outbox"
+        await ship_while(lambda: p.leader, self.ship_once, self._poke, p.clock, duty, SHIP_PAUSE_MS)
 
     async def ship_once(self) -> bool:
         rows = []

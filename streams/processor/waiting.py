@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from conveyor.errors import TransientError
 from conveyor.streams.clock import Clock
@@ -52,3 +53,27 @@ class Poke:
                     with contextlib.suppress(asyncio.CancelledError):
                         await future
         self._event.clear()
+
+
+async def ship_while(
+    leading: Callable[[], bool],
+    ship_once: Callable[[], Awaitable[bool]],
+    poke: Poke,
+    clock: Clock,
+    duty: str,
+    pause_ms: float = 0.0,
+) -> None:
+    """The loop of a duty that ships committed rows (the outbox, messages) while this
+    processor leads: ``ship_once`` ships a round and says whether it shipped anything. A
+    retryable failure leaves the rows where they are, to be shipped after a back-off; after a
+    round it pauses ``pause_ms``, and with nothing to ship it waits for a poke (or a second)."""
+    while leading():
+        try:
+            shipped = await ship_once()
+        except TransientError as exc:
+            await back_off(clock, exc, duty)
+            continue
+        if not shipped:
+            await poke.wait(1_000)
+        elif pause_ms:
+            await clock.sleep_ms(pause_ms)
