@@ -16,7 +16,8 @@ from conveyor.agents.runner import run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult, Hooks, Job
 from conveyor.app import App
 from conveyor.context import Context
-from conveyor.steps import StepAck, StepRefused
+from conveyor.signals import StepRefused
+from conveyor.steps import StepAck
 
 
 class _LoopChannel:

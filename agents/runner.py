@@ -37,7 +37,7 @@ from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
 from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
-from conveyor.steps import (
+from conveyor.signals import (
     ClaimLost,
     CompensationFailed,
     FanOut,

@@ -30,7 +30,7 @@ from conveyor.errors import (
     TransientError,
     Unauthorized,
 )
-from conveyor.steps import CompensationFailed
+from conveyor.signals import CompensationFailed
 from conveyor.wire import Enqueue, ErrorInfo, TaskInfo, TaskPage
 from conveyor.workflows import ChildError, ChildFailed, EventTimeout, WorkflowRefused
 

@@ -44,13 +44,26 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from conveyor.durations import Duration, to_ms
-from conveyor.errors import ContractError, FatalError, TransientError
+from conveyor.errors import ContractError
 from conveyor.schemas.steps import (
     COMPENSATE_PREFIX,
     STEP_KEY_BYTES_MAX,
     STEP_NAME_BYTES_MAX,
     UNDO_PREFIX,
     over_cap,
+)
+from conveyor.signals import (
+    ClaimLost,
+    Compensate,
+    CompensationFailed,
+    Divergence,
+    FanOut,
+    Sleep,
+    StepRefused,
+    StepSignal,
+    StepsOverlapped,
+    StepUnavailable,
+    WaitEvent,
 )
 from conveyor.workflows import check_mode, child_bodies, event_of, event_step_name, results_of
 
@@ -74,106 +87,6 @@ class StepChannel(Protocol):
     def step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
         """Record a claim or commit; blocks until it is durable (or refused)."""
         ...
-
-
-# -- signals: BaseException, so ``except Exception`` in user code cannot swallow them ---------
-
-
-class StepSignal(BaseException):
-    """Unwinds the task body on the platform's behalf."""
-
-    error_class = "StepSignal"
-
-
-class Sleep(StepSignal):
-    """``step.sleep`` ends the attempt; the task comes back at the deadline."""
-
-    error_class = "Sleep"
-
-    def __init__(
-        self, identity: str, position: int, *, sleep_ms: int | None, wake_at_ms: int | None
-    ) -> None:
-        super().__init__(f"sleeping at step {identity!r}")
-        self.identity = identity
-        self.position = position
-        self.sleep_ms = sleep_ms
-        self.wake_at_ms = wake_at_ms
-
-
-class FanOut(StepSignal):
-    """``ctx.parallel`` ends the attempt; the task comes back when the children are done."""
-
-    error_class = "FanOut"
-
-    def __init__(
-        self, identity: str, position: int, *, mode: str, children: list[dict[str, Any]]
-    ) -> None:
-        super().__init__(f"fanning out at step {identity!r} to {len(children)} children")
-        self.identity = identity
-        self.position = position
-        self.mode = mode
-        self.children = children
-
-
-class WaitEvent(StepSignal):
-    """``ctx.wait_for_event`` ends the attempt; the task comes back with the event."""
-
-    error_class = "WaitEvent"
-
-    def __init__(self, identity: str, position: int, *, name: str, timeout_ms: int | None) -> None:
-        super().__init__(f"waiting for event {name!r} at step {identity!r}")
-        self.identity = identity
-        self.position = position
-        self.name = name
-        self.timeout_ms = timeout_ms
-
-
-class Divergence(StepSignal):
-    error_class = "StepDivergence"
-
-
-class StepsOverlapped(StepSignal):
-    error_class = "StepsOverlapped"
-
-
-class ClaimLost(StepSignal):
-    error_class = "LeaseLost"
-
-
-class Compensate(StepSignal):
-    """Compensating mode (rule 6): the replay reached the first step the canceled task had not
-    committed; the body stops there and the compensations run."""
-
-    error_class = "Compensate"
-
-    def __init__(self, identity: str) -> None:
-        super().__init__(f"canceled: compensating before step {identity!r}")
-        self.identity = identity
-
-
-# -- ordinary errors ---------------------------------------------------------------------------
-
-
-class StepRefused(FatalError):
-    """A step the code asked for cannot be: a bad name or key, a duplicate identity, a value
-    too large or not JSON. The same code would ask again, so the task fails without retries."""
-
-
-class StepUnavailable(TransientError):
-    """The step store could not be reached; the attempt fails and is retried."""
-
-
-class CompensationFailed(Exception):
-    """The compensation of a committed step raised (rule 6). The attempt fails and is retried
-    per the task's retry policy (at once FATAL when the cause is a ``FatalError``); the task
-    ends FAILED, with this message, when the retries run out."""
-
-    def __init__(self, identity: str, cause: BaseException) -> None:
-        super().__init__(
-            f"compensation of step {identity!r} failed: {type(cause).__name__}: {cause}"
-        )
-        self.identity = identity
-        self.cause = cause
 
 
 @dataclass(slots=True)
