@@ -254,9 +254,8 @@ class TaskCodec:
         self.encode_head = flat_writer(TASK_HEAD)
         self.encode_state = flat_writer(TASK_STATE)
         self._encode_detail = flat_writer(TASK_DETAIL)
-
-    def detail_of(self, task: t.Task) -> tuple[Any, ...]:
-        return tuple(getattr(task, name) for name in self.detail)
+        # The detail fields' values, compared with ``Task.detail_written`` at each commit.
+        self.detail_of: Callable[[t.Task], tuple[Any, ...]] = operator.attrgetter(*self.detail)
 
     def encode_detail(self, task: t.Task) -> bytes:
         return self._encode_detail(task)
@@ -391,12 +390,34 @@ def _make_to_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
     return to_dict
 
 
+def _make_init(cls: type) -> Callable[[dict[str, Any]], Any]:
+    """``cls(**d)``; for a frozen slotted dataclass, without its generated ``__init__``, which
+    sets each field through ``object.__setattr__`` (most of the cost of decoding a spec).
+    ``d`` must hold every field, as a datum of the class's schema does."""
+    fields = dataclasses.fields(cls)
+    params = cls.__dataclass_params__  # type: ignore[attr-defined]
+    plain = params.frozen and "__slots__" in cls.__dict__ and all(f.init for f in fields)
+    if not plain or hasattr(cls, "__post_init__"):
+        return lambda d: cls(**d)
+    setters = [(cls.__dict__[f.name].__set__, f.name) for f in fields]
+    new = object.__new__
+
+    def init(d: dict[str, Any]) -> Any:
+        obj: Any = new(cls)
+        for set_field, name in setters:
+            set_field(obj, d[name])
+        return obj
+
+    return init
+
+
 def _make_from_dict(cls: type) -> Callable[[dict[str, Any]], Any]:
     nested = {name: _make_from_dict(sub) for name, sub in _NESTED.get(cls, {}).items()}
     optional = {name: _make_from_dict(sub) for name, sub in _OPTIONAL.get(cls, {}).items()}
     enums = _ENUMS.get(cls, {})
+    init = _make_init(cls)
     if not nested and not enums and not optional:
-        return lambda d: cls(**d)
+        return init
 
     def from_dict(d: dict[str, Any]) -> Any:
         for name, conv in nested.items():
@@ -406,7 +427,7 @@ def _make_from_dict(cls: type) -> Callable[[dict[str, Any]], Any]:
                 d[name] = conv(d[name])
         for name, enum in enums.items():
             d[name] = enum(d[name])
-        return cls(**d)
+        return init(d)
 
     return from_dict
 
