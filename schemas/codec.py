@@ -197,34 +197,54 @@ def _write_array(write: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     return write_array
 
 
-def _value_writer(schema: Any, named: dict[str, Any]) -> Callable[[Any], bytes]:
-    """The writer of one value of ``schema``: a primitive, an enum, an array of these, or a
-    union of null and one of these. Anything else raises ``NotFlat``."""
+def _value_writer(
+    schema: Any, named: dict[str, Any], within: frozenset[str]
+) -> Callable[[Any], bytes]:
+    """The writer of one value of ``schema``: a primitive, an enum, a record (a dataclass or a
+    dict), an array of these, or a union of null and one of these. Anything else, and a
+    record within itself, raises ``NotFlat``."""
     if isinstance(schema, str):
         if schema in _PRIMITIVE_WRITERS:
             return _PRIMITIVE_WRITERS[schema]
-        if schema in named:  # a reference to a named type defined elsewhere
-            return _value_writer(named[schema], named)
+        if schema in named and schema not in within:  # a named type defined elsewhere
+            return _value_writer(named[schema], named, within)
         raise NotFlat(schema)
     if isinstance(schema, list):
         if len(schema) == 2 and schema[0] == "null" and schema[1] != "null":
-            return _write_optional(_value_writer(schema[1], named))
+            return _write_optional(_value_writer(schema[1], named, within))
         raise NotFlat(schema)
     kind = schema.get("type")
     if kind == "enum":
         index = {symbol: _write_long(i) for i, symbol in enumerate(schema["symbols"])}
         return index.__getitem__  # a StrEnum member finds its symbol
     if kind == "array":
-        return _write_array(_value_writer(schema["items"], named))
-    raise NotFlat(schema)  # records, maps, fixed, logical types
+        return _write_array(_value_writer(schema["items"], named, within))
+    if kind == "record" and schema["name"] not in within:
+        write = _fields_writer(schema, named, within | {schema["name"]})
+        by_attribute, by_key = _getters([f["name"] for f in schema["fields"]])
+
+        def write_record(value: Any) -> bytes:
+            return write(by_key(value) if isinstance(value, dict) else by_attribute(value))
+
+        return write_record
+    raise NotFlat(schema)  # maps, fixed, logical types
 
 
-def tuple_writer(schema: Any) -> Callable[[tuple[Any, ...]], bytes]:
-    """An encoder of the field values of record ``schema``, in field order, giving the bytes
-    ``schemaless_writer`` gives (``tests/unit/test_codec.py`` holds them equal). Every field
-    must be what ``_value_writer`` handles, or this raises ``NotFlat``."""
-    named = {**_named, **schema.get("__named_schemas", {})}
-    writers = [_value_writer(f["type"], named) for f in schema["fields"]]
+def _getters(
+    names: list[str],
+) -> tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], tuple[Any, ...]]]:
+    """(values of the attributes ``names`` of an object, values of the keys ``names`` of a
+    dict), each as a tuple."""
+    if len(names) == 1:
+        (name,) = names
+        return (lambda obj: (getattr(obj, name),)), (lambda d: (d[name],))
+    return operator.attrgetter(*names), operator.itemgetter(*names)
+
+
+def _fields_writer(
+    schema: Any, named: dict[str, Any], within: frozenset[str]
+) -> Callable[[tuple[Any, ...]], bytes]:
+    writers = [_value_writer(f["type"], named, within) for f in schema["fields"]]
 
     def write(values: tuple[Any, ...]) -> bytes:
         return b"".join([w(v) for w, v in zip(writers, values, strict=True)])
@@ -232,14 +252,18 @@ def tuple_writer(schema: Any) -> Callable[[tuple[Any, ...]], bytes]:
     return write
 
 
+def tuple_writer(schema: Any) -> Callable[[tuple[Any, ...]], bytes]:
+    """An encoder of the field values of record ``schema``, in field order, giving the bytes
+    ``schemaless_writer`` gives (``tests/unit/test_codec.py`` holds them equal). Every field
+    must be what ``_value_writer`` handles, or this raises ``NotFlat``."""
+    named = {**_named, **schema.get("__named_schemas", {})}
+    return _fields_writer(schema, named, frozenset({schema["name"]}))
+
+
 def flat_writer(schema: Any) -> Callable[[Any], bytes]:
     """``tuple_writer`` of the attributes of an object named like the fields of ``schema``."""
     write = tuple_writer(schema)
-    names = [f["name"] for f in schema["fields"]]
-    if len(names) == 1:
-        (name,) = names
-        return lambda obj: write((getattr(obj, name),))
-    values = operator.attrgetter(*names)
+    values, _ = _getters([f["name"] for f in schema["fields"]])
     return lambda obj: write(values(obj))
 
 

@@ -359,7 +359,8 @@ def _fastavro_bytes(c: codec.Codec[Any], obj: Any) -> bytes:
 
 def test_the_hot_codecs_use_the_made_writer() -> None:
     """A schema change that makes one of these fall back to fastavro costs engine CPU."""
-    hot = [codec.ENVELOPE, codec.TASK_SPEC, codec.ATTEMPT, codec.RECORDS["EnqueueTasks"]]
+    hot = [codec.ENVELOPE, codec.TASK_SPEC, codec.ATTEMPT, codec.EVENT_EXTRAS]
+    hot += [codec.RECORDS[k] for k in ("EnqueueTasks", "GrantLeases", "CompleteAttempts")]
     assert all(c._write is not None for c in hot)
 
 
@@ -540,6 +541,8 @@ def test_step_and_schedule_events_ride_in_a_trailer_only_when_there_are_some() -
     full = dataclasses.replace(plain, steps=[step], schedules=[schedule])
     encoded = codec.EVENT_BATCH.encode(full)
     assert encoded.startswith(bare)  # the columns first, unchanged: old readers' layout
+    extras = t.EventExtras(steps=[step], schedules=[schedule])
+    assert encoded[len(bare) :] == _fastavro_bytes(codec.EVENT_EXTRAS, extras)
     assert codec.EVENT_BATCH.decode(encoded) == full
     assert codec.EVENT_BATCH.decode(bare) == plain  # a batch written before the trailer
 
