@@ -129,27 +129,34 @@ class NotFlat(Exception):
     """A schema (or a part of it) the made writers do not handle: fastavro writes it."""
 
 
-def _zigzag(n: int) -> bytes:
-    """The Avro encoding of an int or long: zigzag, then a little-endian base-128 varint."""
-    if not -(2**63) <= n < 2**63:
-        raise OverflowError(f"{n} does not fit an Avro long")
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-_SMALL_LO, _SMALL_HI = -64, 8_192  # longs encoded ahead: counts, attempts, ids, lengths
-_SMALL = tuple(_zigzag(n) for n in range(_SMALL_LO, _SMALL_HI))
+# An Avro long is the varint of its zigzag: little-endian base-128, the high bit of every
+# byte but the last set. These hold every 14-bit number as the last chunk (1 or 2 bytes) and
+# as a chunk that more follow (2 bytes, high bits set): one lookup per 14 bits, not a loop per 7.
+_LAST = tuple(bytes((z,)) for z in range(0x80)) + tuple(
+    bytes((lo | 0x80, hi)) for hi in range(1, 0x80) for lo in range(0x80)
+)
+_MORE = tuple(bytes((lo | 0x80, hi | 0x80)) for hi in range(0x80) for lo in range(0x80))
 
 
 def _write_long(n: int) -> bytes:
-    if _SMALL_LO <= n < _SMALL_HI:
-        return _SMALL[n - _SMALL_LO]
-    return _zigzag(n)
+    """The Avro encoding of an int or long."""
+    if 0 <= n < 0x2000:  # counts, attempts, lengths: the zigzag of n is 2n
+        return _LAST[n << 1]
+    if not -(2**63) <= n < 2**63:
+        raise OverflowError(f"{n} does not fit an Avro long")
+    z = (n << 1) ^ (n >> 63)
+    if z < 0x4000:
+        return _LAST[z]
+    if z < 0x1000_0000:
+        return _MORE[z & 0x3FFF] + _LAST[z >> 14]
+    if z < 0x40_0000_0000:
+        return _MORE[z & 0x3FFF] + _MORE[(z >> 14) & 0x3FFF] + _LAST[z >> 28]
+    chunks = []
+    while z >= 0x4000:
+        chunks.append(_MORE[z & 0x3FFF])
+        z >>= 14
+    chunks.append(_LAST[z])
+    return b"".join(chunks)
 
 
 def _write_string(s: str) -> bytes:

@@ -690,3 +690,13 @@ def test_bad_enum_index_and_bad_utf8_are_refused() -> None:
         _decode(_envelope("AnnounceEpoch", _string(b"\xff\xfe")))
     with pytest.raises(codec.RecordDecodeError):
         _decode(_string(b"\xc3\x28") + b"\x00" * 8)  # kind is not UTF-8
+
+
+# Where the writer changes its path (small, 14-bit chunks) and where a varint grows a byte.
+BOUNDARIES = [0, 1, -1, 0x1FFF, 0x2000, -0x2000, -0x2001, 2**63 - 1, -(2**63)]
+BOUNDARIES += [s * 2 ** (7 * k) + d for k in range(9) for d in (-1, 0) for s in (1, -1)]
+
+
+@given(n=I64 | st.sampled_from(BOUNDARIES))
+def test_longs_are_written_as_zigzag_varints(n: int) -> None:
+    assert codec._write_long(n) == _varint(n)
