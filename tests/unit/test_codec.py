@@ -700,3 +700,8 @@ BOUNDARIES += [s * 2 ** (7 * k) + d for k in range(9) for d in (-1, 0) for s in 
 @given(n=I64 | st.sampled_from(BOUNDARIES))
 def test_longs_are_written_as_zigzag_varints(n: int) -> None:
     assert codec._write_long(n) == _varint(n)
+
+
+def test_a_field_name_that_is_no_identifier_is_never_put_in_code() -> None:
+    with pytest.raises(codec.NotFlat):
+        codec._joined([codec._write_long], ["v.x"], ["x); import os; os.exit(1"])
