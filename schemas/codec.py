@@ -200,7 +200,7 @@ def _write_array(write: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     def write_array(values: Any) -> bytes:
         if not values:
             return b"\x00"
-        return b"".join([_write_long(len(values)), *[write(v) for v in values], b"\x00"])
+        return b"".join([_write_long(len(values)), *map(write, values), b"\x00"])
 
     return write_array
 
@@ -342,12 +342,13 @@ class EventBatchCodec:
         # (name, default) per field: a field no event has a column for writes its default
         self._fields = [(f["name"], f.get("default")) for f in schema["fields"]]
         self._write = tuple_writer(schema)
+        self._column_getters = [(name, operator.attrgetter(name)) for name in self.columns]
 
     def encode(self, batch: t.EventBatch) -> bytes:
         datum: dict[str, Any] = {"partition": batch.partition, "offset": batch.offset}
         events = batch.events
-        for name in self.columns:
-            datum[name] = [getattr(e, name) for e in events]
+        for name, column in self._column_getters:
+            datum[name] = list(map(column, events))
         data = self._head + self._write(tuple(datum.get(n, d) for n, d in self._fields))
         if batch.steps or batch.schedules:
             extras = t.EventExtras(steps=batch.steps, schedules=batch.schedules)
