@@ -405,11 +405,11 @@ class PartitionProcessor:
             self.outbox.poke()
             if self.leader and any(e.kind in READY_EVENTS for e in events):
                 self.dispatch.poke()
-        # Not only after events: a schedule's pause, resume or upsert arms a timer silently,
-        # and the scanner must lower its floor to see it.
         if self.tables.messages_written:  # committed: ship them to their partitions
             self.tables.messages_written = False
             self.messages.poke()
+        # Not only after events: a schedule's pause, resume or upsert arms a timer silently,
+        # and the scanner must lower its floor to see it.
         armed = self.tables.earliest_timer_ms
         if armed is not None:
             self.tables.earliest_timer_ms = None
