@@ -13,7 +13,11 @@ Rules, and why:
 2. At-least-once in, exactly-once in effect: the outbox may ship a batch twice and a restart
    may re-read one; the per-row version guard (store/postgres/projection.py) makes that a no-op.
 3. Batched: readers decode while the previous transaction is in flight; the writer folds all
-   that is queued (up to ``CHUNK_EVENTS_MAX``) into one row per task and writes it at once.
+   that is queued (up to ``CHUNK_EVENTS_MAX``) into one row per task and writes it at once. A
+   small chunk lingers up to ``LINGER_MS`` for more: a trickle of single enqueues then costs a
+   transaction per linger instead of one per event, and the node's event loop, which it shares
+   with every enqueue, stays free for them (400 sequential enqueues to an idle node: p99
+   7.3 -> 5.6-6.4 ms). The snapshot lags by at most that much more.
 4. The projector never blocks the processors: it only reads the events log. If Postgres is
    down it retries with a backoff, and the lag metrics show how far behind it is.
 """
@@ -40,6 +44,8 @@ log = logging.getLogger("conveyor.projector")
 READ_BATCH = 32  # events-log records per read (~8k events): keeps reads and writes overlapping
 QUEUE_MAX = 64  # decoded read batches waiting for the writer: bounds memory when behind
 CHUNK_EVENTS_MAX = 10_000  # events folded into one transaction
+LINGER_EVENTS = 256  # a chunk smaller than this waits for more (rule 3)...
+LINGER_MS = 25.0  # ...this long at most
 RETRY_MS = 1_000.0  # pause after a failed transaction
 GAUGE_REFRESH_MS = 15_000.0  # how often the tasks-by-state gauge is recounted
 
@@ -152,6 +158,7 @@ class Projector:
             reads: list[_Read] = []
             events = 0
             item: _Item = await queue.get()
+            linger_until = self.clock.monotonic_ms() + LINGER_MS
             while True:
                 if isinstance(item, _Failed):
                     raise item.error
@@ -160,7 +167,16 @@ class Projector:
                 else:
                     reads.append(item)
                     events += sum(len(b.events) for b in item.batches)
-                if events >= CHUNK_EVENTS_MAX or queue.empty():
+                if events >= CHUNK_EVENTS_MAX:
+                    break
+                if queue.empty():
+                    left = linger_until - self.clock.monotonic_ms()
+                    if events >= LINGER_EVENTS or left <= 0 or not readers:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(left / 1000):
+                            item = await queue.get()
+                            continue
                     break
                 item = queue.get_nowait()
             if reads:
