@@ -357,6 +357,8 @@ class EventBatchCodec:
 
     def decode(self, data: bytes) -> t.EventBatch:
         version, start = (data[1], 2) if data[:1] == self._head[:1] else (1, 0)
+        if version < 1:
+            raise ValueError("an events batch of version 0: versions start at 1")
         if version > self.version:
             raise NewerEvents(
                 f"an events batch of version {version}, written by a newer Conveyor (this one "

@@ -153,3 +153,5 @@ def test_an_events_batch_of_a_newer_version_is_refused_by_name() -> None:
     data = bytes([codec.EVENTS_MARK, codec.EVENT_BATCH.version + 1]) + b"\x00"
     with pytest.raises(codec.NewerEvents, match="written by a newer Conveyor"):
         codec.EVENT_BATCH.decode(data)
+    with pytest.raises(ValueError, match="version 0"):  # never read with the wrong schemas
+        codec.EVENT_BATCH.decode(bytes([codec.EVENTS_MARK, 0]) + b"\x00")
