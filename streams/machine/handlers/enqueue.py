@@ -42,6 +42,13 @@ def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int
         return Reply(
             offset=meta.offset, index=index, ok=False, task_id="", reason=_NOT_A_SPEC % index
         )
+    return enqueue_spec(tables, spec, raw, meta, out, index)
+
+
+def enqueue_spec(
+    tables: Tables, spec: TaskSpec, raw: bytes, meta: Meta, out: Outcome, index: int
+) -> Reply:
+    """``enqueue_one`` of a spec already decoded from ``raw`` (kept as is in the spec row)."""
     problem = invalid(spec)
     if problem is not None:
         # The gateway validates; anything else that appends (ingest, tools) may not.

@@ -22,7 +22,7 @@ from conveyor.schemas.types import (
     TaskStatus,
 )
 from conveyor.store.tables import Tables
-from conveyor.streams.machine.handlers.enqueue import enqueue_one
+from conveyor.streams.machine.handlers.enqueue import enqueue_spec
 from conveyor.streams.machine.handlers.workflows import child_id, land
 from conveyor.streams.machine.lifecycle import spare_index
 from conveyor.streams.machine.outcome import Meta, Outcome
@@ -36,16 +36,17 @@ def apply_enqueue_children(
     """Rule 1."""
     for index, raw in zip(record.indexes, record.tasks, strict=False):
         try:
-            task_id = codec.TASK_SPEC.decode(raw).task_id
+            spec = codec.TASK_SPEC.decode(raw)
         except Exception:  # fastavro raises many types on hostile input; never halt on it
             continue
+        task_id = spec.task_id
         if task_id != child_id(record.parent_id, record.identity, index, meta.partitions):
             continue
         if tables.task(task_id) is not None:
             continue  # resent: this child exists (and may have ended) already
         link = ChildLink(parent_id=record.parent_id, identity=record.identity, index=index)
         tables.put_child_link(task_id, link)
-        enqueue_one(tables, raw, meta, out, spare_index(out))
+        enqueue_spec(tables, spec, raw, meta, out, spare_index(out))
 
 
 def apply_land_children(tables: Tables, record: LandChildren, meta: Meta, out: Outcome) -> None:
