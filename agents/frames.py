@@ -2,7 +2,8 @@
 
 A guest's stdout and stderr are its own log file, set up when the agent starts it; a "done"
 frame reports the byte range the attempt wrote (``log_range``). ``BlockingFrames`` is the
-guest's side (threads, blocking socket); ``AsyncFrames`` the agent's.
+guest's side (blocking socket, read by one thread at a time); ``AsyncFrames`` the agent's (an
+asyncio protocol: the socket stays registered with the loop, frames are pushed to callbacks).
 
     agent -> guest   {"op": "run", "task_id", "task_type", "attempt", "payload", "checkpoint",
                       "steps", "started_ms", "run_key", "compensating", "cpu_s"}
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
@@ -62,7 +65,7 @@ def _take(buf: bytearray) -> dict[str, Any] | None:
 
 
 class BlockingFrames:
-    """The guest's end. ``recv`` from one reader thread; ``send`` from any thread."""
+    """The guest's end. ``recv`` from one thread at a time; ``send`` from any thread."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -85,34 +88,69 @@ class BlockingFrames:
                 return None
             self._buf.extend(data)
 
+    def readable(self, timeout_s: float) -> bool:
+        """Whether ``recv`` has something to return (a frame, or the start of one, or EOF)
+        within ``timeout_s``."""
+        if len(self._buf) >= _HEADER.size:
+            return True
+        return bool(select.select([self.sock], [], [], max(0.0, timeout_s))[0])
 
-class AsyncFrames:
-    """The agent's end, on a non-blocking socket in the agent's event loop."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        self.sock = sock
+class AsyncFrames(asyncio.Protocol):
+    """The agent's end: a protocol on the guest socket, in the agent's event loop. Each whole
+    frame goes to ``on_frame`` as it arrives; the end of the stream (EOF, an error, or broken
+    framing, then kept in ``broken``) to ``on_close``, once. ``send`` does not wait: the loop
+    writes what the socket does not take at once."""
+
+    def __init__(
+        self, on_frame: Callable[[dict[str, Any]], None], on_close: Callable[[], None]
+    ) -> None:
+        self._on_frame = on_frame
+        self._on_close = on_close
         self._buf = bytearray()
-        self._send_lock = asyncio.Lock()
+        self._transport: asyncio.Transport | None = None
+        self.closed = False
+        self.broken: str | None = None
 
-    async def recv(self) -> dict[str, Any] | None:
+    @classmethod
+    async def open(
+        cls,
+        sock: socket.socket,
+        on_frame: Callable[[dict[str, Any]], None],
+        on_close: Callable[[], None],
+    ) -> AsyncFrames:
         loop = asyncio.get_running_loop()
-        while True:
-            frame = _take(self._buf)
-            if frame is not None:
-                return frame
-            try:
-                data = await loop.sock_recv(self.sock, _RECV_BYTES)
-            except (ConnectionError, OSError):
-                return None
-            if not data:
-                return None
-            self._buf.extend(data)
+        _, frames = await loop.create_unix_connection(lambda: cls(on_frame, on_close), sock=sock)
+        return frames
 
-    async def send(self, obj: dict[str, Any]) -> None:
-        data = encode(obj)
-        async with self._send_lock:
-            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.broken is not None:
+            return
+        self._buf.extend(data)
+        try:
+            while (frame := _take(self._buf)) is not None:
+                self._on_frame(frame)
+        except FrameError as exc:
+            self.broken = str(exc)
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close our end too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.closed = True
+            self._on_close()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        if self.closed or self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError("the guest socket is closed")
+        self._transport.write(encode(obj))
 
     def close(self) -> None:
-        self.sock.close()
+        if self._transport is not None:
+            self._transport.abort()

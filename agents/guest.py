@@ -8,8 +8,11 @@ Rules, from the trust boundary (design Q6):
    or a hard one too when the agent runs one process per task).
 3. Each attempt's stdout/stderr go to the file whose descriptor came with its "run" frame.
 
-A guest runs one attempt at a time; a reader thread takes frames off the socket so a cancel
-reaches ``ctx.cancelled`` while the handler runs.
+A guest runs one attempt at a time. It has no reader thread: whichever thread needs the next
+frame reads it (``Inbox``): the main thread while the guest is idle, and while a handler runs,
+the thread that reads ``ctx.cancelled`` (a non-blocking look at most every ``POLL_EVERY_S``),
+waits in ``ctx.wait_cancelled`` or waits for a step's ack. So a cancel reaches a handler that
+looks for it, and a task costs the guest one wakeup, not a wakeup and a hand-off.
 """
 
 from __future__ import annotations
@@ -19,114 +22,200 @@ import contextlib
 import logging
 import math
 import os
-import queue
 import resource
 import socket
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.agents.frames import BlockingFrames, FrameError
 from conveyor.agents.runner import load_app, run_sync, unknown_type
+from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App
 from conveyor.context import Context
 from conveyor.steps import StepAck
 
 Run = dict[str, Any]  # a "run" frame
 
-
 LOST_AGENT = StepAck(ok=False, lost=True, reason="the agent went away")
+POLL_EVERY_S = 0.001  # ctx.cancelled looks at the socket at most this often
+# What a "done" frame carries of an AttemptResult (None fields are left out).
+REPORTED = ("outcome", "result", "error_class", "error_message", "error_stack")
+REPORTED_TOO = ("retry_after_ms", "sleep", "fan_out", "wait")
+
+
+class Inbox:
+    """The frames the agent sent, read by whichever thread waits for one (one at a time).
+
+    The reading thread files each frame: a "run" joins ``jobs``; a "cancel" reaches the
+    current attempt's context (or waits in ``_cancels`` for its queued job); a "step_ack" goes
+    to the current attempt's channel; "exit" or EOF or a broken frame closes the inbox."""
+
+    def __init__(self, frames: BlockingFrames) -> None:
+        self.frames = frames
+        self.jobs: deque[Run] = deque()
+        self.closed = False
+        self._cond = threading.Condition()
+        self._reading = False
+        self._polled_at = 0.0
+        self._current: Context | None = None
+        self._channel: GuestChannel | None = None
+        self._cancels: set[str] = set()  # cancels of jobs queued here, not started yet
+
+    def wait(self, ready: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Read frames until ``ready()``, the inbox closes, or ``timeout_s`` passes; another
+        thread already reading does it for us meanwhile. Returns ``ready()``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._cond:
+                while True:
+                    if self.closed or ready():
+                        return ready()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait(left)
+            self._read(left)
+
+    def poll(self) -> None:
+        """File the frames already here, without blocking (at most every ``POLL_EVERY_S``)."""
+        now = time.monotonic()
+        if now - self._polled_at < POLL_EVERY_S:
+            return
+        self._polled_at = now
+        with self._cond:
+            if self._reading or self.closed:
+                return
+            self._reading = True
+        self._read(0.0)
+
+    def _read(self, timeout_s: float | None) -> None:
+        """As the one reading thread: take the frames that come within ``timeout_s`` (None:
+        wait for one), then file them and hand the reading over."""
+        frames: list[dict[str, Any] | None] = []
+        try:
+            if timeout_s is None or self.frames.readable(timeout_s):
+                frames.append(self.frames.recv())
+                while frames[-1] is not None and self.frames.readable(0.0):
+                    frames.append(self.frames.recv())
+        except (FrameError, OSError):
+            frames.append(None)
+        finally:
+            with self._cond:
+                for frame in frames:
+                    self._file(frame)
+                self._reading = False
+                self._cond.notify_all()
+
+    def _file(self, frame: dict[str, Any] | None) -> None:
+        op = frame.get("op") if frame is not None else "exit"
+        if frame is None or op == "exit":
+            self.closed = True
+        elif op == "run":
+            self.jobs.append(frame)
+        elif op == "cancel":
+            task_id = str(frame.get("task_id"))
+            if self._current is not None and self._current.task_id == task_id:
+                self._current.request_cancel()
+            elif any(job.get("task_id") == task_id for job in self.jobs):
+                self._cancels.add(task_id)
+        elif op == "step_ack":
+            channel = self._channel
+            if channel is not None and frame.get("task_id") == channel.task_id:
+                channel.acks[frame.get("seq")] = frame
+
+    def begin(self, ctx: Context, channel: GuestChannel) -> None:
+        with self._cond:
+            self._current = ctx
+            self._channel = channel
+            if ctx.task_id in self._cancels:
+                self._cancels.discard(ctx.task_id)
+                ctx.request_cancel()
+
+    def end(self) -> None:
+        with self._cond:
+            self._current = None
+            self._channel = None
+
+
+class CancelFlag(threading.Event):
+    """``ctx.cancelled`` in a guest: asking it files the frames that arrived meanwhile."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        super().__init__()
+        self._inbox = inbox
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._inbox.poll()
+        return super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._inbox.wait(super().is_set, timeout)
 
 
 class GuestChannel:
     """``Context``'s channel inside a guest: frames to the agent. Heartbeats and checkpoints
     never block for long; a step blocks until the agent answers that it is durable."""
 
-    def __init__(self, frames: BlockingFrames, task_id: str) -> None:
-        self._frames = frames
-        self._task_id = task_id
+    def __init__(self, inbox: Inbox, task_id: str) -> None:
+        self._inbox = inbox
+        self._frames = inbox.frames
         self._seq = 0
         self.task_id = task_id
-        self.acks: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.acks: dict[Any, dict[str, Any]] = {}  # by seq, filed by the reading thread
 
     def step(self, op: str, identity: str, position: int, value: Any) -> StepAck:
         self._seq += 1
-        frame = {"op": "step", "task_id": self._task_id, "seq": self._seq, "step_op": op}
+        seq = self._seq
+        frame = {"op": "step", "task_id": self.task_id, "seq": seq, "step_op": op}
         frame.update(identity=identity, position=position, value=value)
         self._frames.send(frame)
-        while True:  # steps run one at a time: the next ack is this one's, unless stale
-            ack = self.acks.get()
-            if ack is None:
-                return LOST_AGENT
-            if ack.get("seq") == self._seq:
-                return StepAck(
-                    ok=bool(ack.get("ok")),
-                    lost=bool(ack.get("lost")),
-                    transient=bool(ack.get("transient")),
-                    reason=ack.get("reason"),
-                )
+        # Steps run one at a time: an ack of an earlier seq is stale and stays unread.
+        if not self._inbox.wait(lambda: seq in self.acks):
+            return LOST_AGENT
+        ack = self.acks.pop(seq)
+        self.acks.clear()
+        return StepAck(
+            ok=bool(ack.get("ok")),
+            lost=bool(ack.get("lost")),
+            transient=bool(ack.get("transient")),
+            reason=ack.get("reason"),
+        )
 
     def heartbeat(self, progress: Any) -> None:
-        self._frames.send({"op": "heartbeat", "task_id": self._task_id, "progress": progress})
+        self._frames.send({"op": "heartbeat", "task_id": self.task_id, "progress": progress})
 
     def checkpoint(self, value: Any) -> None:
-        self._frames.send({"op": "checkpoint", "task_id": self._task_id, "value": value})
+        self._frames.send({"op": "checkpoint", "task_id": self.task_id, "value": value})
 
 
 class Guest:
     def __init__(self, app: App, frames: BlockingFrames) -> None:
         self.app = app
         self.frames = frames
-        self.jobs: queue.Queue[Run | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._current: Context | None = None
-        self._channel: GuestChannel | None = None
-        self._cancelled: set[str] = set()  # cancels that came before their run started
+        self.inbox = Inbox(frames)
 
     def serve(self) -> None:
-        threading.Thread(target=self._read, name="guest-reader", daemon=True).start()
-        while (job := self.jobs.get()) is not None:
-            if not self.run(job):
-                return
-
-    def _read(self) -> None:
+        inbox = self.inbox
         while True:
-            try:
-                frame = self.frames.recv()
-            except (FrameError, OSError):
-                frame = None
-            op = frame.get("op") if frame else "exit"
-            if op == "run" and frame is not None:
-                self.jobs.put(frame)
-            elif op == "cancel" and frame is not None:
-                self._cancel(str(frame.get("task_id")))
-            elif op == "step_ack" and frame is not None:
-                self._ack(frame)
-            elif op == "exit":
-                self._ack(None)  # a step waiting for its answer gets "lost"
-                self.jobs.put(None)
+            inbox.wait(lambda: bool(inbox.jobs))
+            if inbox.closed or not inbox.jobs:
                 return
-
-    def _cancel(self, task_id: str) -> None:
-        with self._lock:
-            if self._current is not None and self._current.task_id == task_id:
-                self._current.request_cancel()
-            else:
-                self._cancelled.add(task_id)
-
-    def _ack(self, frame: dict[str, Any] | None) -> None:
-        with self._lock:
-            channel = self._channel
-        if channel is not None and (frame is None or frame.get("task_id") == channel.task_id):
-            channel.acks.put(frame)
+            if not self.run(inbox.jobs.popleft()):
+                return
 
     def run(self, frame: dict[str, Any]) -> bool:
         """Run one attempt and report it; False when this process must not be reused."""
         task_id = str(frame["task_id"])
-        channel = GuestChannel(self.frames, task_id)
+        channel = GuestChannel(self.inbox, task_id)
         ctx = Context(
             task_id=task_id,
             task_type=str(frame["task_type"]),
@@ -137,13 +226,9 @@ class Guest:
             started_ms=int(frame.get("started_ms") or 0),
             run_key=frame.get("run_key"),
             compensating=bool(frame.get("compensating")),
+            cancel=CancelFlag(self.inbox),
         )
-        with self._lock:
-            self._current = ctx
-            self._channel = channel
-            if task_id in self._cancelled:
-                self._cancelled.discard(task_id)
-                ctx.request_cancel()
+        self.inbox.begin(ctx, channel)
         task = self.app.tasks.get(ctx.task_type)
         start = _log_size()
         with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
@@ -152,15 +237,22 @@ class Guest:
             else:
                 result = run_sync(task, ctx, frame.get("payload"))
         log_range = [start, _log_size()]
-        with self._lock:
-            self._current = None
-            self._channel = None
+        self.inbox.end()
         # After a MemoryError the heap may be half-built: do not run anything else here.
         reuse = result.error_class != "MemoryError"
-        report = {k: v for k, v in asdict(result).items() if k not in ("log_ref", "crashed")}
         done = {"op": "done", "task_id": task_id, "reuse": reuse, "log_range": log_range}
-        self.frames.send({**done, **report})
+        self.frames.send(_report(done, result))
         return reuse
+
+
+def _report(done: dict[str, Any], result: AttemptResult) -> dict[str, Any]:
+    for name in REPORTED:
+        done[name] = getattr(result, name)
+    for name in REPORTED_TOO:
+        value = getattr(result, name)
+        if value is not None:
+            done[name] = value
+    return done
 
 
 def _log_size() -> int:

@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -38,35 +39,69 @@ class GuestStartError(Exception):
 
 
 class GuestProcess:
-    def __init__(
-        self, proc: asyncio.subprocess.Process, frames: AsyncFrames, serial: int, log_path: Path
-    ) -> None:
+    """One guest and the attempts handed to it, in the order it runs them."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, serial: int, log_path: Path) -> None:
         self.log_path = str(log_path)  # the guest's stdout/stderr, every attempt appended
         self.proc = proc
-        self.frames = frames
         self.pid = proc.pid
         self.serial = serial
         self.tasks_run = 0
+        self.attempts: deque[GuestSandbox] = deque()  # the first one is running
+        self.hello: asyncio.Future[dict[str, Any] | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.frames: AsyncFrames | None = None
+
+    async def connect(self, sock: socket.socket) -> None:
+        self.frames = await AsyncFrames.open(sock, self._on_frame, self._on_close)
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None
+        return self.proc.returncode is None and not (self.frames is None or self.frames.closed)
+
+    def send(self, frame: dict[str, Any]) -> None:
+        if self.frames is None:
+            raise ConnectionResetError("the guest is not connected")
+        self.frames.send(frame)
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        if not self.hello.done():
+            self.hello.set_result(frame)
+            return
+        # Rule: only the attempt running now may report; anything else is dropped.
+        head = self.attempts[0] if self.attempts else None
+        if head is None or frame.get("task_id") != head.job.task_id:
+            log.warning("guest %d reported on a task it was not handed", self.pid)
+            return
+        head.on_frame(frame)
+
+    def _on_close(self) -> None:
+        if not self.hello.done():
+            self.hello.set_result(None)
+        for sandbox in list(self.attempts):
+            sandbox.on_close()
+        self.attempts.clear()
 
     def kill(self) -> None:
-        if self.alive:
+        if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
 
+    def close(self) -> None:
+        if self.frames is not None:
+            self.frames.close()
+
     async def exit(self) -> None:
         """Ask politely, then kill."""
-        with contextlib.suppress(OSError, FrameError):
-            await self.frames.send({"op": "exit"})
+        with contextlib.suppress(OSError):
+            self.send({"op": "exit"})
         try:
             await asyncio.wait_for(self.proc.wait(), EXIT_WAIT_S)
         except TimeoutError:
             self.kill()
             await self.proc.wait()
-        self.frames.close()
+        self.close()
 
 
 def describe_exit(code: int | None) -> str:
@@ -82,7 +117,8 @@ def describe_exit(code: int | None) -> str:
 
 
 class GuestSandbox:
-    """One attempt in one guest process."""
+    """One attempt in one guest process. Its frames come from the guest's protocol
+    (``GuestProcess``): no task of its own, except one per step while the agent records it."""
 
     def __init__(self, pool: GuestPool, guest: GuestProcess, job: Job, hooks: Hooks) -> None:
         self.pool = pool
@@ -91,24 +127,40 @@ class GuestSandbox:
         self.hooks = hooks
         self.pid: int | None = guest.pid
         self._killed: str | None = None
-        self._sends: set[asyncio.Task[None]] = set()
-        self._task = asyncio.create_task(self._run(), name=f"guest-{guest.pid}-{job.task_id}")
+        self._steps: set[asyncio.Task[None]] = set()
+        self._done: asyncio.Future[dict[str, Any] | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        # The attempt's output lands in the guest's own log file; the guest reports the byte
+        # range it wrote. No file is opened and no descriptor passed per attempt.
+        guest.attempts.append(self)
+        try:
+            guest.send(self._run_frame())
+            guest.tasks_run += 1
+        except (OSError, FrameError):
+            self.on_close()
 
     async def wait(self) -> AttemptResult:
-        return await self._task
+        frame = await self._done
+        if frame is not None:
+            return self._result(frame)
+        broken = self.guest.frames.broken if self.guest.frames is not None else None
+        if broken is not None:
+            self.guest.kill()
+            self.pool.forget(self.guest)
+            return crashed(f"the guest broke the frame protocol: {broken}", self.guest.log_path)
+        return await self._died()
 
     def cancel(self) -> None:
-        send = asyncio.create_task(self._send({"op": "cancel", "task_id": self.job.task_id}))
-        self._sends.add(send)
-        send.add_done_callback(self._sends.discard)
+        self._send({"op": "cancel", "task_id": self.job.task_id})
 
     def kill(self, reason: str) -> None:
         self._killed = reason
         self.guest.kill()
 
-    async def _send(self, frame: dict[str, Any]) -> None:
+    def _send(self, frame: dict[str, Any]) -> None:
         with contextlib.suppress(OSError, FrameError):
-            await self.guest.frames.send(frame)
+            self.guest.send(frame)
 
     def _run_frame(self) -> dict[str, Any]:
         job = self.job
@@ -127,38 +179,26 @@ class GuestSandbox:
             "cpu_hard": self.pool.fresh_process,
         }
 
-    async def _run(self) -> AttemptResult:
-        # The attempt's output lands in the guest's own log file; the guest reports the byte
-        # range it wrote. No file is opened and no descriptor passed per attempt.
-        try:
-            await self.guest.frames.send(self._run_frame())
-            self.guest.tasks_run += 1
-            return await self._follow()
-        except FrameError as exc:
-            self.guest.kill()
-            return crashed(f"the guest broke the frame protocol: {exc}", self.guest.log_path)
-        except OSError:
-            return await self._died()
+    def on_frame(self, frame: dict[str, Any]) -> None:
+        """A frame of this attempt, while it is the one its guest runs."""
+        op = frame.get("op")
+        if op == "heartbeat":
+            self.hooks.on_heartbeat(frame.get("progress"))
+        elif op == "checkpoint":
+            self.hooks.on_checkpoint(frame.get("value"))
+        elif op == "step":
+            step = asyncio.get_running_loop().create_task(self._step(frame))
+            self._steps.add(step)  # the loop holds tasks weakly
+            step.add_done_callback(self._steps.discard)
+        elif op == "done" and not self._done.done():
+            self.guest.attempts.popleft()
+            self._done.set_result(frame)
+            self.pool.release(self.guest, reuse=bool(frame.get("reuse", True)))
 
-    async def _follow(self) -> AttemptResult:
-        while True:
-            frame = await self.guest.frames.recv()
-            if frame is None:
-                return await self._died()
-            if frame.get("task_id") != self.job.task_id:
-                log.warning("guest %d reported on a task it was not handed", self.guest.pid)
-                continue
-            op = frame.get("op")
-            if op == "heartbeat":
-                self.hooks.on_heartbeat(frame.get("progress"))
-            elif op == "checkpoint":
-                self.hooks.on_checkpoint(frame.get("value"))
-            elif op == "step":
-                await self._step(frame)
-            elif op == "done":
-                result = self._result(frame)
-                self.pool.release(self.guest, reuse=bool(frame.get("reuse", True)))
-                return result
+    def on_close(self) -> None:
+        """The guest's socket closed (it died, was killed, or broke the framing)."""
+        if not self._done.done():
+            self._done.set_result(None)
 
     async def _step(self, frame: dict[str, Any]) -> None:
         """The guest waits for the answer: the commit is durable before its body goes on."""
@@ -171,7 +211,7 @@ class GuestSandbox:
         )
         reply = {"op": "step_ack", "task_id": self.job.task_id, "seq": frame.get("seq")}
         reply.update(ok=ack.ok, lost=ack.lost, transient=ack.transient, reason=ack.reason)
-        await self.guest.frames.send(reply)
+        self._send(reply)
 
     def _result(self, frame: dict[str, Any]) -> AttemptResult:
         outcome = frame.get("outcome")
@@ -198,7 +238,7 @@ class GuestSandbox:
             self.guest.kill()
             code = None
         self.pool.forget(self.guest)
-        self.guest.frames.close()
+        self.guest.close()
         if self._killed is not None:
             return AttemptResult(
                 outcome="FAILED",
@@ -357,23 +397,24 @@ class GuestPool:
                 )
             finally:
                 child.close()
-        guest = GuestProcess(proc, AsyncFrames(parent), serial, out_path)
+        guest = GuestProcess(proc, serial, out_path)
         self.guests[guest.pid] = guest
         self.spawned += 1
+        await guest.connect(parent)
         await self._hello(guest, out_path)
         return guest
 
     async def _hello(self, guest: GuestProcess, out_path: Path) -> None:
         try:
-            hello = await asyncio.wait_for(guest.frames.recv(), self.start_timeout_s)
-        except (TimeoutError, FrameError):
+            hello = await asyncio.wait_for(asyncio.shield(guest.hello), self.start_timeout_s)
+        except TimeoutError:
             hello = None
         if hello is not None and hello.get("ok"):
             return
         guest.kill()
         await guest.proc.wait()
         self.forget(guest)
-        guest.frames.close()
+        guest.close()
         detail = str(hello.get("error")) if hello else f"no hello; see {out_path}"
         raise GuestStartError(
             f"guest for {self.app_ref} failed to start: {describe_exit(guest.proc.returncode)}\n"

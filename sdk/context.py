@@ -53,13 +53,15 @@ class Context:
         started_ms: int = 0,
         run_key: str | None = None,
         compensating: bool = False,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.task_id = task_id
         self.task_type = task_type
         self.attempt = attempt
         self._checkpoint = checkpoint
         self._channel = channel
-        self._cancel = threading.Event()  # set from the guest's reader thread
+        # Set by the runtime; a guest passes its own flag, which reads the agent's frames.
+        self._cancel = cancel if cancel is not None else threading.Event()
         self.step = StepContext(
             task_id=task_id,
             run_key=run_key or task_id,

@@ -51,6 +51,20 @@ def wait_cancel(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
     return "never canceled"
 
 
+@app.task
+def poll_cancel(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    """Looks at ``ctx.cancelled`` between naps (no ``wait_cancelled``): a guest has no reader
+    thread, so reading the flag is what takes the cancel off the socket."""
+    mark(payload, "started")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ctx.cancelled:
+            mark(payload, "saw cancel")
+            return "stopped"
+        time.sleep(0.01)
+    return "never canceled"
+
+
 @app.task(timeout="1s", cancel_grace="500ms", retry=conveyor.Retry(attempts=1))
 def stubborn(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
     mark(payload, f"pid {os.getpid()}")

@@ -236,6 +236,21 @@ def test_cancel_of_a_running_task_reaches_ctx_cancelled(tmp_path: Path) -> None:
     run(main)
 
 
+def test_a_cancel_reaches_a_handler_that_polls_ctx_cancelled(tmp_path: Path) -> None:
+    marker = tmp_path / "poll_cancel"
+
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            task_id = await r.enqueue(agent_app.poll_cancel, {"marker": str(marker)})
+            await until("the handler to start", lambda: lines(marker) == ["started"])
+            await r.node.cancel(TENANT, task_id, "the user changed their mind")
+            task = await r.finished(task_id)
+            assert task.status == "CANCELED"
+            assert lines(marker) == ["started", "saw cancel"]
+
+    run(main)
+
+
 def test_start_to_close_kills_the_guest_after_the_grace(tmp_path: Path) -> None:
     marker = tmp_path / "stubborn"
 
