@@ -43,8 +43,8 @@ class _LoopChannel:
             # A step waits for its commit; an async handler here runs on the agent's own loop,
             # which would then never get to record it.
             raise StepRefused(
-                "ctx.step in conveyor.testing runs in sync handlers only (an async handler "
-                "shares the engine's event loop, which a step would block)"
+                "an async handler in conveyor.testing shares the engine's event loop, which a "
+                "blocking step write would stall: give ctx.step.run an async def and await it"
             )
         call = self._hooks.on_step(op, identity, position, value)
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()

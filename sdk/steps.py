@@ -29,19 +29,27 @@ committed (``Compensate``, a signal); then the compensations run newest first, e
 durable keyed step ``@undo:<identity>`` (memoized: exactly once across crashes and retries),
 and the attempt reports CANCELED. A compensation that raises fails the attempt
 (``CompensationFailed``, naming the step): retried per the task's retry policy, the task ends
-FAILED when it runs out. Compensations are synchronous callables.
+FAILED when it runs out. A compensation may be an ``async def``; it runs to its end in its own
+event loop, after the body's.
+Rule 7 (async): ``fn`` an ``async def`` (or a partial of one) makes ``run`` awaitable, memo hit
+included: ``value = await ctx.step.run("fetch", fetch)``. Claim and commit then wait off the
+event loop, so the handler's loop (the engine's own, in ``conveyor.testing``) stays free while
+they become durable. A plain function that returns an awaitable (``lambda: fetch()``) is
+refused by name: its body would have run, unawaited, with nothing to commit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
@@ -137,15 +145,31 @@ def encode_value(identity: str, value: Any) -> str:
 
 
 def _undoing(identity: str, compensate: Callable[[Any], Any], value: Any) -> Callable[[], Any]:
-    """The body of ``@undo:<identity>``: ``compensate(value)``, its failure named."""
+    """The body of ``@undo:<identity>``: ``compensate(value)``, its failure named; an async
+    compensation runs in an event loop of its own (``compensate_all`` runs off any loop)."""
 
     def call() -> Any:
         try:
-            return compensate(value)
+            result = compensate(value)
+            return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
         except Exception as exc:
             raise CompensationFailed(identity, exc) from exc
 
     return call
+
+
+def _decoded(identity: str, value: Any) -> Any:
+    """The value as a memo hit would give it back (rule 3)."""
+    return json.loads(encode_value(identity, value))
+
+
+def _discard(value: Awaitable[Any]) -> None:
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited, by design: no warning about it
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
 
 
 class StepContext:
@@ -206,6 +230,17 @@ class StepContext:
 
     # -- steps ----------------------------------------------------------------------------------
 
+    @overload
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        key: str | None = None,
+        *,
+        compensate: Callable[[T], Any] | None = None,
+    ) -> Awaitable[T]: ...
+
+    @overload
     def run(
         self,
         name: str,
@@ -213,32 +248,79 @@ class StepContext:
         key: str | None = None,
         *,
         compensate: Callable[[T], Any] | None = None,
-    ) -> T:
+    ) -> T: ...
+
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        key: str | None = None,
+        *,
+        compensate: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """Run ``fn`` once per task: a later attempt returns its committed value.
 
         ``compensate``: called with the step's value if the task is canceled after the step
         committed, newest first, each exactly once, as a durable step (rule 6):
 
             charge = ctx.step.run("charge", lambda: pay(order), compensate=refund)
+
+        ``fn`` an ``async def``: ``await`` the call (rule 7).
         """
         self._reraise()
         if compensate is not None and not callable(compensate):
             raise StepRefused(f"compensate= takes a callable, got {type(compensate).__name__}")
-        identity, position = self._identify(name, key)
+        identity, position = self._identify(name, key)  # at the call: positions follow calls
         row = self._by_identity.get(identity)
+        if inspect.iscoroutinefunction(fn):
+            return self._run_async(identity, position, row, fn, compensate)
         if row is not None and row.committed:
             self._used.add(identity)
             if compensate is not None and not self.compensating:
                 self._mark(identity)  # committed by code that had no compensate= yet
             self._register(identity, compensate, row.value)
-            return row.value  # type: ignore[no-any-return]
+            return row.value
         if self.compensating:
             raise self._latch(Compensate(identity))
         if compensate is not None:
             self._mark(identity)
         decoded = self._execute(identity, position, row, fn)
         self._register(identity, compensate, decoded)
-        return decoded  # type: ignore[no-any-return]
+        return decoded
+
+    async def _run_async(
+        self,
+        identity: str,
+        position: int,
+        row: _Recorded | None,
+        fn: Callable[[], Awaitable[Any]],
+        compensate: Callable[[Any], Any] | None,
+    ) -> Any:
+        """``run`` of an async ``fn`` (rule 7): the same steps, each write awaited."""
+        if row is not None and row.committed:
+            self._used.add(identity)
+            if compensate is not None and not self.compensating:
+                await self._mark_async(identity)
+            self._register(identity, compensate, row.value)
+            return row.value
+        if self.compensating:
+            raise self._latch(Compensate(identity))
+        if compensate is not None:
+            await self._mark_async(identity)
+        self._enter(identity)
+        try:
+            await self._write_async(CLAIM, identity, position, None)
+            self._begin(identity, row)
+            try:
+                value = await fn()
+            finally:
+                self._current = None
+            decoded = _decoded(identity, value)
+            await self._write_async(COMMIT, identity, position, decoded)
+        finally:
+            self._leave()
+        self._register(identity, compensate, decoded)
+        return decoded
 
     def _execute(
         self, identity: str, position: int, row: _Recorded | None, fn: Callable[[], Any]
@@ -247,35 +329,61 @@ class StepContext:
         self._enter(identity)
         try:
             self._write(CLAIM, identity, position, None)
-            self._current = identity
-            self._current_attempt = (row.claims if row else 0) + 1
+            self._begin(identity, row)
             try:
                 value = fn()
             finally:
                 self._current = None
-            text = encode_value(identity, value)
-            decoded = json.loads(text)
+            if inspect.isawaitable(value):
+                _discard(value)
+                raise StepRefused(
+                    f"step {identity!r} returned an awaitable: pass the async function "
+                    "itself (async def, not a lambda that calls it) and await ctx.step.run"
+                )
+            decoded = _decoded(identity, value)
             self._write(COMMIT, identity, position, decoded)
         finally:
             self._leave()
         return decoded
 
+    def _begin(self, identity: str, row: _Recorded | None) -> None:
+        """The claim is durable: the body of ``identity`` starts (``attempt`` counts it)."""
+        self._current = identity
+        self._current_attempt = (row.claims if row else 0) + 1
+
     # -- compensations (rule 6) -----------------------------------------------------------------
 
     def _mark(self, identity: str) -> None:
         """Commit ``@compensate:<identity>`` before the step's body first runs."""
-        marker = f"{COMPENSATE_PREFIX}{identity}"
-        row = self._by_identity.get(marker)
-        if row is not None and row.committed:
+        marker = self._marker(identity)
+        if marker is None:
             return
-        if len(marker.encode()) > STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX:
-            raise StepRefused(f"step {identity!r} is too long to take a compensation")
-        self._used.add(marker)
         self._enter(marker)
         try:
             self._write(COMMIT, marker, -1, True)
         finally:
             self._leave()
+
+    async def _mark_async(self, identity: str) -> None:
+        marker = self._marker(identity)
+        if marker is None:
+            return
+        self._enter(marker)
+        try:
+            await self._write_async(COMMIT, marker, -1, True)
+        finally:
+            self._leave()
+
+    def _marker(self, identity: str) -> str | None:
+        """The marker step ``identity`` still needs committed, or None."""
+        marker = f"{COMPENSATE_PREFIX}{identity}"
+        row = self._by_identity.get(marker)
+        if row is not None and row.committed:
+            return None
+        if len(marker.encode()) > STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX:
+            raise StepRefused(f"step {identity!r} is too long to take a compensation")
+        self._used.add(marker)
+        return marker
 
     def _register(self, identity: str, compensate: Callable[[Any], Any] | None, value: Any) -> None:
         if compensate is not None:
@@ -450,7 +558,14 @@ class StepContext:
             self._busy = False
 
     def _write(self, op: str, identity: str, position: int, value: Any) -> None:
-        ack = self._channel.step(op, identity, position, value)
+        self._check(identity, self._channel.step(op, identity, position, value))
+
+    async def _write_async(self, op: str, identity: str, position: int, value: Any) -> None:
+        """``_write`` on a worker thread: the channel blocks until the write is durable."""
+        step = self._channel.step
+        self._check(identity, await asyncio.to_thread(step, op, identity, position, value))
+
+    def _check(self, identity: str, ack: StepAck) -> None:
         if ack.ok:
             return
         if ack.lost:

@@ -6,6 +6,7 @@ share nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -98,6 +99,22 @@ def step_then_die(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
     if ctx.attempt == 1:
         mark(payload, f"pid {os.getpid()}")
         ctx.wait_cancelled(timeout=60)  # the test kills this process meanwhile
+    return f"memo {done!r} in attempt {ctx.attempt}"
+
+
+@app.task(retry=FAST)
+async def async_step_then_die(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    """``step_then_die`` with an async handler and an async step body (steps rule 7)."""
+
+    async def once() -> str:
+        await asyncio.sleep(0.01)
+        mark(payload, f"ran in step attempt {ctx.step.attempt}")
+        return "ran"
+
+    done = await ctx.step.run("once", once)
+    if ctx.attempt == 1:
+        mark(payload, f"pid {os.getpid()}")
+        await asyncio.to_thread(ctx.wait_cancelled, timeout=60)  # killed meanwhile
     return f"memo {done!r} in attempt {ctx.attempt}"
 
 

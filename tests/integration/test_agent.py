@@ -180,6 +180,24 @@ def test_a_step_stays_memoized_across_a_guest_kill_9(tmp_path: Path) -> None:
     run(main)
 
 
+def test_an_async_step_stays_memoized_across_a_guest_kill_9(tmp_path: Path) -> None:
+    marker = tmp_path / "async_step_then_die"
+
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            task_id = await r.enqueue(agent_app.async_step_then_die, {"marker": str(marker)})
+            await until("the step to commit", lambda: any("pid" in x for x in lines(marker)))
+            pid = int(next(x for x in lines(marker) if x.startswith("pid")).split()[1])
+            os.kill(pid, signal.SIGKILL)
+            task = await r.finished(task_id)
+            assert task.status == "SUCCEEDED" and task.attempt == 2
+            assert result_of(task) == "memo 'ran' in attempt 2"
+            ran = [x for x in lines(marker) if x.startswith("ran")]
+            assert ran == ["ran in step attempt 1"]  # committed once, never re-executed
+
+    run(main)
+
+
 async def trip(r: Rig) -> None:
     await r.enqueue(agent_app.crash)
     await until(
