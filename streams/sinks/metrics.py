@@ -113,26 +113,35 @@ class Metrics:
         return generate_latest(self.registry)
 
     def observe_events(self, partition: int, events: Sequence[TaskEvent]) -> None:
-        """Fold one event batch into the event-derived metrics."""
+        """Fold one event batch into the event-derived metrics (a labelled child is looked up
+        once per label set and batch, not per event)."""
         dispatched: Tally[str] = Tally()
+        finished: Tally[tuple[str, str]] = Tally()
+        delays: dict[str, list[float]] = {}
         expired = 0
-        label = str(partition)
+        ready_ms = self._ready_ms
         for e in events:
             kind = e.kind
             if kind == EventKind.TaskLeased:
                 dispatched[e.tenant] += 1
-                ready = self._ready_ms.pop(e.task_id, None)
+                ready = ready_ms.pop(e.task_id, None)
                 if ready is not None:
-                    delay_s = max(0, e.ts_ms - ready) / 1000
-                    self.schedule_to_start.labels(label, e.queue).observe(delay_s)
+                    delays.setdefault(e.queue, []).append(max(0, e.ts_ms - ready) / 1000)
             elif kind in (EventKind.TaskEnqueued, EventKind.TaskRequeued):
                 if e.status == TaskStatus.ENQUEUED:
                     self._remember_ready(e.task_id, e.ts_ms)
             elif kind == EventKind.LeaseExpired:
                 expired += 1
             if e.status in _TERMINAL_NAMES and kind != EventKind.TaskRequeued:
-                self._ready_ms.pop(e.task_id, None)
-                self.finished.labels(e.queue, e.status).inc()
+                ready_ms.pop(e.task_id, None)
+                finished[e.queue, e.status] += 1
+        label = str(partition)
+        for queue, seconds in delays.items():
+            histogram = self.schedule_to_start.labels(label, queue)
+            for delay_s in seconds:
+                histogram.observe(delay_s)
+        for (queue, status), n in finished.items():
+            self.finished.labels(queue, status).inc(n)
         for tenant, n in dispatched.items():
             self.dispatched.labels(tenant).inc(n)
         self.dispatch_window.add(events)
