@@ -57,7 +57,7 @@ class CliError(Exception):
 
 
 def fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error[/]: {message}")
+    errors.print(f"[bold red]error[/]: {message}", soft_wrap=True)  # one line, even in a log
     return typer.Exit(1)
 
 

@@ -15,6 +15,7 @@ import typer
 
 from conveyor.cli import schedules, serve, tasks, tools
 from conveyor.cli.common import CliError, fail
+from conveyor.errors import ContractError
 
 app = typer.Typer(
     name="conveyor",
@@ -70,10 +71,11 @@ app.add_typer(schedule_app, name="schedule")
 
 
 def main() -> None:
-    """The console script. A ``CliError`` from any command (a refused request, no API key) is
-    one line on stderr and exit status 1, never a traceback."""
+    """The console script. A ``CliError`` from any command (a refused request, no API key) or a
+    ``ContractError`` (what it was asked cannot be done: a data directory another node holds)
+    is one line on stderr and exit status 1, never a traceback."""
     try:
         app()
-    except CliError as exc:
+    except (CliError, ContractError) as exc:
         fail(str(exc))  # prints the line
         raise SystemExit(1) from None

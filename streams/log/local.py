@@ -725,7 +725,10 @@ def _lock_root(root: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
         os.close(fd)
-        raise ContractError(f"log directory {root} is already open elsewhere") from exc
+        raise ContractError(
+            f"log directory {root} is already open elsewhere (another node on this home, "
+            "running or paused): stop it, or give this one another --home"
+        ) from exc
     return fd
 
 
