@@ -162,36 +162,24 @@ def test_kill_9_of_a_guest_mid_task_retries_the_task(tmp_path: Path) -> None:
     run(main)
 
 
-def test_a_step_stays_memoized_across_a_guest_kill_9(tmp_path: Path) -> None:
-    marker = tmp_path / "step_then_die"
+@pytest.mark.parametrize(
+    ("handler", "memo"),
+    [("step_then_die", "None"), ("async_step_then_die", "'ran'")],  # steps rule 7: async
+)
+def test_a_step_stays_memoized_across_a_guest_kill_9(
+    tmp_path: Path, handler: str, memo: str
+) -> None:
+    marker = tmp_path / handler
 
     async def main() -> None:
         async with rig(tmp_path) as r:
-            task_id = await r.enqueue(agent_app.step_then_die, {"marker": str(marker)})
+            task_id = await r.enqueue(getattr(agent_app, handler), {"marker": str(marker)})
             await until("the step to commit", lambda: any("pid" in x for x in lines(marker)))
             pid = int(next(x for x in lines(marker) if x.startswith("pid")).split()[1])
             os.kill(pid, signal.SIGKILL)
             task = await r.finished(task_id)
             assert task.status == "SUCCEEDED" and task.attempt == 2
-            assert result_of(task) == "memo None in attempt 2"
-            ran = [x for x in lines(marker) if x.startswith("ran")]
-            assert ran == ["ran in step attempt 1"]  # committed once, never re-executed
-
-    run(main)
-
-
-def test_an_async_step_stays_memoized_across_a_guest_kill_9(tmp_path: Path) -> None:
-    marker = tmp_path / "async_step_then_die"
-
-    async def main() -> None:
-        async with rig(tmp_path) as r:
-            task_id = await r.enqueue(agent_app.async_step_then_die, {"marker": str(marker)})
-            await until("the step to commit", lambda: any("pid" in x for x in lines(marker)))
-            pid = int(next(x for x in lines(marker) if x.startswith("pid")).split()[1])
-            os.kill(pid, signal.SIGKILL)
-            task = await r.finished(task_id)
-            assert task.status == "SUCCEEDED" and task.attempt == 2
-            assert result_of(task) == "memo 'ran' in attempt 2"
+            assert result_of(task) == f"memo {memo} in attempt 2"
             ran = [x for x in lines(marker) if x.startswith("ran")]
             assert ran == ["ran in step attempt 1"]  # committed once, never re-executed
 
