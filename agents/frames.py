@@ -88,6 +88,13 @@ class BlockingFrames:
                 return None
             self._buf.extend(data)
 
+    def buffered(self) -> bool:
+        """Whether a whole frame is already here (``recv`` returns it without a syscall)."""
+        if len(self._buf) < _HEADER.size:
+            return False
+        size: int = _HEADER.unpack_from(self._buf)[0]
+        return len(self._buf) >= _HEADER.size + size
+
     def readable(self, timeout_s: float) -> bool:
         """Whether ``recv`` has something to return (a frame, or the start of one, or EOF)
         within ``timeout_s``."""

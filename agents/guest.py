@@ -42,6 +42,9 @@ from conveyor.steps import StepAck
 Run = dict[str, Any]  # a "run" frame
 
 LOST_AGENT = StepAck(ok=False, lost=True, reason="the agent went away")
+NEVER_STARTED = AttemptResult(
+    outcome="CANCELED", error_class="Canceled", error_message="canceled before it started"
+)
 POLL_EVERY_S = 0.001  # ctx.cancelled looks at the socket at most this often
 # What a "done" frame carries of an AttemptResult (None fields are left out).
 REPORTED = ("outcome", "result", "error_class", "error_message", "error_stack")
@@ -51,9 +54,11 @@ REPORTED_TOO = ("retry_after_ms", "sleep", "fan_out", "wait")
 class Inbox:
     """The frames the agent sent, read by whichever thread waits for one (one at a time).
 
-    The reading thread files each frame: a "run" joins ``jobs``; a "cancel" reaches the
-    current attempt's context (or waits in ``_cancels`` for its queued job); a "step_ack" goes
-    to the current attempt's channel; "exit" or EOF or a broken frame closes the inbox."""
+    The reading thread files each frame: a "run" joins ``jobs`` (the agent may hand a busy
+    guest one job to start next); a "cancel" reaches the current attempt's context, or marks
+    its queued job, which then never starts; a "withdraw" takes a queued job back (answered
+    "withdrawn"; a job already started is not answered: its "done" will come); a "step_ack"
+    goes to the current attempt's channel; "exit" or EOF or a broken frame closes the inbox."""
 
     def __init__(self, frames: BlockingFrames) -> None:
         self.frames = frames
@@ -65,6 +70,7 @@ class Inbox:
         self._current: Context | None = None
         self._channel: GuestChannel | None = None
         self._cancels: set[str] = set()  # cancels of jobs queued here, not started yet
+        self._replies: list[dict[str, Any]] = []  # to send once the frames are filed
 
     def wait(self, ready: Callable[[], bool], timeout_s: float | None = None) -> bool:
         """Read frames until ``ready()``, the inbox closes, or ``timeout_s`` passes; another
@@ -103,7 +109,7 @@ class Inbox:
         try:
             if timeout_s is None or self.frames.readable(timeout_s):
                 frames.append(self.frames.recv())
-                while frames[-1] is not None and self.frames.readable(0.0):
+                while frames[-1] is not None and self.frames.buffered():
                     frames.append(self.frames.recv())
         except (FrameError, OSError):
             frames.append(None)
@@ -113,6 +119,9 @@ class Inbox:
                     self._file(frame)
                 self._reading = False
                 self._cond.notify_all()
+                replies, self._replies = self._replies, []
+            for reply in replies:
+                self.frames.send(reply)
 
     def _file(self, frame: dict[str, Any] | None) -> None:
         op = frame.get("op") if frame is not None else "exit"
@@ -126,18 +135,29 @@ class Inbox:
                 self._current.request_cancel()
             elif any(job.get("task_id") == task_id for job in self.jobs):
                 self._cancels.add(task_id)
+        elif op == "withdraw":
+            task_id = str(frame.get("task_id"))
+            queued = [job for job in self.jobs if job.get("task_id") == task_id]
+            for job in queued:
+                self.jobs.remove(job)
+                self._cancels.discard(task_id)
+            if queued:
+                self._replies.append({"op": "withdrawn", "task_id": task_id})
         elif op == "step_ack":
             channel = self._channel
             if channel is not None and frame.get("task_id") == channel.task_id:
                 channel.acks[frame.get("seq")] = frame
 
-    def begin(self, ctx: Context, channel: GuestChannel) -> None:
+    def begin(self, ctx: Context, channel: GuestChannel) -> bool:
+        """``ctx`` is the attempt running now; False when it was canceled while queued."""
         with self._cond:
             self._current = ctx
             self._channel = channel
             if ctx.task_id in self._cancels:
                 self._cancels.discard(ctx.task_id)
                 ctx.request_cancel()
+                return False
+            return True
 
     def end(self) -> None:
         with self._cond:
@@ -202,6 +222,9 @@ class Guest:
         self.app = app
         self.frames = frames
         self.inbox = Inbox(frames)
+        # Where the next attempt's output starts: the end of the log after the previous one
+        # (anything written between two attempts counts for the next one).
+        self._log_end = _log_size()
 
     def serve(self) -> None:
         inbox = self.inbox
@@ -228,15 +251,18 @@ class Guest:
             compensating=bool(frame.get("compensating")),
             cancel=CancelFlag(self.inbox),
         )
-        self.inbox.begin(ctx, channel)
+        start_it = self.inbox.begin(ctx, channel)
         task = self.app.tasks.get(ctx.task_type)
-        start = _log_size()
+        start = self._log_end
         with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
-            if task is None:
+            if not start_it:
+                result = NEVER_STARTED
+            elif task is None:
                 result = unknown_type(self.app, ctx.task_type)
             else:
                 result = run_sync(task, ctx, frame.get("payload"))
-        log_range = [start, _log_size()]
+        self._log_end = _log_size()
+        log_range = [start, self._log_end]
         self.inbox.end()
         # After a MemoryError the heap may be half-built: do not run anything else here.
         reuse = result.error_class != "MemoryError"

@@ -6,6 +6,8 @@ Loops, all on one event loop:
               here for a free guest (heartbeated, their start_to_close running: the platform
               counts from the lease too), so the next tasks are at hand when a guest frees up
               instead of one poll round trip away, and polls and grants come in larger batches.
+              With it, a busy guest also holds one of them queued (``GuestPool`` pipelining):
+              it starts that one as soon as it is done, without a round trip to the agent.
 - heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
               checkpoints). CANCEL -> the handler's ctx.cancelled, then a kill after the cancel
               grace. LOST -> kill and drop: nothing is reported for a lost lease.
@@ -131,7 +133,8 @@ class HostAgent:
         self.running: dict[str, Running] = {}
         self.completer = Completer(api, window_ms=complete_window_ms)
         self._attempts: set[asyncio.Task[None]] = set()
-        self._guests = asyncio.Semaphore(concurrency)  # leases beyond it wait for a guest
+        # Leases beyond it wait for a guest (or a place queued behind a running attempt).
+        self._guests = asyncio.Semaphore(concurrency + self.executor.queued_max)
         self.started = asyncio.Event()  # set once registered and claiming work
         self._stop = asyncio.Event()
         self._slot = Wake()
@@ -157,6 +160,7 @@ class HostAgent:
             log_dir=log_dir or home / "logs" / self.app.name,
             size_max=self.concurrency,
             fresh_process=fresh_process,
+            pipeline=self.prefetch > 0,
             memory_mb=memory_mb,
             cpu_s=cpu_s,
         )

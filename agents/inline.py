@@ -97,6 +97,8 @@ class InlineSandbox:
 
 
 class InlineExecutor:
+    queued_max = 0
+
     def __init__(self, app: App, *, threads: int = 8) -> None:
         self.app = app
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-task")

@@ -8,6 +8,16 @@ the protocol, was killed, or asked not to be reused is never handed another task
 
 Rule: a guest's reports count only for the job it was handed; frames naming another task id
 are dropped, so a guest cannot complete or checkpoint a task it was not given.
+
+Pipelining (``pipeline=True``, what a host agent with ``prefetch`` asks for): when every
+guest is busy, a guest may also hold ONE queued job, which it starts the moment its current one
+is done, without a round trip to the agent (a task then costs the guest no wakeup of its own).
+Only the running job (the first handed and not done) may report. A queued job
+- canceled: the guest never starts it and reports CANCELED;
+- killed (the cancel grace, a lost lease): the agent withdraws it; the guest is not killed;
+- waiting ``WITHDRAW_AFTER_S`` while another guest is idle: withdrawn and handed to that one;
+- on a guest that dies: fails as ``GuestCrashed`` ("before it started"), not counted as a
+  crash of its task type, and is retried per its policy like the running one.
 """
 
 from __future__ import annotations
@@ -26,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agents.frames import AsyncFrames, FrameError
-from conveyor.agents.sandbox import AttemptResult, Hooks, Job, crashed
+from conveyor.agents.sandbox import GUEST_CRASHED, AttemptResult, Hooks, Job, crashed
 
 log = logging.getLogger("conveyor.agent.pool")
 
 OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_OUT", "WAIT_EVENT"})
 EXIT_WAIT_S = 5.0
+QUEUED_PER_GUEST = 1  # jobs a busy guest holds to start next (with pipelining)
+WITHDRAW_AFTER_S = 0.05  # a queued job waits this long behind a busy guest before it moves
 
 
 class GuestStartError(Exception):
@@ -69,6 +81,9 @@ class GuestProcess:
         if not self.hello.done():
             self.hello.set_result(frame)
             return
+        if frame.get("op") == "withdrawn":
+            self._withdrawn(frame.get("task_id"))
+            return
         # Rule: only the attempt running now may report; anything else is dropped.
         head = self.attempts[0] if self.attempts else None
         if head is None or frame.get("task_id") != head.job.task_id:
@@ -76,11 +91,20 @@ class GuestProcess:
             return
         head.on_frame(frame)
 
+    def _withdrawn(self, task_id: Any) -> None:
+        for sandbox in self.attempts:
+            if sandbox.job.task_id == task_id and sandbox.withdrawing:
+                self.attempts.remove(sandbox)
+                sandbox.pool.moved(sandbox, self)
+                if not self.attempts:
+                    sandbox.pool.release(self, reuse=True)
+                return
+
     def _on_close(self) -> None:
         if not self.hello.done():
             self.hello.set_result(None)
-        for sandbox in list(self.attempts):
-            sandbox.on_close()
+        for position, sandbox in enumerate(self.attempts):
+            sandbox.on_close(started=position == 0)
         self.attempts.clear()
 
     def kill(self) -> None:
@@ -127,23 +151,51 @@ class GuestSandbox:
         self.hooks = hooks
         self.pid: int | None = guest.pid
         self._killed: str | None = None
+        self._cancel_sent = False
+        self._started = True  # False: its guest died or it was killed before it started
+        self.stopping = False  # asked to stop: no job is queued behind it
+        self.withdrawing = False
+        self.queued_at: float | None = None  # when it was queued behind a running job
         self._steps: set[asyncio.Task[None]] = set()
         self._done: asyncio.Future[dict[str, Any] | None] = (
             asyncio.get_running_loop().create_future()
         )
+        self.place(guest)
+
+    def place(self, guest: GuestProcess) -> None:
+        """Hand the job to ``guest``: it runs it now, or next when it is busy."""
         # The attempt's output lands in the guest's own log file; the guest reports the byte
         # range it wrote. No file is opened and no descriptor passed per attempt.
+        self.guest = guest
+        self.pid = guest.pid
+        self.withdrawing = False
+        self.queued_at = asyncio.get_running_loop().time() if guest.attempts else None
         guest.attempts.append(self)
         try:
             guest.send(self._run_frame())
+            if self._cancel_sent:
+                guest.send({"op": "cancel", "task_id": self.job.task_id})
             guest.tasks_run += 1
         except (OSError, FrameError):
-            self.on_close()
+            self.on_close(started=len(guest.attempts) == 1)
+
+    @property
+    def done(self) -> bool:
+        return self._done.done()
+
+    @property
+    def queued(self) -> bool:
+        """Handed to a guest that is still running another job first."""
+        attempts = self.guest.attempts
+        return bool(attempts) and attempts[0] is not self and self in attempts
 
     async def wait(self) -> AttemptResult:
         frame = await self._done
         if frame is not None:
             return self._result(frame)
+        if self._killed is not None and not self._started:
+            why = f"{self._killed}; never started"
+            return AttemptResult(outcome="FAILED", error_class="Killed", error_message=why)
         broken = self.guest.frames.broken if self.guest.frames is not None else None
         if broken is not None:
             self.guest.kill()
@@ -152,11 +204,32 @@ class GuestSandbox:
         return await self._died()
 
     def cancel(self) -> None:
+        self.stopping = True
+        self._cancel_sent = True
         self._send({"op": "cancel", "task_id": self.job.task_id})
 
     def kill(self, reason: str) -> None:
+        if self._done.done():
+            return
         self._killed = reason
+        self.stopping = True
+        if self.queued or self not in self.guest.attempts:
+            # Not started (queued, or moving to another guest): take it back, spare the guest.
+            if self in self.guest.attempts:
+                self.guest.attempts.remove(self)
+                self._send({"op": "withdraw", "task_id": self.job.task_id})
+            self._started = False
+            self._done.set_result(None)
+            return
+        for queued in list(self.guest.attempts)[1:]:  # not started: they run elsewhere
+            self.guest.attempts.remove(queued)
+            self.pool.moved(queued, self.guest)
         self.guest.kill()
+
+    def withdraw(self) -> None:
+        """Ask the guest to give this queued job back (``moved`` follows its answer)."""
+        self.withdrawing = True
+        self._send({"op": "withdraw", "task_id": self.job.task_id})
 
     def _send(self, frame: dict[str, Any]) -> None:
         with contextlib.suppress(OSError, FrameError):
@@ -195,9 +268,10 @@ class GuestSandbox:
             self._done.set_result(frame)
             self.pool.release(self.guest, reuse=bool(frame.get("reuse", True)))
 
-    def on_close(self) -> None:
+    def on_close(self, *, started: bool) -> None:
         """The guest's socket closed (it died, was killed, or broke the framing)."""
         if not self._done.done():
+            self._started = started
             self._done.set_result(None)
 
     async def _step(self, frame: dict[str, Any]) -> None:
@@ -245,6 +319,12 @@ class GuestSandbox:
                 error_class="Killed",
                 error_message=f"{self._killed}; {describe_exit(code)}",
                 log_ref=self.guest.log_path,
+            )
+        if not self._started:  # the running job's fault, if anyone's: not a crash of this type
+            return AttemptResult(
+                outcome="FAILED",
+                error_class=GUEST_CRASHED,
+                error_message=f"{describe_exit(code)} before this attempt started",
             )
         return crashed(describe_exit(code), self.guest.log_path)
 
@@ -305,6 +385,7 @@ class GuestPool:
         size_max: int = 8,
         warm: int = 1,
         fresh_process: bool = False,
+        pipeline: bool = False,
         memory_mb: int | None = None,
         cpu_s: float | None = None,
         start_timeout_s: float = 60.0,
@@ -314,15 +395,21 @@ class GuestPool:
         self.size_max = size_max
         self.warm = 0 if fresh_process else min(warm, size_max)
         self.fresh_process = fresh_process
+        # One job queued behind the running one per guest (not with one process per task).
+        self.queued_per_guest = QUEUED_PER_GUEST if pipeline and not fresh_process else 0
+        self.queued_max = size_max * self.queued_per_guest
         self.memory_mb = memory_mb
         self.cpu_s = cpu_s
         self.start_timeout_s = start_timeout_s
         self.idle: list[GuestProcess] = []
         self.guests: dict[int, GuestProcess] = {}  # every live guest, by pid
         self.spawned = 0
+        self._spawning = 0
         self._serial = itertools.count(1)
         self._closing = False
         self._exiting: set[asyncio.Task[None]] = set()
+        self._moving: set[asyncio.Task[None]] = set()
+        self._rebalance_at: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         (self.log_dir / "guests").mkdir(parents=True, exist_ok=True)
@@ -340,17 +427,82 @@ class GuestPool:
             if guest.alive:
                 return guest
             self.forget(guest)
+        if self.queued_max and len(self.guests) + self._spawning >= self.size_max:
+            busy = self._room_behind()
+            if busy is not None:
+                return busy
         return await self._spawn()
+
+    def _room_behind(self) -> GuestProcess | None:
+        """A busy guest with room in its queue, whose running job was not asked to stop."""
+        room = self.queued_per_guest
+        for guest in self.guests.values():
+            attempts = guest.attempts
+            if 0 < len(attempts) <= room and not attempts[0].stopping and guest.alive:
+                return guest
+        return None
 
     def release(self, guest: GuestProcess, *, reuse: bool) -> None:
         keep = reuse and not self.fresh_process and not self._closing and guest.alive
+        if keep and guest.attempts:
+            return  # it starts its queued job now
         if keep and len(self.idle) < self.size_max:
             self.idle.append(guest)
+            self._rebalance_soon()
             return
+        for queued in list(guest.attempts):  # it will not start them: they run elsewhere
+            guest.attempts.remove(queued)
+            self.moved(queued, guest)
         self.forget(guest)
         task = asyncio.get_running_loop().create_task(guest.exit())
         self._exiting.add(task)  # the loop holds tasks weakly
         task.add_done_callback(self._exiting.discard)
+
+    def moved(self, sandbox: GuestSandbox, old: GuestProcess) -> None:
+        """``sandbox``'s job left ``old`` before it started: hand it to another guest."""
+        task = asyncio.get_running_loop().create_task(self._place(sandbox))
+        self._moving.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(self._moving.discard)
+
+    async def _place(self, sandbox: GuestSandbox) -> None:
+        if self._closing:
+            sandbox.on_close(started=False)
+            return
+        try:
+            guest = await self._take()
+        except GuestStartError as exc:
+            sandbox.on_close(started=False)
+            log.warning("could not move task %s to a new guest: %s", sandbox.job.task_id, exc)
+            return
+        if sandbox.done:  # killed while it moved
+            if not guest.attempts:
+                self.release(guest, reuse=True)
+            return
+        sandbox.place(guest)
+
+    def _rebalance_soon(self) -> None:
+        if self.queued_max and self._rebalance_at is None:
+            loop = asyncio.get_running_loop()
+            self._rebalance_at = loop.call_later(WITHDRAW_AFTER_S, self._rebalance)
+
+    def _rebalance(self) -> None:
+        """Idle guests take over the jobs queued longest behind busy ones."""
+        self._rebalance_at = None
+        idle = sum(1 for guest in self.idle if guest.alive)
+        if not idle:
+            return
+        queued = [s for g in self.guests.values() for s in list(g.attempts)[1:]]
+        queued = [s for s in queued if not s.withdrawing and s.queued_at is not None]
+        if not queued:
+            return
+        now = asyncio.get_running_loop().time()
+        queued.sort(key=lambda s: s.queued_at or 0.0)
+        for sandbox in queued[:idle]:
+            if now - (sandbox.queued_at or now) >= WITHDRAW_AFTER_S:
+                sandbox.withdraw()
+            else:
+                self._rebalance_soon()
+                return
 
     def forget(self, guest: GuestProcess) -> None:
         self.guests.pop(guest.pid, None)
@@ -375,6 +527,13 @@ class GuestPool:
         return env
 
     async def _spawn(self) -> GuestProcess:
+        self._spawning += 1
+        try:
+            return await self._start_guest()
+        finally:
+            self._spawning -= 1
+
+    async def _start_guest(self) -> GuestProcess:
         serial = next(self._serial)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = ["--app", self.app_ref, "--fd", str(child.fileno())]

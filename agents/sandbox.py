@@ -113,6 +113,9 @@ class Sandbox(Protocol):
 
 
 class Executor(Protocol):
+    # Attempts it takes beyond the agent's concurrency, each queued behind a running one.
+    queued_max: int
+
     async def start(self) -> None: ...
 
     async def launch(self, job: Job, hooks: Hooks) -> Sandbox: ...
