@@ -15,7 +15,8 @@ is done, without a round trip to the agent (a task then costs the guest no wakeu
 Only the running job (the first handed and not done) may report. A queued job
 - canceled: the guest never starts it and reports CANCELED;
 - killed (the cancel grace, a lost lease): the agent withdraws it; the guest is not killed;
-- waiting ``WITHDRAW_AFTER_S`` while another guest is idle: withdrawn and handed to that one;
+- waiting ``WITHDRAW_AFTER_S`` or more when another guest finishes a job: withdrawn and
+  handed to a guest with room (so a slow job does not hold it back while others move on);
 - on a guest that dies: fails as ``GuestCrashed`` ("before it started"), not counted as a
   crash of its task type, and is retried per its policy like the running one.
 """
@@ -44,6 +45,7 @@ OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_
 EXIT_WAIT_S = 5.0
 QUEUED_PER_GUEST = 1  # jobs a busy guest holds to start next (with pipelining)
 WITHDRAW_AFTER_S = 0.05  # a queued job waits this long behind a busy guest before it moves
+REBALANCE_EVERY_S = 0.005
 
 
 class GuestStartError(Exception):
@@ -410,6 +412,7 @@ class GuestPool:
         self._exiting: set[asyncio.Task[None]] = set()
         self._moving: set[asyncio.Task[None]] = set()
         self._rebalance_at: asyncio.TimerHandle | None = None
+        self._rebalance_after = 0.0  # loop time
 
     async def start(self) -> None:
         (self.log_dir / "guests").mkdir(parents=True, exist_ok=True)
@@ -421,34 +424,40 @@ class GuestPool:
         job = dataclasses.replace(job, cpu_s=self.cpu_s)
         return GuestSandbox(self, guest, job, hooks)
 
-    async def _take(self) -> GuestProcess:
+    async def _take(self, avoid: GuestProcess | None = None) -> GuestProcess:
         while self.idle:
             guest = self.idle.pop()
             if guest.alive:
                 return guest
             self.forget(guest)
         if self.queued_max and len(self.guests) + self._spawning >= self.size_max:
-            busy = self._room_behind()
+            busy = self._room_behind(avoid)
             if busy is not None:
                 return busy
         return await self._spawn()
 
-    def _room_behind(self) -> GuestProcess | None:
-        """A busy guest with room in its queue, whose running job was not asked to stop."""
+    def _room_behind(self, avoid: GuestProcess | None) -> GuestProcess | None:
+        """A busy guest with room in its queue, whose running job was not asked to stop
+        (``avoid`` only when no other has room)."""
         room = self.queued_per_guest
+        found = None
         for guest in self.guests.values():
             attempts = guest.attempts
-            if 0 < len(attempts) <= room and not attempts[0].stopping and guest.alive:
+            if not 0 < len(attempts) <= room or attempts[0].stopping or not guest.alive:
+                continue
+            if guest is not avoid:
                 return guest
-        return None
+            found = guest
+        return found
 
     def release(self, guest: GuestProcess, *, reuse: bool) -> None:
         keep = reuse and not self.fresh_process and not self._closing and guest.alive
         if keep and guest.attempts:
-            return  # it starts its queued job now
+            self._rebalance()  # it starts its queued job now, and has room for another
+            return
         if keep and len(self.idle) < self.size_max:
             self.idle.append(guest)
-            self._rebalance_soon()
+            self._rebalance()
             return
         for queued in list(guest.attempts):  # it will not start them: they run elsewhere
             guest.attempts.remove(queued)
@@ -460,16 +469,16 @@ class GuestPool:
 
     def moved(self, sandbox: GuestSandbox, old: GuestProcess) -> None:
         """``sandbox``'s job left ``old`` before it started: hand it to another guest."""
-        task = asyncio.get_running_loop().create_task(self._place(sandbox))
+        task = asyncio.get_running_loop().create_task(self._place(sandbox, old))
         self._moving.add(task)  # the loop holds tasks weakly
         task.add_done_callback(self._moving.discard)
 
-    async def _place(self, sandbox: GuestSandbox) -> None:
+    async def _place(self, sandbox: GuestSandbox, old: GuestProcess) -> None:
         if self._closing:
             sandbox.on_close(started=False)
             return
         try:
-            guest = await self._take()
+            guest = await self._take(avoid=old)
         except GuestStartError as exc:
             sandbox.on_close(started=False)
             log.warning("could not move task %s to a new guest: %s", sandbox.job.task_id, exc)
@@ -480,29 +489,38 @@ class GuestPool:
             return
         sandbox.place(guest)
 
-    def _rebalance_soon(self) -> None:
-        if self.queued_max and self._rebalance_at is None:
-            loop = asyncio.get_running_loop()
-            self._rebalance_at = loop.call_later(WITHDRAW_AFTER_S, self._rebalance)
-
     def _rebalance(self) -> None:
-        """Idle guests take over the jobs queued longest behind busy ones."""
-        self._rebalance_at = None
-        idle = sum(1 for guest in self.idle if guest.alive)
-        if not idle:
-            return
-        queued = [s for g in self.guests.values() for s in list(g.attempts)[1:]]
-        queued = [s for s in queued if not s.withdrawing and s.queued_at is not None]
-        if not queued:
+        """A guest finished a job: the jobs queued longest (at least ``WITHDRAW_AFTER_S``)
+        behind busy guests are withdrawn, one per idle guest (at least one), and go where
+        there is room, so a slow running job does not hold the next one back while other
+        guests move on. Looks at most every ``REBALANCE_EVERY_S``; a timer looks again while
+        younger jobs wait."""
+        if not self.queued_max:
             return
         now = asyncio.get_running_loop().time()
+        if now < self._rebalance_after:
+            self._rebalance_later(self._rebalance_after - now)
+            return
+        self._rebalance_after = now + REBALANCE_EVERY_S
+        idle = sum(1 for guest in self.idle if guest.alive)
+        queued = [s for g in self.guests.values() for s in list(g.attempts)[1:]]
+        queued = [s for s in queued if not s.withdrawing and s.queued_at is not None]
         queued.sort(key=lambda s: s.queued_at or 0.0)
-        for sandbox in queued[:idle]:
-            if now - (sandbox.queued_at or now) >= WITHDRAW_AFTER_S:
-                sandbox.withdraw()
-            else:
-                self._rebalance_soon()
+        for sandbox in queued[: max(1, idle)]:
+            waited = now - (sandbox.queued_at or now)
+            if waited < WITHDRAW_AFTER_S:
+                self._rebalance_later(WITHDRAW_AFTER_S - waited)
                 return
+            sandbox.withdraw()
+
+    def _rebalance_later(self, delay_s: float) -> None:
+        if self._rebalance_at is None:
+            loop = asyncio.get_running_loop()
+            self._rebalance_at = loop.call_later(delay_s, self._rebalance_timer)
+
+    def _rebalance_timer(self) -> None:
+        self._rebalance_at = None
+        self._rebalance()
 
     def forget(self, guest: GuestProcess) -> None:
         self.guests.pop(guest.pid, None)
@@ -511,6 +529,8 @@ class GuestPool:
 
     async def close(self) -> None:
         self._closing = True
+        if self._rebalance_at is not None:
+            self._rebalance_at.cancel()
         live = list(self.guests.values())
         for guest in live:
             if guest not in self.idle:
