@@ -166,19 +166,27 @@ class Inbox:
 
 
 class CancelFlag(threading.Event):
-    """``ctx.cancelled`` in a guest: asking it files the frames that arrived meanwhile."""
+    """``ctx.cancelled`` in a guest: asking it files the frames that arrived meanwhile. A plain
+    flag under the inbox's lock (no condition of its own per attempt): it is set while frames
+    are filed, and the inbox wakes its waiters after filing."""
 
-    def __init__(self, inbox: Inbox) -> None:
-        super().__init__()
+    def __init__(self, inbox: Inbox) -> None:  # no super().__init__(): no Condition needed
         self._inbox = inbox
+        self._flag = False
 
     def is_set(self) -> bool:
-        if not super().is_set():
+        if not self._flag:
             self._inbox.poll()
-        return super().is_set()
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+
+    def clear(self) -> None:
+        self._flag = False
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._inbox.wait(super().is_set, timeout)
+        return self._inbox.wait(lambda: self._flag, timeout)
 
 
 class GuestChannel:
