@@ -90,10 +90,11 @@ class Inbox:
                     self._cond.wait(left)
             self._read(left)
 
-    def poll(self) -> None:
-        """File the frames already here, without blocking (at most every ``POLL_EVERY_S``)."""
+    def poll(self, *, now_or_never: bool = False) -> None:
+        """File the frames already here, without blocking (at most every ``POLL_EVERY_S``,
+        unless ``now_or_never``)."""
         now = time.monotonic()
-        if now - self._polled_at < POLL_EVERY_S:
+        if now - self._polled_at < POLL_EVERY_S and not now_or_never:
             return
         self._polled_at = now
         with self._cond:
@@ -237,7 +238,10 @@ class Guest:
     def serve(self) -> None:
         inbox = self.inbox
         while True:
-            inbox.wait(lambda: bool(inbox.jobs))
+            if inbox.jobs:  # queued while the last one ran: its cancel may be here since
+                inbox.poll(now_or_never=True)
+            else:
+                inbox.wait(lambda: bool(inbox.jobs))
             if inbox.closed or not inbox.jobs:
                 return
             if not self.run(inbox.jobs.popleft()):

@@ -68,7 +68,17 @@ def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_the
             await until("three leases held", lambda: len(agent.running) == 3)
             await until("one handler to start", lambda: any(lines(m) for m in markers))
             assert sum(bool(lines(m)) for m in markers) == 1  # one guest: one at a time
-            for task_id in ids:
+            # The waiting ones first, and the running one once the agent knows of those (it
+            # learns cancels per heartbeat, and each partition answers for its own tasks).
+            started = [t for t, m in zip(ids, markers, strict=True) if lines(m)]
+            waiting = [t for t in ids if t not in started]
+            for task_id in waiting:
+                await node.cancel(TENANT, task_id, "the test is done")
+            await until(
+                "the agent to learn both cancels",
+                lambda: all(agent.running[t].stop_reason == "CANCEL" for t in waiting),
+            )
+            for task_id in started:
                 await node.cancel(TENANT, task_id, "the test is done")
             await until(
                 "every task to end",
