@@ -106,8 +106,8 @@ class BlockingFrames:
 class AsyncFrames(asyncio.Protocol):
     """The agent's end: a protocol on the guest socket, in the agent's event loop. Each whole
     frame goes to ``on_frame`` as it arrives; the end of the stream (EOF, an error, or broken
-    framing, then kept in ``broken``) to ``on_close``, once. ``send`` does not wait: the loop
-    writes what the socket does not take at once."""
+    framing, then kept in ``broken``) to ``on_close``, once. ``send`` does not wait: the frames
+    sent in one turn of the loop go out in one write at its end (one wakeup of the guest)."""
 
     def __init__(
         self, on_frame: Callable[[dict[str, Any]], None], on_close: Callable[[], None]
@@ -116,6 +116,7 @@ class AsyncFrames(asyncio.Protocol):
         self._on_close = on_close
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []  # frames sent in this turn of the loop: one write
         self.closed = False
         self.broken: str | None = None
 
@@ -156,7 +157,14 @@ class AsyncFrames(asyncio.Protocol):
     def send(self, obj: dict[str, Any]) -> None:
         if self.closed or self._transport is None or self._transport.is_closing():
             raise ConnectionResetError("the guest socket is closed")
-        self._transport.write(encode(obj))
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(encode(obj))
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(out))
 
     def close(self) -> None:
         if self._transport is not None:

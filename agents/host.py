@@ -6,8 +6,8 @@ Loops, all on one event loop:
               here for a free guest (heartbeated, their start_to_close running: the platform
               counts from the lease too), so the next tasks are at hand when a guest frees up
               instead of one poll round trip away, and polls and grants come in larger batches.
-              With it, a busy guest also holds one of them queued (``GuestPool`` pipelining):
-              it starts that one as soon as it is done, without a round trip to the agent.
+              With it, a busy guest also holds a few of them queued (``GuestPool``
+              pipelining): it starts the next as soon as it is done, without a round trip.
 - heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
               checkpoints). CANCEL -> the handler's ctx.cancelled, then a kill after the cancel
               grace. LOST -> kill and drop: nothing is reported for a lost lease.

@@ -1,5 +1,5 @@
 """Pipelining (``GuestPool(pipeline=True)``, what an agent with ``prefetch`` runs): a busy guest
-holds one queued job. The rules of ``conveyor.agents.pool`` for a queued job, with real guests
+holds a few queued jobs. The rules of ``conveyor.agents.pool`` for a queued job, with real guests
 and an in-process Node: a kill (here the start_to_close of a job that never started) takes it
 back and spares the guest; a guest killed with a queued job fails both attempts visibly, the
 queued one as not started, and both are retried; a queued job moves to a guest that frees up.
