@@ -55,7 +55,7 @@ class Inbox:
     """The frames the agent sent, read by whichever thread waits for one (one at a time).
 
     The reading thread files each frame: a "run" joins ``jobs`` (the agent may hand a busy
-    guest one job to start next); a "cancel" reaches the current attempt's context, or marks
+    guest a few jobs to start next); a "cancel" reaches the current attempt's context, or marks
     its queued job, which then never starts; a "withdraw" takes a queued job back (answered
     "withdrawn"; a job already started is not answered: its "done" will come); a "step_ack"
     goes to the current attempt's channel; "exit" or EOF or a broken frame closes the inbox."""
