@@ -106,3 +106,23 @@ def test_a_queued_job_moves_to_a_guest_that_frees_up(tmp_path: Path) -> None:
             assert (await r.finished(behind)).status == "CANCELED"
 
     run(main)
+
+
+def test_jobs_queued_behind_a_slow_one_run_elsewhere_while_it_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "wait_cancel"
+
+    async def main() -> None:
+        async with rig(tmp_path, concurrency=2, prefetch=8) as r:
+            pool = pool_of(r)
+            slow = await r.enqueue(agent_app.wait_cancel, {"marker": str(marker)})
+            await until("the slow handler to start", lambda: lines(marker) == ["started"])
+            (slow_guest,) = [g for g in pool.guests.values() if g.attempts]
+            echoes = [await r.enqueue(agent_app.echo, n) for n in range(12)]
+            for task_id in echoes:  # long before the slow one ends (it waits 60 s)
+                task = await r.finished(task_id)
+                assert task.status == "SUCCEEDED" and task.attempt == 1
+            assert [s.job.task_id for s in slow_guest.attempts] == [slow]
+            await r.node.cancel(TENANT, slow, "the test is done")
+            assert (await r.finished(slow)).status == "CANCELED"
+
+    run(main)
