@@ -526,6 +526,23 @@ def test_event_batches_round_trip(events: list[t.TaskEvent], partition: int, off
     assert data == bytes([codec.EVENTS_MARK, codec.EVENT_BATCH.version]) + buf.getvalue()
 
 
+def test_an_event_batch_whose_columns_differ_in_length_is_refused() -> None:
+    event = t.TaskEvent(
+        kind=t.EventKind.TaskEnqueued, task_id="t" * 32, tenant="a", app="x", task_type="y",
+        queue="default", status="ENQUEUED", attempt=1, ts_ms=1, version=0,
+    )  # fmt: skip
+    datum: dict[str, Any] = {"partition": 0, "offset": 0}
+    for name in codec.EVENT_BATCH.columns:
+        datum[name] = [getattr(event, name)] * 2
+    datum["attempt"] = [1]  # one value short
+    buf = io.BytesIO()
+    schemaless_writer(buf, codec.EVENT_BATCH.schema, datum)
+    with pytest.raises(ValueError, match="differ in length"):
+        codec.EVENT_BATCH.decode(
+            bytes([codec.EVENTS_MARK, codec.EVENT_BATCH.version]) + buf.getvalue()
+        )
+
+
 def test_step_and_schedule_events_ride_in_a_trailer_only_when_there_are_some() -> None:
     plain = t.EventBatch(partition=1, offset=9, events=[])
     bare = codec.EVENT_BATCH.encode(plain)
