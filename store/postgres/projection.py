@@ -16,6 +16,10 @@ Rules, and why:
 5. Step and schedule events carry their whole row, so their fold keeps the newest event per
    row (per step identity of a task, per schedule of a tenant) and the upsert replaces the row
    under the same version guard. A deleted schedule stays as a tombstone for that guard.
+6. Text goes in as PostgreSQL text, which cannot hold U+0000: a handler's exception text can
+   (a C library's message, bytes decoded as text), and one such event would fail every retry
+   of its chunk and halt the projection. In the snapshot it reads U+FFFD; the node keeps the
+   original (``GET /v1/tasks/{id}``).
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class Fold:
         if event.kind == EventKind.TaskLeased:
             key = (event.task_id, event.attempt)
             row = self.attempts.setdefault(key, AttemptRow(event.task_id, event.attempt))
-            row.agent_id, row.started_ms = event.agent_id, event.ts_ms
+            row.agent_id, row.started_ms = _text(event.agent_id), event.ts_ms
             return
         outcome = ATTEMPT_ENDS.get(event.kind)
         if outcome is None:
@@ -141,16 +145,22 @@ class Fold:
         row = self.attempts.setdefault((event.task_id, number), AttemptRow(event.task_id, number))
         if row.finished_ms is None:
             row.finished_ms, row.outcome = event.ts_ms, outcome
-            row.error_class, row.error_message = event.error_class, event.error_message
+            row.error_class = _text(event.error_class)
+            row.error_message = _text(event.error_message)
+
+
+def _text(value: str | None) -> str | None:
+    """Rule 6: U+0000 -> U+FFFD (a scan for it costs little next to the upsert)."""
+    return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
 
 
 def _row_of(partition: int, event: TaskEvent) -> TaskRow:
     return TaskRow(
         task_id=event.task_id,
-        tenant=event.tenant,
-        app=event.app,
-        task_type=event.task_type,
-        queue=event.queue,
+        tenant=_text(event.tenant) or "",
+        app=_text(event.app) or "",
+        task_type=_text(event.task_type) or "",
+        queue=_text(event.queue) or "",
         partition=partition,
         status=event.status,
         attempt=event.attempt,
@@ -163,7 +173,7 @@ def _row_of(partition: int, event: TaskEvent) -> TaskRow:
 def _apply(row: TaskRow, event: TaskEvent) -> None:
     row.status, row.attempt = event.status, event.attempt
     row.updated_ms, row.version, row.last_event = event.ts_ms, event.version, event.kind.value
-    row.agent_id = event.agent_id
+    row.agent_id = _text(event.agent_id)
     kind = event.kind
     if kind == EventKind.TaskEnqueued:
         row.created_ms = event.ts_ms
@@ -174,7 +184,7 @@ def _apply(row: TaskRow, event: TaskEvent) -> None:
     if event.status in TERMINAL and row.finished_ms is None:
         row.finished_ms = event.ts_ms
     if kind in ERROR_KINDS and event.error_class is not None:
-        row.error_class, row.error_message = event.error_class, event.error_message
+        row.error_class, row.error_message = _text(event.error_class), _text(event.error_message)
 
 
 _TASK_COLUMNS = (

@@ -490,3 +490,41 @@ async def _metrics_checks(node: Node, pool: Any, url: str, projector: Any) -> No
         assert name in text, name
     assert 'conveyor_dispatched_total{tenant="alpha"}' in text
     assert 'conveyor_log_append_seconds_count{log="records"}' in text
+
+
+def test_a_nul_in_an_error_message_does_not_stop_the_projection(env: tuple[Path, str]) -> None:
+    """PostgreSQL text cannot hold U+0000, which a handler's exception text may (a C library's
+    message, bytes decoded as text). The snapshot shows it as U+FFFD; the node keeps it."""
+    asyncio.run(_run(env, _nul))
+
+
+async def _nul(node: Node, pool: Any) -> None:
+    from conveyor.streams.routing import mint_task_id
+    from conveyor.streams.sinks.projector import Projector
+
+    spec = TaskSpec(task_id=mint_task_id(0), tenant="alpha", app="shop", task_type="email")
+    await node.enqueue([spec])
+    (lease,) = await node.poll(
+        agent_id="a", app="shop", tenants=[], queues=[], capacity=1, wait_ms=2_000
+    )
+    failed = Completion(
+        task_id=lease.task_id, lease_id=lease.lease_id, outcome=Outcome.FATAL,
+        error_class="Bad\x00Class", error_message="bad \x00 byte",
+    )  # fmt: skip
+    await node.complete([failed])
+    later = TaskSpec(task_id=mint_task_id(0), tenant="alpha", app="shop", task_type="email")
+    await node.enqueue([later])
+    projector = Projector(node.events, pool)
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:  # the outbox ships the events meanwhile
+        await projector.catch_up()
+        rows = {r["task_id"]: r for r in await pool.fetch("SELECT * FROM tasks")}
+        done = rows.get(spec.task_id, {}).get("status") == "FAILED" and later.task_id in rows
+        if done or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert rows[spec.task_id]["status"] == "FAILED"
+    assert rows[spec.task_id]["error_message"] == "bad \ufffd byte"
+    assert rows[spec.task_id]["error_class"] == "Bad\ufffdClass"
+    assert later.task_id in rows  # the events after it were projected too
+    assert node.get("alpha", spec.task_id).error_message == "bad \x00 byte"
