@@ -162,8 +162,10 @@ class Fields:
             return None
         return check_name(value, self.at(name), bytes_max)
 
-    def opt_text(self, name: str, *, bytes_max: int) -> str | None:
-        """Free text (messages, stacks): any characters, bounded in size."""
+    def opt_text(self, name: str, *, bytes_max: int, nul_ok: bool = True) -> str | None:
+        """Free text (messages, stacks): any characters, bounded in size. ``nul_ok`` False for
+        text kept as it is in PostgreSQL, which cannot hold U+0000 (a handler's error text is
+        let through: the projection replaces it there, ``store/postgres/projection.py``)."""
         value = self.value.get(name)
         if value is None:
             return None
@@ -172,6 +174,8 @@ class Fields:
         size = len(value.encode("utf-8"))
         if size > bytes_max:
             raise invalid(self.at(name), f"must be at most {bytes_max} bytes of UTF-8, got {size}")
+        if not nul_ok and "\x00" in value:
+            raise invalid(self.at(name), "must not contain U+0000 (NUL)")
         return value
 
     def req_str(self, name: str, *, bytes_max: int = NAME_BYTES_MAX) -> str:

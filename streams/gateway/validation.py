@@ -384,7 +384,7 @@ def parse_bulk_cancel(body: Any) -> BulkCancelRequest:
         raise invalid("filter.status", f"{finished}: finished tasks cannot be canceled")
     return BulkCancelRequest(
         filter=flt,
-        reason=f.opt_text("reason", bytes_max=1024) or "canceled by request",
+        reason=f.opt_text("reason", bytes_max=1024, nul_ok=False) or "canceled by request",
         limit=f.opt_int("limit", 1, INT_MAX),
     )
 
@@ -394,7 +394,7 @@ def parse_cancel(body: Any) -> str:
     if body is None:
         return "canceled by request"
     f = Fields(body, "", {"reason"})
-    return f.opt_text("reason", bytes_max=1024) or "canceled by request"
+    return f.opt_text("reason", bytes_max=1024, nul_ok=False) or "canceled by request"
 
 
 __all__ = [

@@ -224,6 +224,8 @@ def test_bulk_cancel_request() -> None:
     rejects(parse_bulk_cancel, {}, "filter")
     rejects(parse_bulk_cancel, {"filter": {"status": ["SUCCEEDED"]}}, "filter.status")
     rejects(parse_bulk_cancel, {"filter": {}, "limit": 0}, "limit")
+    # The operation's reason is stored in PostgreSQL, whose text cannot hold U+0000.
+    assert "NUL" in str(rejects(parse_bulk_cancel, {"filter": {}, "reason": "a\x00b"}, "reason"))
 
 
 # --- worker requests ----------------------------------------------------------------------
