@@ -174,8 +174,13 @@ class Node:
             replies = await self.processors[p].submit(record(batch), task_id(batch[0]))
             return [(ix[r.index], r) for r in replies]
 
+        if len(positions) == 1:  # no gather: its tasks would add loop steps to every call
+            ((p, ix),) = positions.items()
+            results = [await one(p, ix)]
+        else:
+            results = await asyncio.gather(*(one(p, ix) for p, ix in positions.items()))
         ordered: list[Reply | None] = [None] * len(items)
-        for pairs in await asyncio.gather(*(one(p, ix) for p, ix in positions.items())):
+        for pairs in results:
             for i, reply in pairs:
                 ordered[i] = reply
         assert all(r is not None for r in ordered), "an item got no reply"

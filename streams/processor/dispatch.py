@@ -6,8 +6,12 @@ ready work (a task was enqueued or came back from backoff, or a new request arri
 proposes ONE GrantLeases record for all its claims. The state machine picks tasks fairly; the
 offers come back as actions after the batch is committed, and only then reach the agent.
 
-Rule: a request is answered only when none of its claims is in flight, so no granted lease is
-ever stranded in a request that already returned.
+Rule: a poll is answered once none of its claims is in flight, or ``ANSWER_LINGER_MS`` after
+it first holds a lease, whichever comes first (or at its timeout, maybe empty): one slow
+partition's grant no longer holds up the leases the others granted. The leases of its claims
+still in flight are granted all the same and go to the agent's next polls through its mailbox
+(``mailbox.py``), which also reserves them out of those polls' capacity: no granted lease is
+stranded, and no poll returns more than its capacity.
 Lanes: an agent serving app version V takes from two ready lanes (``store/lanes.py``), its app's
 and V's pinned lane; ready work is counted per lane, and a slot dealt from a lane becomes a
 LeaseRequest for that lane.
@@ -27,6 +31,7 @@ from conveyor.store.lanes import lanes_of
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
+from conveyor.streams.processor.mailbox import AgentKey, Mailboxes
 from conveyor.streams.processor.waiting import Poke, back_off
 
 if TYPE_CHECKING:
@@ -69,18 +74,21 @@ class Entry:
     lease_ms: int
     remaining: int
     future: asyncio.Future[list[Lease]]
+    key: AgentKey
     app_version: str | None = None
     lanes: list[str] = field(default_factory=list)  # lanes_of(app, app_version)
-    in_flight: int = 0
-    closed: bool = False  # the poll timed out: answer as soon as nothing is in flight
+    claimed: int = 0  # slots in GrantLeases records not yet applied
+    reserved: int = 0  # slots kept for late leases of the agent's earlier polls
+    closed: bool = False  # timed out or cancelled: no new slots
+    answered: bool = False  # what arrives from now on goes to the agent's mailbox
     leases: list[Lease] = field(default_factory=list)
-
-    def settle(self) -> None:
-        if self.in_flight == 0 and (self.leases or self.closed) and not self.future.done():
-            self.future.set_result(self.leases)
+    linger: asyncio.TimerHandle | None = None  # answers with what it holds when it fires
 
 
 READY_PEEK = 64  # ready tasks counted per (partition, app, tenant): enough to deal a round
+# A poll holding leases while other claims of it are still being written waits this long for
+# them before it answers with what it holds (see the module's Rule).
+ANSWER_LINGER_MS = 1.0
 
 
 class WaitingPool:
@@ -107,6 +115,8 @@ class WaitingPool:
         self._ids = itertools.count()
         self._turn = 0
         self._last_tenant: dict[str, str] = {}
+        self.mail = Mailboxes(self._live)
+        self._by_partition: dict[int, Dispatcher] = {}
 
     def apps(self) -> set[str]:
         """The lanes some waiting entry takes from."""
@@ -124,8 +134,15 @@ class WaitingPool:
         wait_ms: float,
         app_version: str | None = None,
     ) -> list[Lease]:
-        """Up to ``capacity`` leases from any partition, or none after ``wait_ms``;
-        ``app_version``: the version the agent serves (see Lanes)."""
+        """Between 1 and ``capacity`` leases from any partition once there are some (see the
+        Rule), or none after ``wait_ms``; ``app_version``: the version the agent serves (see
+        Lanes). Late leases of this agent's earlier polls come first (``mailbox.py``)."""
+        key: AgentKey = (agent_id, app, app_version, tuple(tenants), tuple(queues))
+        self.mail.sweep(self.clock.monotonic_ms())
+        late = self.mail.take(key, capacity)
+        if late:
+            return late
+        reserved = min(self.mail.owed(key), capacity)
         entry = Entry(
             entry_id=f"{agent_id}/{next(self._ids)}",
             agent_id=agent_id,
@@ -134,7 +151,9 @@ class WaitingPool:
             queues=queues,
             capacity=capacity,
             lease_ms=lease_ms,
-            remaining=capacity,
+            remaining=capacity - reserved,
+            reserved=reserved,
+            key=key,
             future=asyncio.get_running_loop().create_future(),
             app_version=app_version,
             lanes=lanes_of(app, app_version),
@@ -142,34 +161,96 @@ class WaitingPool:
         self.entries[entry.entry_id] = entry
         for dispatcher in self.dispatchers:
             for lane in entry.lanes:
-                dispatcher.refresh(lane)  # O(tenants) reads of the ready counts
+                if lane not in dispatcher.ready:  # else kept current by pokes (see poke)
+                    dispatcher.refresh(lane)  # O(tenants) reads of the ready counts
         self.deal()
+        # The answer resolves the future awaited here directly (no wait_for or shield between:
+        # each would add loop steps between a grant and its agent); the timeout closes it.
+        timeout = asyncio.get_running_loop().call_later(wait_ms / 1000, self._close, entry)
         try:
-            return await asyncio.wait_for(asyncio.shield(entry.future), wait_ms / 1000)
-        except TimeoutError:
-            self._close(entry)
             return await entry.future
         except asyncio.CancelledError:
-            # The agent went away: release its slots now. Leases already in flight for it
-            # are granted and lapse later; their tasks are retried, never lost.
+            # The agent went away: what it held and what is in flight for it waits in its
+            # mailbox in case it comes back, and lapses otherwise (retried, never lost).
+            held, entry.leases = entry.leases, []
             self._close(entry)
+            self.mail.keep(key, held)
             raise
         finally:
+            timeout.cancel()
             self.entries.pop(entry.entry_id, None)
 
     def _close(self, entry: Entry) -> None:
-        """No new slots for this entry; it answers once its claims in flight are settled."""
-        entry.closed = True
+        """No new slots for this entry: it answers now, with what it holds."""
+        if not entry.answered:
+            entry.closed = True
+            self._answer(entry)
+
+    def _settle(self, entry: Entry) -> None:
+        if entry.answered:
+            return
+        if entry.closed or (entry.leases and entry.claimed == 0):
+            self._answer(entry)
+        elif entry.leases and entry.linger is None:
+            loop = asyncio.get_running_loop()
+            entry.linger = loop.call_later(ANSWER_LINGER_MS / 1000, self._close, entry)
+
+    def _answer(self, entry: Entry) -> None:
+        """Return ``entry.leases``; slots dealt but not proposed go back to the pool, slots in
+        flight become the agent's mailbox's ``owed``."""
+        entry.answered = True
+        if entry.linger is not None:
+            entry.linger.cancel()
         for dispatcher in self.dispatchers:
             dispatcher.unclaim(entry.entry_id)
-        entry.remaining = 0
-        entry.settle()
+        entry.remaining = entry.reserved = 0
+        self.mail.owe(entry.key, entry.claimed)
+        if not entry.future.done():  # cancelled with its poll: the leases went to the mailbox
+            entry.future.set_result(entry.leases)
+
+    def settled(self, entry: Entry, slots: int, leases: list[Lease]) -> None:
+        """A claim of ``slots`` for ``entry`` was applied with ``leases`` (or dropped: none)."""
+        entry.claimed -= slots
+        if entry.answered:
+            self.mail.arrive(entry.key, slots, leases)
+            self._hand_late(entry.key)
+            return
+        entry.leases.extend(leases)
+        if not entry.closed:
+            entry.remaining += slots - len(leases)
+        self._settle(entry)
+
+    def _hand_late(self, key: AgentKey) -> None:
+        """Late leases fill the slots that waiting polls of ``key`` reserved for them; a
+        reservation beyond what is still owed becomes an ordinary slot again."""
+        owed = self.mail.owed(key)
+        redeal = False
+        for entry in list(self.entries.values()):
+            if entry.key != key or entry.answered:
+                continue
+            late = self.mail.take(key, entry.reserved)
+            entry.reserved -= len(late)
+            entry.leases.extend(late)
+            if entry.reserved > owed:
+                entry.remaining += entry.reserved - owed
+                entry.reserved = owed
+                redeal = True
+            owed -= entry.reserved
+            self._settle(entry)
+        if redeal:
+            self.deal()
+
+    def _live(self, lease: Lease) -> bool:
+        if not self._by_partition:
+            self._by_partition = {d.partition: d for d in self.dispatchers}
+        dispatcher = self._by_partition.get(lease.partition)
+        return dispatcher is not None and dispatcher.holds(lease)
 
     def deal(self) -> None:
         woken: set[int] = set()
         room: dict[str, int] = {}  # capped tenants: slots they may still be dealt
         for entry in self.entries.values():
-            if entry.remaining <= 0 or entry.closed or entry.future.done():
+            if entry.remaining <= 0 or entry.closed or entry.answered:
                 continue
             holders = self._holders(entry)
             for tenant in list(holders):
@@ -177,8 +258,9 @@ class WaitingPool:
                     room[tenant] = cap - sum(d.holding(tenant) for d in self.dispatchers)
                 if room.get(tenant, 1) <= 0:
                     del holders[tenant]
+            stay: dict[str, tuple[Dispatcher, str]] = {}
             while entry.remaining > 0 and holders:
-                dispatcher, tenant, lane = self._next(entry.app, holders)
+                dispatcher, tenant, lane = self._next(entry.app, holders, stay)
                 dispatcher.assign(entry, tenant, lane)
                 entry.remaining -= 1
                 woken.add(id(dispatcher))
@@ -204,17 +286,27 @@ class WaitingPool:
         return holders
 
     def _next(
-        self, app: str, holders: dict[str, list[tuple[Dispatcher, str]]]
+        self,
+        app: str,
+        holders: dict[str, list[tuple[Dispatcher, str]]],
+        stay: dict[str, tuple[Dispatcher, str]],
     ) -> tuple[Dispatcher, str, str]:
         """The tenant after the last one served for this app, and a partition and lane
         holding it; takes one ready task off the counts (and off ``holders`` when none is
-        left)."""
+        left). ``stay``: the partition each tenant was last dealt from for this entry; its
+        next slot comes from there while it has ready work, so one poll's slots of a tenant
+        make one GrantLeases record, not one per partition (the rotation moves on between
+        polls)."""
         last = self._last_tenant.get(app)
         tenant = min((t for t in holders if last is None or t > last), default=min(holders))
         self._last_tenant[app] = tenant
         choices = holders[tenant]
-        self._turn += 1
-        dispatcher, lane = choice = choices[self._turn % len(choices)]
+        choice = stay.get(tenant)
+        if choice is None or choice not in choices:
+            self._turn += 1
+            choice = choices[self._turn % len(choices)]
+            stay[tenant] = choice
+        dispatcher, lane = choice
         counts = dispatcher.ready[lane]
         counts[tenant] -= 1
         if counts[tenant] <= 0:
@@ -241,6 +333,20 @@ class Dispatcher:
     def leading(self) -> bool:
         return self._p.leader
 
+    @property
+    def partition(self) -> int:
+        return self._p.partition
+
+    def holds(self, lease: Lease) -> bool:
+        """The lease is live here: granted by this leader, not ended, not expiring."""
+        live = self._p.leases.live.get(lease.task_id)
+        return (
+            self._p.leader
+            and live is not None
+            and live.lease_id == lease.lease_id
+            and not live.expiring
+        )
+
     def refresh(self, lane: str) -> None:
         """Recount this partition's ready work in ``lane`` from committed state."""
         tables = self._p.reader()
@@ -256,7 +362,10 @@ class Dispatcher:
     def poke(self) -> None:
         """Ready work changed here (enqueued, back from backoff, leased): recount and deal.
 
-        Counts of apps nobody polls for are dropped; the next poll recounts them."""
+        Counts of apps nobody polls for are dropped; the next poll recounts them. Every way a
+        task becomes ready emits TaskEnqueued or TaskRequeued, and a lease TaskLeased, so
+        the counts kept stay current; one that leaves the ready queue silently (canceled,
+        expired) leaves a count too high until a grant comes back short (``deliver``)."""
         apps = self._pool.apps()
         for app in [a for a in self.ready if a not in apps]:
             del self.ready[app]
@@ -276,8 +385,13 @@ class Dispatcher:
         self._dealt[key] = (entry, n + 1)
 
     def unclaim(self, entry_id: str) -> None:
+        """Slots dealt to an entry that no longer wants them: the ready work is free again."""
         for key in [k for k in self._dealt if k[0] == entry_id]:
-            del self._dealt[key]
+            _, n = self._dealt.pop(key)
+            _, tenant, lane = key
+            counts = self.ready.get(lane)
+            if counts is not None:
+                counts[tenant] = counts.get(tenant, 0) + n
 
     def wake(self) -> None:
         if self._dealt:
@@ -288,15 +402,12 @@ class Dispatcher:
         if claim is None:
             return  # not ours (a replayed record of an earlier leader): leases lapse
         entry, request = claim
-        entry.in_flight -= 1
-        unused = request.capacity - len(offer.grants)
-        if unused and not (entry.closed or entry.future.done()):
-            entry.remaining += unused
-        if not entry.future.done():
-            entry.leases.extend(self._lease(g, request.lease_ms) for g in offer.grants)
-        self.granted += len(offer.grants)
+        leases = [self._lease(g, request.lease_ms) for g in offer.grants]
+        self.granted += len(leases)
         self._p.leases.track_all(offer.grants, request.tenants[0])
-        entry.settle()
+        if len(leases) < request.capacity:
+            self.refresh(request.app)  # fewer ready than counted: recount before dealing again
+        self._pool.settled(entry, request.capacity, leases)
 
     def _lease(self, grant: Grant, lease_ms: int) -> Lease:
         tables = self._p.reader()
@@ -325,13 +436,14 @@ class Dispatcher:
 
     def clear(self) -> None:
         for entry, n in self._dealt.values():
-            entry.remaining += n
+            if not (entry.closed or entry.answered):
+                entry.remaining += n
         self._dealt.clear()
         self.ready.clear()
-        for entry, _ in self._claims.values():
-            entry.in_flight -= 1
-            entry.settle()
-        self._claims.clear()
+        claims, self._claims = list(self._claims.values()), {}
+        for entry, request in claims:  # the grants may land, but this leader hands out none
+            self._pool.settled(entry, request.capacity, [])
+        self._pool.deal()
 
     async def run(self) -> None:
         while self._p.leader:
@@ -354,18 +466,13 @@ class Dispatcher:
         """Claims whose GrantLeases was never written: their slots go back to the entries."""
         for request in requests:
             claim = self._claims.pop(request.request_id, None)
-            if claim is None:
-                continue
-            entry, _ = claim
-            entry.in_flight -= 1
-            if not (entry.closed or entry.future.done()):
-                entry.remaining += request.capacity
-            entry.settle()
+            if claim is not None:
+                self._pool.settled(claim[0], request.capacity, [])
 
     def _requests(self) -> list[LeaseRequest]:
         requests = []
         for (entry_id, tenant, lane), (entry, n) in self._dealt.items():
-            if entry.closed or entry.future.done():
+            if entry.closed or entry.answered:
                 continue
             lane_no = entry.lanes.index(lane)  # request ids stay printable and unique
             request = LeaseRequest(
@@ -378,7 +485,7 @@ class Dispatcher:
                 lease_ms=entry.lease_ms,
                 app_version=entry.app_version,
             )
-            entry.in_flight += 1
+            entry.claimed += n
             self._claims[request.request_id] = (entry, request)
             requests.append(request)
         self._dealt.clear()

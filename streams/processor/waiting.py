@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -24,35 +23,46 @@ async def back_off(clock: Clock, exc: TransientError, duty: str) -> None:
 
 
 class Poke:
-    """A wake-up flag: ``poke()`` from anywhere, ``wait(ms)`` returns on a poke or a timeout."""
+    """A wake-up flag: ``poke()`` from anywhere, ``wait(ms)`` returns on a poke or a timeout.
+
+    A poke resolves the very future its waiter awaits, so the waiter runs at the loop's next
+    step: on a busy loop every callback between a poke and its waiter costs a whole round of
+    the loop's ready queue (a dispatcher woken for a grant is on an agent's critical path).
+    """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._event = asyncio.Event()
+        self._poked = False
+        self._waiter: asyncio.Future[None] | None = None
 
     def poke(self) -> None:
-        self._event.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        else:
+            self._poked = True
 
     async def wait(self, timeout_ms: float | None) -> None:
-        if self._event.is_set():
-            self._event.clear()
+        if self._poked:
+            self._poked = False
             return
-        waiter = asyncio.ensure_future(self._event.wait())
-        sleeper = (
-            None if timeout_ms is None else asyncio.ensure_future(self._clock.sleep_ms(timeout_ms))
-        )
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        sleeper = None
+        if timeout_ms is not None:
+            sleeper = asyncio.ensure_future(self._clock.sleep_ms(timeout_ms))
+            sleeper.add_done_callback(lambda _: _wake(waiter))
         try:
-            await asyncio.wait(
-                [f for f in (waiter, sleeper) if f is not None],
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await waiter
         finally:
-            for future in (waiter, sleeper):
-                if future is not None and not future.done():
-                    future.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await future
-        self._event.clear()
+            self._waiter = None
+            if sleeper is not None and not sleeper.done():
+                sleeper.cancel()
+        self._poked = False
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def ship_while(

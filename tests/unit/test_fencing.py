@@ -116,7 +116,7 @@ def test_straggler_leader_is_fenced_by_the_log_and_by_the_machine() -> None:
             assert a.leases.live == {}  # no heartbeat is answered CONTINUE by A any more
             assert a.leases.heartbeat(spec(1).task_id, 1) == "LOST"
             assert a.dispatch._claims == {} and a.dispatch._dealt == {}
-            assert all(entry.in_flight == 0 for entry in pool_a.entries.values())
+            assert all(entry.claimed == 0 for entry in pool_a.entries.values())
             assert await waiting == []  # the poll is answered (empty) and never hangs
             clock.advance(2_000)  # the duties' next tick: they see they no longer lead
             duties = {t.get_coro().__qualname__: t for t in a._tasks[1:]}  # type: ignore[union-attr]

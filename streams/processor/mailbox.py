@@ -1,0 +1,108 @@
+"""Late leases: granted after the poll that claimed them was answered, kept for the agent.
+
+A poll is answered soon after it holds a lease (``dispatch.WaitingPool``), while other slots
+it claimed may still be in GrantLeases records on their way through the log. Those leases are
+granted all the same; they wait here, in the agent's mailbox, for its next poll.
+
+Rule 1 (capacity): a poll never returns more leases than its capacity. It takes what its
+mailbox holds first (at most its capacity; the rest stays for the poll after), and the slots
+still in flight for the agent (``owed``) are reserved out of its capacity: it is dealt only
+``capacity - late - owed`` fresh slots, and a late lease that arrives while it waits fills a
+reserved slot. An agent that polls with its free slots therefore never holds more leases
+than it has slots, even though an answer no longer accounts for every slot it asked for.
+Rule 2 (nothing is stranded): every late lease either reaches one of the agent's later polls
+or lapses. An agent that never polls again (or polls as something else: the mailbox is keyed
+by agent id, app, version, tenants and queues) costs its late leases their lease interval:
+they lapse like a crashed agent's (ExpireLeases -> RETRY_WAIT, attempt + 1, retried, never
+lost). Leases that are no longer live are dropped when a poll looks, and mailboxes holding
+nothing live are swept.
+Rule 3 (a poll that goes away): a poll cancelled by its caller (the agent hung up) puts the
+leases it held into the mailbox too, so a reconnecting agent still gets them.
+
+What it costs: a lease can sit here for up to one poll round trip of the agent before it
+starts (heartbeats count from the grant), and the attempts of an agent that disappears right
+after a poll are retried only after their lease interval, as if it had crashed holding them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conveyor.streams.processor.dispatch import Lease
+
+# Who a late lease is for: (agent id, app, app version, tenants, queues) of the poll.
+AgentKey = tuple[str, str, "str | None", tuple[str, ...], tuple[str, ...]]
+SWEEP_EVERY_MS = 1_000.0
+
+
+@dataclass(slots=True)
+class Mailbox:
+    leases: list[Lease] = field(default_factory=list)  # granted, for the agent's next polls
+    owed: int = 0  # slots of answered polls whose GrantLeases is still in flight
+
+
+class Mailboxes:
+    """The mailboxes of one node's waiting pool. ``live(lease)``: the lease is still the
+    task's live lease on a leading partition (else it is dropped, rule 2)."""
+
+    def __init__(self, live: Callable[[Lease], bool]) -> None:
+        self._live = live
+        self._boxes: dict[AgentKey, Mailbox] = {}
+        self._swept_ms = 0.0
+
+    def __len__(self) -> int:
+        return len(self._boxes)
+
+    def owed(self, key: AgentKey) -> int:
+        box = self._boxes.get(key)
+        return 0 if box is None else box.owed
+
+    def held(self, key: AgentKey) -> int:
+        box = self._boxes.get(key)
+        return 0 if box is None else len(box.leases)
+
+    def take(self, key: AgentKey, capacity: int) -> list[Lease]:
+        """Up to ``capacity`` live late leases for ``key``, oldest first (rule 1)."""
+        box = self._boxes.get(key)
+        if box is None or capacity <= 0:
+            return []
+        box.leases = [lease for lease in box.leases if self._live(lease)]
+        taken, box.leases = box.leases[:capacity], box.leases[capacity:]
+        self._drop_if_empty(key, box)
+        return taken
+
+    def owe(self, key: AgentKey, slots: int) -> None:
+        """An answered poll still has ``slots`` in flight."""
+        if slots > 0:
+            self._boxes.setdefault(key, Mailbox()).owed += slots
+
+    def arrive(self, key: AgentKey, slots: int, leases: list[Lease]) -> None:
+        """A claim of ``slots`` of an answered poll was settled with ``leases`` (maybe none:
+        nothing was granted, or the GrantLeases was never written)."""
+        box = self._boxes.setdefault(key, Mailbox())
+        box.owed -= slots
+        assert box.owed >= 0, f"mailbox {key}: more slots settled than owed"
+        box.leases.extend(leases)
+        self._drop_if_empty(key, box)
+
+    def keep(self, key: AgentKey, leases: list[Lease]) -> None:
+        """Leases a cancelled poll held (rule 3)."""
+        if leases:
+            self._boxes.setdefault(key, Mailbox()).leases.extend(leases)
+
+    def sweep(self, now_ms: float) -> None:
+        """Drop leases no longer live, and mailboxes left with nothing (at most once a
+        second: the cost is one check per late lease)."""
+        if now_ms - self._swept_ms < SWEEP_EVERY_MS or not self._boxes:
+            return
+        self._swept_ms = now_ms
+        for key, box in list(self._boxes.items()):
+            box.leases = [lease for lease in box.leases if self._live(lease)]
+            self._drop_if_empty(key, box)
+
+    def _drop_if_empty(self, key: AgentKey, box: Mailbox) -> None:
+        if not box.leases and box.owed == 0:
+            del self._boxes[key]

@@ -1,0 +1,218 @@
+"""The waiting pool (``streams/processor/dispatch.py``) with two real processors on a memory
+log whose partition 1 can be held back.
+
+A poll answers with what it holds; late grants reach the agent's next poll
+(``streams/processor/mailbox.py``): holding partition 1 makes its GrantLeases land after the
+poll that claimed it was answered.
+
+    poll(2) --deal--> p0: Grant(1) ---------> answered with p0's lease
+               \\---> p1: Grant(1) ....held.... lands later -> mailbox -> the next poll
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+from conveyor.schemas import codec
+from conveyor.schemas.types import EnqueueTasks, TaskSpec, TaskStatus
+from conveyor.store.memory import MemoryKV
+from conveyor.streams.clock import FakeClock
+from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.processor.dispatch import Lease, WaitingPool
+from conveyor.streams.processor.loop import PartitionProcessor
+from conveyor.streams.routing import mint_task_id
+
+T = TypeVar("T")
+DEADLINE_S = 5.0
+LEASE_MS = 30_000
+
+
+class HeldLog(MemoryLog):
+    """A memory log whose appends to the partitions in ``held`` wait for ``release()``."""
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions)
+        self.held: set[int] = set()
+        self._gate = asyncio.Event()
+        self.waiting = 0
+
+    def release(self) -> None:
+        self.held.clear()
+        self._gate.set()
+
+    async def append(
+        self, partition: int, records: Sequence[bytes], epoch: int | None = None
+    ) -> list[int]:
+        if partition in self.held:
+            self.waiting += 1
+            await self._gate.wait()
+        return await super().append(partition, records, epoch)
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.log = HeldLog(2)
+        self.pool = WaitingPool(self.clock)
+        self.procs = [
+            PartitionProcessor(p, self.log, MemoryKV(), clock=self.clock, pool=self.pool)
+            for p in range(2)
+        ]
+
+    async def enqueue(self, partition: int) -> str:
+        spec = TaskSpec(task_id=mint_task_id(partition), tenant="t", app="app", task_type="job")
+        record = EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec)])
+        (reply,) = await self.procs[partition].submit(record, spec.task_id)
+        assert reply.ok
+        return spec.task_id
+
+    async def poll(self, capacity: int, wait_ms: float = 3_000) -> list[Lease]:
+        return await self.pool.poll(
+            agent_id="agent",
+            app="app",
+            tenants=[],
+            queues=[],
+            capacity=capacity,
+            lease_ms=LEASE_MS,
+            wait_ms=wait_ms,
+        )
+
+    def status(self, task_id: str) -> TaskStatus:
+        task = self.procs[int(task_id[:4], 16)].read_task(task_id)
+        assert task is not None
+        return task.status
+
+
+@asynccontextmanager
+async def cluster() -> AsyncIterator[Cluster]:
+    c = Cluster()
+    for proc in c.procs:
+        await proc.start()
+    try:
+        yield c
+    finally:
+        for proc in c.procs:
+            await proc.stop()
+
+
+def run(body: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(body(), DEADLINE_S * 4)
+
+    return asyncio.run(main())
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Poll ``check`` with a deadline; never a blind sleep."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def test_a_poll_answers_with_what_it_holds_and_a_late_grant_reaches_the_next_poll() -> None:
+    async def body() -> None:
+        async with cluster() as c:
+            first, late = await c.enqueue(0), await c.enqueue(1)
+            c.log.held.add(1)
+            got = await c.poll(capacity=2)
+            assert [lease.task_id for lease in got] == [first], "not held up by partition 1"
+            assert c.log.waiting == 1, "partition 1's grant is still being written"
+
+            # The agent polls again with the slot it believes free. That slot is reserved for
+            # the late lease: a task enqueued meanwhile is not dealt to it (no over-commit).
+            second_poll = asyncio.create_task(c.poll(capacity=1))
+            await until(lambda: len(c.pool.entries) == 1, "the second poll to wait")
+            extra = await c.enqueue(0)
+            c.log.release()
+            assert [lease.task_id for lease in await second_poll] == [late]
+            assert c.status(late) == TaskStatus.LEASED
+            assert c.status(extra) == TaskStatus.ENQUEUED
+            assert len(c.pool.mail) == 0, "nothing owed, nothing held"
+
+    run(body)
+
+
+def test_a_poll_never_returns_more_than_its_capacity() -> None:
+    async def body() -> None:
+        async with cluster() as c:
+            first = await c.enqueue(0)
+            lates = {await c.enqueue(1), await c.enqueue(1)}
+            c.log.held.add(1)
+            got = await c.poll(capacity=3)
+            assert [lease.task_id for lease in got] == [first]
+            c.log.release()
+            await until(lambda: c.pool.mail.held(("agent", "app", None, (), ())) == 2, "late")
+            one = await c.poll(capacity=1)
+            assert len(one) == 1 and one[0].task_id in lates
+            # The other is handed at once to the next poll, without a round through the log.
+            other = await asyncio.wait_for(c.poll(capacity=5), 0.5)
+            assert {lease.task_id for lease in one + other} == lates
+            assert len(c.pool.mail) == 0
+
+    run(body)
+
+
+def test_a_late_lease_nobody_polls_for_lapses_and_its_task_is_retried() -> None:
+    async def body() -> None:
+        async with cluster() as c:
+            late = await c.enqueue(1)
+            c.log.held.add(1)
+            assert await c.poll(capacity=1, wait_ms=100) == [], "timed out, grant in flight"
+            c.log.release()
+            await until(lambda: c.status(late) == TaskStatus.LEASED, "the late grant")
+            # The agent never comes back: the lease lapses like a crashed agent's.
+            c.clock.advance(LEASE_MS + 1)
+            await until(lambda: c.status(late) != TaskStatus.LEASED, "the lease to lapse")
+            task = c.procs[1].read_task(late)
+            assert task is not None and task.attempt == 2, "retried, not lost"
+            # The dead lease is never handed out; the retry is, under a new lease id.
+            c.clock.advance(3_600_000)  # past any backoff
+            await until(lambda: c.status(late) == TaskStatus.ENQUEUED, "the retry to be due")
+            (lease,) = await c.poll(capacity=1)
+            assert (lease.task_id, lease.attempt, lease.lease_id) == (late, 2, 2)
+            assert len(c.pool.mail) == 0, "swept"
+
+    run(body)
+
+
+def test_the_leases_of_a_poll_that_goes_away_wait_for_the_agent() -> None:
+    async def body() -> None:
+        async with cluster() as c:
+            task_id = await c.enqueue(1)
+            c.log.held.add(1)
+            poll = asyncio.create_task(c.poll(capacity=1))
+            await until(lambda: c.log.waiting == 1, "the grant to be written")
+            poll.cancel()  # the agent hung up while its grant was in flight
+            c.log.release()
+            await until(lambda: c.status(task_id) == TaskStatus.LEASED, "the grant")
+            (lease,) = await asyncio.wait_for(c.poll(capacity=1), 0.5)
+            assert lease.task_id == task_id
+
+    run(body)
+
+
+def test_one_polls_slots_of_a_tenant_come_from_one_partition() -> None:
+    """Fewer, larger records: a poll's slots of one tenant are dealt from one partition while
+    it has ready work, one GrantLeases for them all, not one per partition."""
+
+    async def body() -> None:
+        async with cluster() as c:
+            for p in (0, 1, 0, 1, 0, 1):
+                await c.enqueue(p)
+            grants_before = [proc.log.end_offset(proc.partition) for proc in c.procs]
+            leases = await c.poll(capacity=3)
+            assert len(leases) == 3 and len({lease.partition for lease in leases}) == 1
+            grants = [
+                proc.log.end_offset(proc.partition) - before
+                for proc, before in zip(c.procs, grants_before, strict=True)
+            ]
+            assert sorted(grants) == [0, 1], "one GrantLeases record"
+            more = await c.poll(capacity=3)
+            assert {lease.partition for lease in more} == {1 - leases[0].partition}
+
+    run(body)
