@@ -464,7 +464,7 @@ def _column_builder(cls: type, names: list[str]) -> Callable[[dict[str, Any]], l
         count = len(columns[0]) if columns else 0
         if any(len(column) != count for column in columns):
             raise ValueError("the columns of an events batch differ in length")
-        objs = [new(cls) for _ in range(count)]
+        objs: list[Any] = [new(cls) for _ in range(count)]
         for set_field, column in zip(setters, columns, strict=True):
             collections.deque(map(set_field, objs, column), maxlen=0)
         return objs

@@ -127,6 +127,8 @@ VERSION_PREFIX = "@version:"  # the identity of a ``version`` marker; no step na
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name or len(name.encode()) > STEP_NAME_BYTES_MAX:
         raise StepRefused(f"a step name is 1..{STEP_NAME_BYTES_MAX} bytes, got {name!r:.200}")
+    if "\x00" in name:
+        raise StepRefused(f"a step name cannot contain U+0000 (NUL), got {name!r:.200}")
 
 
 def encode_value(identity: str, value: Any) -> str:
@@ -505,8 +507,10 @@ class StepContext:
         if name.startswith(VERSION_PREFIX[0]):
             raise StepRefused(f"step names beginning with {VERSION_PREFIX[0]!r} are reserved")
         if key is not None:
-            if not isinstance(key, str) or len(key.encode()) > STEP_KEY_BYTES_MAX:
-                raise StepRefused(f"a step key is a string of at most {STEP_KEY_BYTES_MAX} bytes")
+            if not isinstance(key, str) or len(key.encode()) > STEP_KEY_BYTES_MAX or "\x00" in key:
+                raise StepRefused(
+                    f"a step key is a string of at most {STEP_KEY_BYTES_MAX} bytes, without U+0000"
+                )
             identity, position = f"{name}:{key}", -1
         else:
             identity = f"{name}#{self._occurrences[name]}"

@@ -171,7 +171,7 @@ def _wait(f: Fields) -> WaitStep | None:
         if f.raw("outcome") == Outcome.WAIT_EVENT:
             raise invalid(f.at("wait"), "is required with outcome WAIT_EVENT")
         return None
-    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
     name = s.opt_text("name", bytes_max=STEP_NAME_BYTES_MAX)
     if not identity or not name:
         raise invalid(s.at("identity" if not identity else "name"), "is required")
@@ -189,7 +189,7 @@ def _fan_out(f: Fields) -> FanOutRequest | None:
         if f.raw("outcome") == Outcome.FAN_OUT:
             raise invalid(f.at("fan_out"), "is required with outcome FAN_OUT")
         return None
-    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
     if not identity:
         raise invalid(s.at("identity"), "is required")
     mode = s.raw("mode")
@@ -221,7 +221,7 @@ def _sleep(f: Fields) -> SleepStep | None:
         if f.raw("outcome") == Outcome.SLEEP:
             raise invalid(f.at("sleep"), "is required with outcome SLEEP")
         return None
-    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
     if not identity:
         raise invalid(s.at("identity"), "is required")
     return SleepStep(
@@ -253,7 +253,7 @@ def _step(item: Any, path: str) -> StepRequest:
     op = f.raw("op")
     if op not in (StepOp.CLAIM, StepOp.COMMIT):
         raise invalid(f.at("op"), f"must be CLAIM|COMMIT, got {describe(op)}")
-    identity = f.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX)
+    identity = f.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
     if not identity:
         raise invalid(f.at("identity"), "is required")
     check_not_marker(f.raw("value"), f.at("value"))

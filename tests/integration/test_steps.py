@@ -143,12 +143,18 @@ def long_key(ctx: conveyor.Context, _: Any) -> None:
     ctx.step.run("n", lambda: 1, key="k" * 257)
 
 
+@app.task(retry=RETRY)
+def nul_name(ctx: conveyor.Context, _: Any) -> None:
+    ctx.step.run("n\x00", lambda: 1)
+
+
 @pytest.mark.parametrize(
     ("task", "message"),
     [
         (dup_key, "two steps of this attempt derive the identity 'fetch:x'"),
         (long_name, "a step name is 1..128 bytes"),
         (long_key, "a step key is a string of at most 256 bytes"),
+        (nul_name, "a step name cannot contain U+0000"),
     ],
 )
 def test_identity_rules_fail_the_task_without_retries(

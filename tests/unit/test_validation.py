@@ -26,6 +26,7 @@ from conveyor.streams.gateway.worker_requests import (
     parse_heartbeat,
     parse_poll,
     parse_register,
+    parse_steps,
 )
 
 OK = {"task_type": "echo", "app": "shop"}
@@ -267,6 +268,18 @@ def test_completions() -> None:
         {"completions": [{**item, "result": {"$blob": "x"}}]},
         "completions[0].result",
     )
+
+
+def test_step_identities_refuse_nul() -> None:
+    """A step identity is stored in PostgreSQL text (the snapshot's steps), which cannot hold
+    U+0000: refused at the door rather than halting the projection later."""
+    step = {"task_id": "c" * 32, "lease_id": 1, "op": "CLAIM", "identity": "a#0", "position": 0}
+    (ok,) = parse_steps({"steps": [step]})
+    assert ok.identity == "a#0"
+    rejects(parse_steps, {"steps": [{**step, "identity": "a\x00#0"}]}, "steps[0].identity")
+    sleep = {"identity": "nap\x00#0", "position": 0, "sleep_ms": 5}
+    item = {"task_id": "c" * 32, "lease_id": 1, "outcome": "SLEEP", "sleep": sleep}
+    rejects(parse_complete, {"completions": [item]}, "completions[0].sleep.identity")
 
 
 def test_error_body_shape() -> None:
