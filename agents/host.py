@@ -5,7 +5,9 @@ Loops, all on one event loop:
               ``prefetch`` the agent holds up to that many leases beyond its guests: they wait
               here for a free guest (heartbeated, their start_to_close running: the platform
               counts from the lease too), so the next tasks are at hand when a guest frees up
-              instead of one poll round trip away, and polls and grants come in larger batches.
+              instead of one poll round trip away, and polls and grants come in larger batches:
+              while it holds more leases than guests, it polls once a quarter of ``prefetch``
+              is free, not for every lease that ends.
               With it, a busy guest also holds a few of them queued (``GuestPool``
               pipelining): it starts the next as soon as it is done, without a round trip.
 - heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
@@ -120,6 +122,7 @@ class HostAgent:
         self.app = app
         self.concurrency = concurrency
         self.prefetch = prefetch
+        self._poll_min = max(1, prefetch // 4)  # free slots worth a poll while leases remain
         self.heartbeat_ms = heartbeat_s * 1000
         self.lease_ms = int(lease_s * 1000)
         self.poll_wait_ms = int(poll_wait_s * 1000)
@@ -231,7 +234,8 @@ class HostAgent:
     async def _polls(self) -> None:
         while True:
             free = self.concurrency + self.prefetch - len(self.running)
-            if free <= 0:
+            if free <= 0 or (free < self._poll_min and len(self.running) > self.concurrency):
+                # Leases in hand keep every guest busy: wait to ask for a batch, not one.
                 await self._slot.wait(self.clock, 1_000)
                 continue
             if await self._paused_by_breaker():

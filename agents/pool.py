@@ -48,7 +48,7 @@ OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_
 EXIT_WAIT_S = 5.0
 QUEUED_PER_GUEST = 3  # jobs a busy guest holds to start next (with pipelining)
 WITHDRAW_AFTER_S = 0.05  # a queued job waits this long behind a busy guest before it moves
-REBALANCE_EVERY_S = 0.005
+REBALANCE_EVERY_S = 0.02
 
 
 class GuestStartError(Exception):
