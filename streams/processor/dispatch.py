@@ -96,9 +96,11 @@ class WaitingPool:
 
     Fairness is decided here, across the whole node: each free slot goes to the next tenant,
     round-robin over the tenants with ready work for the entry's app, and then to one of the
-    partitions holding that tenant's ready work (rotating). Tenant A's backlog in every
-    partition costs tenant B one slot in two, not one partition's turn in eight. Inside a
-    partition the state machine still orders by priority, then age.
+    partitions holding that tenant's ready work (rotating from poll to poll; within one poll a
+    tenant's slots stay on one partition while it has ready work there, so that they make one
+    GrantLeases record, not one per partition). Tenant A's backlog in every partition costs
+    tenant B one slot in two, not one partition's turn in eight. Inside a partition the state
+    machine still orders by priority, then age.
 
     Concurrency caps: ``caps(tenant)`` is the most leases the tenant may hold at once on this
     node (None: no cap). A slot goes to a capped tenant only while its live leases plus the
