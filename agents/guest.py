@@ -242,8 +242,10 @@ class Guest:
                 inbox.poll(now_or_never=True)
             else:
                 inbox.wait(lambda: bool(inbox.jobs))
-            if inbox.closed or not inbox.jobs:
+            if inbox.closed:
                 return
+            if not inbox.jobs:
+                continue  # the queued job was withdrawn meanwhile: wait for the next one
             if not self.run(inbox.jobs.popleft()):
                 return
 
