@@ -7,7 +7,8 @@ Loops, all on one event loop:
               counts from the lease too), so the next tasks are at hand when a guest frees up
               instead of one poll round trip away, and polls and grants come in larger batches:
               while it holds more leases than guests, it polls once a quarter of ``prefetch``
-              is free, not for every lease that ends.
+              is free, not for every lease that ends; but at once after an answer with fewer
+              leases than it asked for (the rest may be waiting at the node for its next poll).
               With it, a busy guest also holds a few of them queued (``GuestPool``
               pipelining): it starts the next as soon as it is done, without a round trip.
 - heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
@@ -232,9 +233,15 @@ class HostAgent:
     # -- claiming work ----------------------------------------------------------------------
 
     async def _polls(self) -> None:
+        # A poll answers soon after it holds a lease; the grants of its other slots still in
+        # flight wait at the node for this agent's next poll (streams/processor/mailbox.py),
+        # and lapse if none comes within their lease. So after a short answer, ask again at
+        # once, whatever the batching rule below says.
+        short = False
         while True:
             free = self.concurrency + self.prefetch - len(self.running)
-            if free <= 0 or (free < self._poll_min and len(self.running) > self.concurrency):
+            batching = free < self._poll_min and len(self.running) > self.concurrency
+            if free <= 0 or (batching and not short):
                 # Leases in hand keep every guest busy: wait to ask for a batch, not one.
                 await self._slot.wait(self.clock, 1_000)
                 continue
@@ -254,6 +261,7 @@ class HostAgent:
                 log.warning("poll failed: %s; retrying", exc)
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
+            short = 0 < len(offers) < free
             for offer in offers:
                 self._start(offer)
 

@@ -117,7 +117,7 @@ class WaitingPool:
         self._ids = itertools.count()
         self._turn = 0
         self._last_tenant: dict[str, str] = {}
-        self.mail = Mailboxes(self._live)
+        self.mail = Mailboxes(self._live, self._touch)
         self._by_partition: dict[int, Dispatcher] = {}
 
     def apps(self) -> set[str]:
@@ -243,10 +243,18 @@ class WaitingPool:
             self.deal()
 
     def _live(self, lease: Lease) -> bool:
+        dispatcher = self._dispatcher(lease)
+        return dispatcher is not None and dispatcher.holds(lease)
+
+    def _touch(self, lease: Lease) -> None:
+        dispatcher = self._dispatcher(lease)
+        if dispatcher is not None:
+            dispatcher.touch(lease)
+
+    def _dispatcher(self, lease: Lease) -> Dispatcher | None:
         if not self._by_partition:
             self._by_partition = {d.partition: d for d in self.dispatchers}
-        dispatcher = self._by_partition.get(lease.partition)
-        return dispatcher is not None and dispatcher.holds(lease)
+        return self._by_partition.get(lease.partition)
 
     def deal(self) -> None:
         woken: set[int] = set()
@@ -338,6 +346,10 @@ class Dispatcher:
     @property
     def partition(self) -> int:
         return self._p.partition
+
+    def touch(self, lease: Lease) -> None:
+        """A late lease reached its agent: its interval starts now (``mailbox.py`` rule 4)."""
+        self._p.leases.heartbeat(lease.task_id, lease.lease_id)
 
     def holds(self, lease: Lease) -> bool:
         """The lease is live here: granted by this leader, not ended, not expiring."""

@@ -18,9 +18,14 @@ lost). Leases that are no longer live are dropped when a poll looks, and mailbox
 nothing live are swept.
 Rule 3 (a poll that goes away): a poll cancelled by its caller (the agent hung up) puts the
 leases it held into the mailbox too, so a reconnecting agent still gets them.
+Rule 4 (the lease interval starts at delivery): a late lease taken by a poll of its agent
+counts as heartbeated then (``touch``): the agent is alive and polling, and the time the lease
+spent here, unseen by it, must not eat into the interval it has for its first heartbeat
+(``conveyor chaos zombie`` N1 caught a lease granted while its agent was stopped for half a
+lease, delivered after it resumed and lapsed before its first heartbeat).
 
 What it costs: a lease can sit here for up to one poll round trip of the agent before it
-starts (heartbeats count from the grant), and the attempts of an agent that disappears right
+starts, and the attempts of an agent that disappears right
 after a poll are retried only after their lease interval, as if it had crashed holding them.
 """
 
@@ -46,10 +51,12 @@ class Mailbox:
 
 class Mailboxes:
     """The mailboxes of one node's waiting pool. ``live(lease)``: the lease is still the
-    task's live lease on a leading partition (else it is dropped, rule 2)."""
+    task's live lease on a leading partition (else it is dropped, rule 2); ``touch(lease)``:
+    restart its interval (rule 4)."""
 
-    def __init__(self, live: Callable[[Lease], bool]) -> None:
+    def __init__(self, live: Callable[[Lease], bool], touch: Callable[[Lease], None]) -> None:
         self._live = live
+        self._touch = touch
         self._boxes: dict[AgentKey, Mailbox] = {}
         self._swept_ms = 0.0
 
@@ -72,6 +79,8 @@ class Mailboxes:
         box.leases = [lease for lease in box.leases if self._live(lease)]
         taken, box.leases = box.leases[:capacity], box.leases[capacity:]
         self._drop_if_empty(key, box)
+        for lease in taken:
+            self._touch(lease)
         return taken
 
     def owe(self, key: AgentKey, slots: int) -> None:
