@@ -89,6 +89,7 @@ READY_PEEK = 64  # ready tasks counted per (partition, app, tenant): enough to d
 # A poll holding leases while other claims of it are still being written waits this long for
 # them before it answers with what it holds (see the module's Rule).
 ANSWER_LINGER_MS = 1.0
+CLOSE_GRACE_MS = 250.0
 
 
 class WaitingPool:
@@ -175,7 +176,8 @@ class WaitingPool:
             # The agent went away: what it held and what is in flight for it waits in its
             # mailbox in case it comes back, and lapses otherwise (retried, never lost).
             held, entry.leases = entry.leases, []
-            self._close(entry)
+            entry.closed = True
+            self._answer(entry)
             self.mail.keep(key, held)
             raise
         finally:
@@ -183,10 +185,17 @@ class WaitingPool:
             self.entries.pop(entry.entry_id, None)
 
     def _close(self, entry: Entry) -> None:
-        """No new slots for this entry: it answers now, with what it holds."""
-        if not entry.answered:
-            entry.closed = True
-            self._answer(entry)
+        """No new slots for this entry: it answers now, with what it holds. A poll that would
+        answer empty while a claim of it is in flight first waits ``CLOSE_GRACE_MS`` for it
+        (a grant takes milliseconds; an agent should not have to poll again for it)."""
+        if entry.answered:
+            return
+        if not entry.closed and entry.claimed and not entry.leases:
+            entry.closed = True  # no new slots; the claim in flight settles it (_settle)
+            asyncio.get_running_loop().call_later(CLOSE_GRACE_MS / 1000, self._close, entry)
+            return
+        entry.closed = True
+        self._answer(entry)
 
     def _settle(self, entry: Entry) -> None:
         if entry.answered:
