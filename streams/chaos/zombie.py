@@ -39,7 +39,14 @@ from conveyor.aclient import AsyncClient
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
-from conveyor.streams.chaos.runner import APP, Run, _drain, _evidence, _read, enqueue_recorded
+from conveyor.streams.chaos.runner import (
+    APP,
+    READERS,
+    Run,
+    _drain,
+    _evidence,
+    enqueue_recorded,
+)
 
 LEASE_S = 2.0  # AGENT_TIMES: the agents' --lease-s
 HEARTBEAT_S = 0.5  # AGENT_TIMES: the agents' --heartbeat-s
@@ -47,6 +54,7 @@ HEARTBEAT_S = 0.5  # AGENT_TIMES: the agents' --heartbeat-s
 # must still land, with a margin, before the lease it renewed runs out.
 SHORT_PAUSE_MAX = (LEASE_S - HEARTBEAT_S - 0.3) / LEASE_S
 ZOMBIE = "agent-0"
+PAUSE_TRIES = 5  # a pause that finds the zombie holding nothing is tried again
 DROPPED = re.compile(r"completion of (\S+) dropped")
 LOST = re.compile(r"task (\S+): lease \d+ lost; dropped")
 
@@ -184,13 +192,11 @@ async def _phases(run: Run, config: ZombieConfig, seen: Observed, finals: dict[s
         await _until_busy(run, config)
         await asyncio.sleep(rng.uniform(0.0, config.sleep_ms / 1000))
         seen.zombie_pid = run.cluster.procs[ZOMBIE].pid
-        seen.paused_pids = cluster.signal_tree(ZOMBIE, signal.SIGSTOP)
-        run.history.nemesis("pause", {"name": ZOMBIE, "pids": seen.paused_pids})
-        await asyncio.sleep(config.pause_leases * LEASE_S)
-        seen.held = await _held(run, client, seen.zombie_pid)
-        seen.resume_offset = run.journal.stat().st_size if run.journal.exists() else 0
-        cluster.signal_tree(ZOMBIE, signal.SIGCONT)
-        run.history.nemesis("resume", {"name": ZOMBIE, "held": len(seen.held)})
+        for _ in range(PAUSE_TRIES):
+            await _pause(run, client, config, seen)
+            if seen.held:
+                break
+            await asyncio.sleep(config.sleep_ms / 1000)  # it held nothing: let it take work
         await asyncio.sleep(config.resume_s)
         run.history.nemesis("heal", {})
         drained = await _drain(run, client, config.drain_s)
@@ -198,6 +204,31 @@ async def _phases(run: Run, config: ZombieConfig, seen: Observed, finals: dict[s
             with contextlib.suppress(Exception):
                 finals[task_id] = await client.get(task_id)
         return drained
+
+
+async def _pause(run: Run, client: AsyncClient, config: ZombieConfig, seen: Observed) -> None:
+    """SIGSTOP the zombie for the pause, read what it held, SIGCONT it.
+
+    A long pause (P2) reads at its end, so that attempts the platform already expired count.
+    A short one (N1) reads at its start, concurrently, so that the read does not lengthen the
+    stall; a read slower than the pause counts as holding nothing, and the caller pauses again.
+    """
+    cluster = run.cluster
+    assert isinstance(cluster, ZombieCluster)
+    pause_s = config.pause_leases * LEASE_S
+    seen.paused_pids = cluster.signal_tree(ZOMBIE, signal.SIGSTOP)
+    run.history.nemesis("pause", {"name": ZOMBIE, "pids": seen.paused_pids})
+    stopped = time.monotonic()
+    if config.pause_leases < SHORT_PAUSE_MAX:
+        with contextlib.suppress(TimeoutError):
+            seen.held = await asyncio.wait_for(_held(run, client, seen.zombie_pid), pause_s)
+        await asyncio.sleep(max(0.0, stopped + pause_s - time.monotonic()))
+    else:
+        await asyncio.sleep(pause_s)
+        seen.held = await _held(run, client, seen.zombie_pid)
+    seen.resume_offset = run.journal.stat().st_size if run.journal.exists() else 0
+    cluster.signal_tree(ZOMBIE, signal.SIGCONT)
+    run.history.nemesis("resume", {"name": ZOMBIE, "held": len(seen.held)})
 
 
 async def _warm_up(run: Run, client: AsyncClient) -> None:
@@ -222,16 +253,24 @@ async def _held(run: Run, client: AsyncClient, zombie_pid: int) -> list[Held]:
     """The attempts the zombie's agent started and the platform had not seen end when it
     was paused: each is an attempt of the zombie's with no finish yet, or one the platform
     ended as ``LeaseExpired`` (no report from the agent). Read while it is still stopped."""
-    held: list[Held] = []
     mark = f"-{zombie_pid}-"
-    for task_id in sorted(set(run.acked.values())):
-        await _read(run, client, "read", task_id)
-        with contextlib.suppress(Exception):
-            info = await client.get(task_id)
-            for a in info.attempts:
-                expired = a.error is not None and a.error.error_class == "LeaseExpired"
-                if a.worker and mark in a.worker and (a.outcome is None or expired):
-                    held.append(Held(task_id, a.attempt))
+    readers = asyncio.Semaphore(READERS)
+
+    async def one(task_id: str) -> list[Held]:
+        async with readers:
+            with contextlib.suppress(Exception):
+                info = await client.get(task_id)
+                return [
+                    Held(task_id, a.attempt)
+                    for a in info.attempts
+                    if a.worker
+                    and mark in a.worker
+                    and (a.outcome is None or (a.error and a.error.error_class == "LeaseExpired"))
+                ]
+        return []
+
+    found = await asyncio.gather(*(one(t) for t in sorted(set(run.acked.values()))))
+    held = [h for hs in found for h in hs]
     return held
 
 
