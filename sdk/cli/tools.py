@@ -218,12 +218,29 @@ def bench_fairness(
     b_tasks: Annotated[int, typer.Option("--b-tasks", min=1)] = 300,
     slots: Annotated[int, typer.Option("--slots", min=1)] = 16,
     partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
+    task_jitter: Annotated[
+        float,
+        typer.Option(
+            "--task-jitter",
+            min=0.0,
+            max=0.99,
+            help="Spread of task durations: each runs 10 ms x uniform(1-J, 1+J) (seeded)",
+        ),
+    ] = 0.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Tenant B's schedule-to-start under tenant A's backlog, against an idle engine."""
     from conveyor.streams.bench import bench_fairness as run
 
-    result = asyncio.run(run(backlog=backlog, b_tasks=b_tasks, slots=slots, partitions=partitions))
+    result = asyncio.run(
+        run(
+            backlog=backlog,
+            b_tasks=b_tasks,
+            slots=slots,
+            partitions=partitions,
+            task_jitter=task_jitter,
+        )
+    )
     _print_result(result, as_json)
 
 

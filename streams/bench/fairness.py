@@ -2,13 +2,16 @@
 
 Tenant A enqueues a large backlog at once; then tenant B enqueues one task every few
 milliseconds while agents with a fixed number of slots (far below A's backlog) drain both.
-Each task "runs" for ``task_ms``. The figure is B's schedule-to-start (enqueue acknowledged ->
-lease in the agent's hands), p50 and p99, under A's backlog and on an idle engine.
+Each task "runs" for ``task_ms``, or, with ``task_jitter`` j, for a duration drawn uniformly
+from ``task_ms`` x [1 - j, 1 + j] (seeded: the same draws every run). The figure is B's
+schedule-to-start (from its enqueue call to the lease in the agent's hands), p50 and p99, under A's
+backlog and on an idle engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +31,17 @@ async def bench_fairness(
     b_every_ms: float = 5.0,
     slots: int = 16,
     task_ms: float = 10.0,
+    task_jitter: float = 0.0,
     partitions: int = 8,
 ) -> dict[str, Any]:
-    idle = await _scenario(0, b_tasks, b_every_ms, slots, task_ms, partitions)
-    loaded = await _scenario(backlog, b_tasks, b_every_ms, slots, task_ms, partitions)
+    work = _Work(task_ms, task_jitter)
+    idle = await _scenario(0, b_tasks, b_every_ms, slots, work, partitions)
+    loaded = await _scenario(backlog, b_tasks, b_every_ms, slots, work, partitions)
     return {
         "backlog": backlog,
         "slots": slots,
         "task_ms": task_ms,
+        "task_jitter": task_jitter,
         "b_tasks": b_tasks,
         "b_p50_ms": loaded["p50"],
         "b_p99_ms": loaded["p99"],
@@ -49,8 +55,23 @@ async def bench_fairness(
     }
 
 
+class _Work:
+    """How long each task "runs": ``task_ms``, spread by ``jitter`` (seeded)."""
+
+    def __init__(self, task_ms: float, jitter: float) -> None:
+        if not 0 <= jitter < 1:
+            raise ValueError(f"task_jitter must be in [0, 1), not {jitter}")
+        self.task_ms = task_ms
+        self.jitter = jitter
+        self.rng = random.Random(0)
+
+    def seconds(self) -> float:
+        spread = self.rng.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
+        return self.task_ms * spread / 1000
+
+
 async def _scenario(
-    backlog: int, b_tasks: int, b_every_ms: float, slots: int, task_ms: float, partitions: int
+    backlog: int, b_tasks: int, b_every_ms: float, slots: int, work: _Work, partitions: int
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="conveyor-fair-") as tmp:
         node = await Node.open(Path(tmp), partitions=partitions)
@@ -58,7 +79,8 @@ async def _scenario(
         node.tune_gc()
         try:
             await _enqueue_backlog(node, backlog, partitions)
-            return await _measure(node, b_tasks, b_every_ms, slots, task_ms, partitions)
+            work.rng.seed(0)
+            return await _measure(node, b_tasks, b_every_ms, slots, work, partitions)
         finally:
             await node.stop()
 
@@ -73,7 +95,7 @@ async def _enqueue_backlog(node: Node, backlog: int, partitions: int) -> None:
 
 
 async def _measure(
-    node: Node, b_tasks: int, b_every_ms: float, slots: int, task_ms: float, partitions: int
+    node: Node, b_tasks: int, b_every_ms: float, slots: int, work: _Work, partitions: int
 ) -> dict[str, float]:
     enqueued: dict[str, float] = {}
     acks: list[float] = []
@@ -87,7 +109,7 @@ async def _measure(
 
     async def run(task_id: str, lease_id: int) -> None:
         nonlocal free
-        await asyncio.sleep(task_ms / 1000)
+        await asyncio.sleep(work.seconds())
         done.append(Completion(task_id=task_id, lease_id=lease_id, outcome=Outcome.SUCCEEDED))
         free += 1
         freed.set()
