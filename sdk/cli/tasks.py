@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from conveyor.cli.common import (
     DEFAULT_URL,
@@ -155,19 +156,29 @@ def list_tasks(
     if as_json:
         print_json(tasks)
         return
-    table = Table(id_column("task_id"), "app", "task_type", "queue", "status", "attempt", "created")
-    for t in tasks:
-        table.add_row(
-            t["task_id"],
-            t["app"],
-            t["task_type"],
-            t["queue"],
-            t["status"],
-            str(t["attempt"]),
-            fmt_ms(t["created_ms"]),
-        )
-    console.print(table)
+    console.print(_task_table(tasks))
     console.print(f"[dim]{len(tasks)} task(s)[/]")
+
+
+def _task_table(tasks: list[dict[str, Any]]) -> Table:
+    """A task list that fits an 80-column terminal: ids, states and times are never cut
+    (long type and queue names wrap instead); the app column only when several apps show."""
+    apps = len({t["app"] for t in tasks}) > 1
+    names = ["app"] if apps else []
+    columns = [Column(name, overflow="fold") for name in [*names, "task_type", "queue"]]
+    table = Table(id_column("task_id"), *columns, box=None, pad_edge=False, header_style="bold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("att", justify="right", no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    today = datetime.now().date()
+    for t in tasks:
+        created = datetime.fromtimestamp(t["created_ms"] / 1000)
+        when = created.strftime("%H:%M:%S" if created.date() == today else "%Y-%m-%d %H:%M")
+        app = [t["app"]] if apps else []
+        table.add_row(
+            t["task_id"], *app, t["task_type"], t["queue"], t["status"], str(t["attempt"]), when
+        )
+    return table
 
 
 def cancel(

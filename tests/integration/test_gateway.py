@@ -762,7 +762,7 @@ def test_retry_failed_tasks(node: NodeProcess) -> None:
 
 
 def cli(*args: str, key: str = KEY_A) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CONVEYOR_API_KEY": key}
+    env = {**os.environ, "CONVEYOR_API_KEY": key, "COLUMNS": "80"}  # a plain terminal's width
     return subprocess.run(
         [sys.executable, "-m", "conveyor.cli", *args],
         env=env,
@@ -791,6 +791,9 @@ def test_cli_client_commands(node: NodeProcess) -> None:
     shown = cli("get", task_id, "--json", "--url", node.base)
     task = json.loads(shown.stdout)
     assert task["payload"] == {"from": "cli"} and task["run_at_ms"] > task["created_ms"]
+    listed = cli("list", "--url", node.base)
+    row = next(line for line in listed.stdout.splitlines() if task_id in line)  # one line, uncut
+    assert row.split()[1:5] == ["echo", "default", "ENQUEUED", "1"], listed.stdout
     canceled = cli("cancel", task_id, "--url", node.base)
     assert canceled.returncode == 0 and "CANCELED" in canceled.stdout
     bad = cli("enqueue", "nope", "--app", "shop", "--url", node.base)
