@@ -16,18 +16,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_bench_fairness_starts_every_b_task_under_a_backlog() -> None:
     args = ["bench", "fairness", "--backlog", "3000", "--b-tasks", "40", "--slots", "4"]
+    args += ["--partitions", "2", "--task-jitter", "0.5", "--json"]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "conveyor.cli",
-            *args,
-            "--partitions",
-            "2",
-            "--task-jitter",
-            "0.5",
-            "--json",
-        ],
+        [sys.executable, "-m", "conveyor.cli", *args],
         capture_output=True,
         text=True,
         timeout=150,
