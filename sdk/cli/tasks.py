@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.table import Column, Table
+from rich.table import Table
 
 from conveyor.cli.common import (
     DEFAULT_URL,
@@ -161,12 +161,15 @@ def list_tasks(
 
 
 def _task_table(tasks: list[dict[str, Any]]) -> Table:
-    """A task list that fits an 80-column terminal: ids, states and times are never cut
-    (long type and queue names wrap instead); the app column only when several apps show."""
+    """A task list that fits an 80-column terminal: ids, states and times are never cut, long
+    names fold. The task is ``app:type`` only when several apps show, and the queue column
+    shows only when some task is not on the default queue."""
     apps = len({t["app"] for t in tasks}) > 1
-    names = ["app"] if apps else []
-    columns = [Column(name, overflow="fold") for name in [*names, "task_type", "queue"]]
-    table = Table(id_column("task_id"), *columns, box=None, pad_edge=False, header_style="bold")
+    queues = any(t["queue"] != "default" for t in tasks)
+    table = Table(id_column("task_id"), box=None, padding=(0, 1, 0, 0), header_style="bold")
+    table.add_column("task", overflow="fold")
+    if queues:
+        table.add_column("queue", overflow="fold")
     table.add_column("status", no_wrap=True)
     table.add_column("att", justify="right", no_wrap=True)
     table.add_column("created", no_wrap=True)
@@ -174,10 +177,9 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
     for t in tasks:
         created = datetime.fromtimestamp(t["created_ms"] / 1000)
         when = created.strftime("%H:%M:%S" if created.date() == today else "%Y-%m-%d %H:%M")
-        app = [t["app"]] if apps else []
-        table.add_row(
-            t["task_id"], *app, t["task_type"], t["queue"], t["status"], str(t["attempt"]), when
-        )
+        task = f"{t['app']}:{t['task_type']}" if apps else t["task_type"]
+        queue = [t["queue"]] if queues else []
+        table.add_row(t["task_id"], task, *queue, t["status"], str(t["attempt"]), when)
     return table
 
 
