@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,11 @@ from conveyor.store.postgres.migrate import migrate
 DSN_ENV = "CONVEYOR_POSTGRES_DSN"
 POOL_SIZE_MAX = 8
 CONNECT_TIMEOUT_S = 30.0
+
+# pgserver keeps a lock file in the user's runtime dir; where XDG_RUNTIME_DIR is unset
+# (containers, CI, ssh sessions) platformdirs warns and falls back to /tmp, which is fine:
+# the warning was the first thing ``conveyor dev`` printed.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 
 class StoreUnavailable(TransientError):
