@@ -51,8 +51,8 @@ from conveyor.streams.log.api import Log
 from conveyor.streams.log.local import LocalLog
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.machine import Reply
-from conveyor.streams.processor.dispatch import Lease, WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor, Settings
+from conveyor.streams.processor.pool import Lease, WaitingPool
 from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
 T = TypeVar("T", TaskSpec, Completion, StepWrite, Checkpoint)

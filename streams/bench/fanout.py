@@ -26,7 +26,7 @@ from conveyor.schemas import codec
 from conveyor.schemas.types import Completion, FanOut, Outcome, ParallelMode, TaskSpec
 from conveyor.streams.machine.handlers.workflows import child_id
 from conveyor.streams.node import Node
-from conveyor.streams.processor.dispatch import Lease
+from conveyor.streams.processor.pool import Lease
 from conveyor.streams.routing import mint_task_id
 
 STEP = "fan#0"

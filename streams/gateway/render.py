@@ -14,7 +14,7 @@ from conveyor.schemas.types import (
     TaskStatus,
 )
 from conveyor.streams.machine import Reply
-from conveyor.streams.processor.dispatch import Lease
+from conveyor.streams.processor.pool import Lease
 
 
 def error_json(cls: str | None, message: str | None, stack: str | None) -> dict[str, Any] | None:

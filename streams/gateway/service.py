@@ -65,7 +65,7 @@ from conveyor.streams.machine import Reply
 from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.machine.lifecycle import holder
 from conveyor.streams.node import Node
-from conveyor.streams.processor.dispatch import Lease
+from conveyor.streams.processor.pool import Lease
 from conveyor.streams.routing import mint_task_id, partition_for_key
 
 UNKNOWN_TASK = "unknown task"

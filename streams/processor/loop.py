@@ -50,10 +50,11 @@ from conveyor.streams.machine import (
     current_epoch,
 )
 from conveyor.streams.processor import leadership
-from conveyor.streams.processor.dispatch import Dispatcher, WaitingPool
+from conveyor.streams.processor.dispatch import Dispatcher
 from conveyor.streams.processor.leases import LeaseTracker
 from conveyor.streams.processor.messages import MessageShipper
 from conveyor.streams.processor.outbox import OutboxShipper
+from conveyor.streams.processor.pool import WaitingPool
 from conveyor.streams.processor.timers import TimerScanner
 
 log = logging.getLogger("conveyor.processor")

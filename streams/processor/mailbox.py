@@ -1,6 +1,6 @@
 """Late leases: granted after the poll that claimed them was answered, kept for the agent.
 
-A poll is answered soon after it holds a lease (``dispatch.WaitingPool``), while other slots
+A poll is answered soon after it holds a lease (``pool.WaitingPool``), while other slots
 it claimed may still be in GrantLeases records on their way through the log. Those leases are
 granted all the same; they wait here, in the agent's mailbox, for its next poll.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from conveyor.streams.processor.dispatch import Lease
+    from conveyor.streams.processor.pool import Lease
 
 # Who a late lease is for: (agent id, app, app version, tenants, queues) of the poll.
 AgentKey = tuple[str, str, "str | None", tuple[str, ...], tuple[str, ...]]

@@ -38,8 +38,8 @@ from conveyor.store import keys
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
-from conveyor.streams.processor.dispatch import Lease, WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor, Settings
+from conveyor.streams.processor.pool import Lease, WaitingPool
 
 pytestmark = pytest.mark.timeout(60)
 

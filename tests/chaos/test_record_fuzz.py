@@ -64,8 +64,8 @@ from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.api import LogRecord
 from conveyor.streams.log.memory import MemoryLog
-from conveyor.streams.processor.dispatch import WaitingPool
 from conveyor.streams.processor.loop import QUARANTINE, PartitionProcessor
+from conveyor.streams.processor.pool import WaitingPool
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -83,8 +83,8 @@ from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.machine.handlers.workflows import child_id
 from conveyor.streams.machine.transitions import TRANSITIONS
-from conveyor.streams.processor.dispatch import WaitingPool
 from conveyor.streams.processor.loop import QUARANTINE, PartitionProcessor
+from conveyor.streams.processor.pool import WaitingPool
 
 if os.environ.get("CONVEYOR_SIM_SEED"):
     SEEDS = [int(s) for s in os.environ["CONVEYOR_SIM_SEED"].split(",")]

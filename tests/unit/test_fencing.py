@@ -36,8 +36,8 @@ from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.processor import leadership
-from conveyor.streams.processor.dispatch import WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor
+from conveyor.streams.processor.pool import WaitingPool
 
 T = TypeVar("T")
 DEADLINE_S = 5.0

@@ -15,8 +15,8 @@ from conveyor.store import keys
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
-from conveyor.streams.processor.dispatch import WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor
+from conveyor.streams.processor.pool import WaitingPool
 
 
 def cancel(n: int) -> CancelTasks:

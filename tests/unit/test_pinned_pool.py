@@ -1,4 +1,4 @@
-"""The pinned lane through the waiting pool (``streams/processor/dispatch.py``, ``store/lanes.py``):
+"""The pinned lane through the waiting pool (``streams/processor/pool.py``, ``store/lanes.py``):
 a real in-process node (log on disk, RocksDB), agents of two app versions long-polling it.
 
 The machine tests (``machine/test_pinned.py``) show which lane a task waits in; these show that
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conveyor.schemas.types import Completion, Outcome, TaskSpec, TaskStatus
 from conveyor.streams.node import Node
-from conveyor.streams.processor.dispatch import Lease
+from conveyor.streams.processor.pool import Lease
 from conveyor.streams.routing import mint_task_id
 
 APP = "shop"

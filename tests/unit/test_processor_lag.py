@@ -12,8 +12,8 @@ from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.node import Node
-from conveyor.streams.processor.dispatch import WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor
+from conveyor.streams.processor.pool import WaitingPool
 from conveyor.streams.sinks.metrics import Metrics
 
 CANCEL = CancelTasks(tenant="t", task_ids=[], reason="nothing")

@@ -1,4 +1,4 @@
-"""The waiting pool (``streams/processor/dispatch.py``) with two real processors on a memory
+"""The waiting pool (``streams/processor/pool.py``) with two real processors on a memory
 log whose partition 1 can be held back.
 
 A poll answers with what it holds; late grants reach the agent's next poll
@@ -21,8 +21,8 @@ from conveyor.schemas.types import EnqueueTasks, TaskSpec, TaskStatus
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
-from conveyor.streams.processor.dispatch import Lease, WaitingPool
 from conveyor.streams.processor.loop import PartitionProcessor
+from conveyor.streams.processor.pool import Lease, WaitingPool
 from conveyor.streams.routing import mint_task_id
 
 T = TypeVar("T")

@@ -1,0 +1,329 @@
+"""Waiting agents: the long-polls at one node, dealt out slot by slot to its partitions.
+
+Agents long-poll the node with a capacity. Their requests wait in one ``WaitingPool`` per node,
+which decides fairness across the node (see the class) and deals each free slot to a
+partition's ``Dispatcher`` (``dispatch.py``); the dispatcher proposes the GrantLeases record,
+and the leases come back here once it is applied.
+
+Rule: a poll is answered once none of its claims is in flight, or ``ANSWER_LINGER_MS`` after
+it first holds a lease, whichever comes first (or at its timeout, maybe empty): one slow
+partition's grant no longer holds up the leases the others granted. The leases of its claims
+still in flight are granted all the same and go to the agent's next polls through its mailbox
+(``mailbox.py``), which also reserves them out of those polls' capacity: no granted lease is
+stranded, and no poll returns more than its capacity.
+Lanes: an agent serving app version V takes from two ready lanes (``store/lanes.py``), its app's
+and V's pinned lane; ready work is counted per lane, and a slot dealt from a lane becomes a
+LeaseRequest for that lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from conveyor.schemas.types import StepRow
+from conveyor.store.lanes import lanes_of
+from conveyor.streams.clock import Clock
+from conveyor.streams.processor.mailbox import AgentKey, Mailboxes
+
+if TYPE_CHECKING:
+    from conveyor.streams.processor.dispatch import Dispatcher
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """What an agent receives for one granted lease."""
+
+    partition: int
+    task_id: str
+    lease_id: int
+    attempt: int
+    lease_ms: int
+    tenant: str
+    app: str
+    queue: str
+    task_type: str
+    payload: bytes
+    checkpoint: bytes | None
+    start_to_close_ms: int | None
+    # The durable-step snapshot the attempt checks every step call against, loaded once here
+    # rather than fetched per step; with the lease's start time (the platform's "now" for a
+    # replayed sleep) and the run key step idempotency keys derive from.
+    steps: list[StepRow]
+    started_ms: int
+    run_key: str
+    compensating: bool = False  # a canceled workflow: run its compensations, then stop
+
+
+@dataclass(slots=True, kw_only=True)
+class Entry:
+    entry_id: str
+    agent_id: str
+    app: str
+    tenants: list[str]
+    queues: list[str]
+    capacity: int
+    lease_ms: int
+    remaining: int
+    future: asyncio.Future[list[Lease]]
+    key: AgentKey
+    app_version: str | None = None
+    lanes: list[str] = field(default_factory=list)  # lanes_of(app, app_version)
+    claimed: int = 0  # slots in GrantLeases records not yet applied
+    reserved: int = 0  # slots kept for late leases of the agent's earlier polls
+    closed: bool = False  # timed out or cancelled: no new slots
+    answered: bool = False  # what arrives from now on goes to the agent's mailbox
+    leases: list[Lease] = field(default_factory=list)
+    linger: asyncio.TimerHandle | None = None  # answers with what it holds when it fires
+
+
+# A poll holding leases while other claims of it are still being written waits this long for
+# them before it answers with what it holds (see the module's Rule).
+ANSWER_LINGER_MS = 1.0
+CLOSE_GRACE_MS = 250.0
+
+
+class WaitingPool:
+    """The long-polls waiting at one node, dealt out slot by slot to its partitions.
+
+    Fairness is decided here, across the whole node: each free slot goes to the next tenant,
+    round-robin over the tenants with ready work for the entry's app, and then to one of the
+    partitions holding that tenant's ready work (rotating from poll to poll; within one poll a
+    tenant's slots stay on one partition while it has ready work there, so that they make one
+    GrantLeases record, not one per partition). Tenant A's backlog in every partition costs
+    tenant B one slot in two, not one partition's turn in eight. Inside a partition the state
+    machine still orders by priority, then age.
+
+    Concurrency caps: ``caps(tenant)`` is the most leases the tenant may hold at once on this
+    node (None: no cap). A slot goes to a capped tenant only while its live leases plus the
+    slots dealt or in flight for it stay under the cap; when one of its leases ends, the pool
+    deals again. Counting what is in flight makes the cap hard: it is never exceeded, at the
+    price of a slot held back while a grant is being written.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.caps: Callable[[str], int | None] = lambda tenant: None
+        self.entries: dict[str, Entry] = {}
+        self.dispatchers: list[Dispatcher] = []
+        self._ids = itertools.count()
+        self._turn = 0
+        self._last_tenant: dict[str, str] = {}
+        self.mail = Mailboxes(self._live, self._touch)
+        self._by_partition: dict[int, Dispatcher] = {}
+
+    def apps(self) -> set[str]:
+        """The lanes some waiting entry takes from."""
+        return {lane for e in self.entries.values() for lane in e.lanes}
+
+    async def poll(
+        self,
+        *,
+        agent_id: str,
+        app: str,
+        tenants: list[str],
+        queues: list[str],
+        capacity: int,
+        lease_ms: int,
+        wait_ms: float,
+        app_version: str | None = None,
+    ) -> list[Lease]:
+        """Between 1 and ``capacity`` leases from any partition once there are some (see the
+        Rule), or none after ``wait_ms``; ``app_version``: the version the agent serves (see
+        Lanes). Late leases of this agent's earlier polls come first (``mailbox.py``)."""
+        key: AgentKey = (agent_id, app, app_version, tuple(tenants), tuple(queues))
+        self.mail.sweep(self.clock.monotonic_ms())
+        late = self.mail.take(key, capacity)
+        if late:
+            return late
+        reserved = min(self.mail.owed(key), capacity)
+        entry = Entry(
+            entry_id=f"{agent_id}/{next(self._ids)}",
+            agent_id=agent_id,
+            app=app,
+            tenants=tenants,
+            queues=queues,
+            capacity=capacity,
+            lease_ms=lease_ms,
+            remaining=capacity - reserved,
+            reserved=reserved,
+            key=key,
+            future=asyncio.get_running_loop().create_future(),
+            app_version=app_version,
+            lanes=lanes_of(app, app_version),
+        )
+        self.entries[entry.entry_id] = entry
+        for dispatcher in self.dispatchers:
+            for lane in entry.lanes:
+                if lane not in dispatcher.ready:  # else kept current by pokes (see poke)
+                    dispatcher.refresh(lane)  # O(tenants) reads of the ready counts
+        self.deal()
+        # The answer resolves the future awaited here directly (no wait_for or shield between:
+        # each would add loop steps between a grant and its agent); the timeout closes it.
+        timeout = asyncio.get_running_loop().call_later(wait_ms / 1000, self._close, entry)
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            # The agent went away: what it held and what is in flight for it waits in its
+            # mailbox in case it comes back, and lapses otherwise (retried, never lost).
+            held, entry.leases = entry.leases, []
+            entry.closed = True
+            self._answer(entry)
+            self.mail.keep(key, held)
+            raise
+        finally:
+            timeout.cancel()
+            self.entries.pop(entry.entry_id, None)
+
+    def _close(self, entry: Entry) -> None:
+        """No new slots for this entry: it answers now, with what it holds. A poll that would
+        answer empty while a claim of it is in flight first waits ``CLOSE_GRACE_MS`` for it
+        (a grant takes milliseconds; an agent should not have to poll again for it)."""
+        if entry.answered:
+            return
+        if not entry.closed and entry.claimed and not entry.leases:
+            entry.closed = True  # no new slots; the claim in flight settles it (_settle)
+            asyncio.get_running_loop().call_later(CLOSE_GRACE_MS / 1000, self._close, entry)
+            return
+        entry.closed = True
+        self._answer(entry)
+
+    def _settle(self, entry: Entry) -> None:
+        if entry.answered:
+            return
+        if entry.closed or (entry.leases and entry.claimed == 0):
+            self._answer(entry)
+        elif entry.leases and entry.linger is None:
+            loop = asyncio.get_running_loop()
+            entry.linger = loop.call_later(ANSWER_LINGER_MS / 1000, self._close, entry)
+
+    def _answer(self, entry: Entry) -> None:
+        """Return ``entry.leases``; slots dealt but not proposed go back to the pool, slots in
+        flight become the agent's mailbox's ``owed``."""
+        entry.answered = True
+        if entry.linger is not None:
+            entry.linger.cancel()
+        for dispatcher in self.dispatchers:
+            dispatcher.unclaim(entry.entry_id)
+        entry.remaining = entry.reserved = 0
+        self.mail.owe(entry.key, entry.claimed)
+        if not entry.future.done():  # cancelled with its poll: the leases went to the mailbox
+            entry.future.set_result(entry.leases)
+
+    def settled(self, entry: Entry, slots: int, leases: list[Lease]) -> None:
+        """A claim of ``slots`` for ``entry`` was applied with ``leases`` (or dropped: none)."""
+        entry.claimed -= slots
+        if entry.answered:
+            self.mail.arrive(entry.key, slots, leases)
+            self._hand_late(entry.key)
+            return
+        entry.leases.extend(leases)
+        if not entry.closed:
+            entry.remaining += slots - len(leases)
+        self._settle(entry)
+
+    def _hand_late(self, key: AgentKey) -> None:
+        """Late leases fill the slots that waiting polls of ``key`` reserved for them; a
+        reservation beyond what is still owed becomes an ordinary slot again."""
+        owed = self.mail.owed(key)
+        redeal = False
+        for entry in list(self.entries.values()):
+            if entry.key != key or entry.answered:
+                continue
+            late = self.mail.take(key, entry.reserved)
+            entry.reserved -= len(late)
+            entry.leases.extend(late)
+            if entry.reserved > owed:
+                entry.remaining += entry.reserved - owed
+                entry.reserved = owed
+                redeal = True
+            owed -= entry.reserved
+            self._settle(entry)
+        if redeal:
+            self.deal()
+
+    def _live(self, lease: Lease) -> bool:
+        dispatcher = self._dispatcher(lease)
+        return dispatcher is not None and dispatcher.holds(lease)
+
+    def _touch(self, lease: Lease) -> None:
+        dispatcher = self._dispatcher(lease)
+        if dispatcher is not None:
+            dispatcher.touch(lease)
+
+    def _dispatcher(self, lease: Lease) -> Dispatcher | None:
+        if not self._by_partition:
+            self._by_partition = {d.partition: d for d in self.dispatchers}
+        return self._by_partition.get(lease.partition)
+
+    def deal(self) -> None:
+        woken: set[int] = set()
+        room: dict[str, int] = {}  # capped tenants: slots they may still be dealt
+        for entry in self.entries.values():
+            if entry.remaining <= 0 or entry.closed or entry.answered:
+                continue
+            holders = self._holders(entry)
+            for tenant in list(holders):
+                if tenant not in room and (cap := self.caps(tenant)) is not None:
+                    room[tenant] = cap - sum(d.holding(tenant) for d in self.dispatchers)
+                if room.get(tenant, 1) <= 0:
+                    del holders[tenant]
+            stay: dict[str, tuple[Dispatcher, str]] = {}
+            while entry.remaining > 0 and holders:
+                dispatcher, tenant, lane = self._next(entry.app, holders, stay)
+                dispatcher.assign(entry, tenant, lane)
+                entry.remaining -= 1
+                woken.add(id(dispatcher))
+                if tenant in room:
+                    room[tenant] -= 1
+                    if room[tenant] <= 0:
+                        holders.pop(tenant, None)
+        for dispatcher in self.dispatchers:
+            if id(dispatcher) in woken:
+                dispatcher.wake()
+
+    def _holders(self, entry: Entry) -> dict[str, list[tuple[Dispatcher, str]]]:
+        """Tenant -> the (leading partition, lane) pairs with ready work of it for this
+        entry."""
+        holders: dict[str, list[tuple[Dispatcher, str]]] = {}
+        for d in self.dispatchers:
+            if not d.leading:
+                continue
+            for lane in entry.lanes:
+                for tenant, count in d.ready.get(lane, {}).items():
+                    if count > 0 and (not entry.tenants or tenant in entry.tenants):
+                        holders.setdefault(tenant, []).append((d, lane))
+        return holders
+
+    def _next(
+        self,
+        app: str,
+        holders: dict[str, list[tuple[Dispatcher, str]]],
+        stay: dict[str, tuple[Dispatcher, str]],
+    ) -> tuple[Dispatcher, str, str]:
+        """The tenant after the last one served for this app, and a partition and lane
+        holding it; takes one ready task off the counts (and off ``holders`` when none is
+        left). ``stay``: the partition each tenant was last dealt from for this entry; its
+        next slot comes from there while it has ready work, so one poll's slots of a tenant
+        make one GrantLeases record, not one per partition (the rotation moves on between
+        polls)."""
+        last = self._last_tenant.get(app)
+        tenant = min((t for t in holders if last is None or t > last), default=min(holders))
+        self._last_tenant[app] = tenant
+        choices = holders[tenant]
+        choice = stay.get(tenant)
+        if choice is None or choice not in choices:
+            self._turn += 1
+            choice = choices[self._turn % len(choices)]
+            stay[tenant] = choice
+        dispatcher, lane = choice
+        counts = dispatcher.ready[lane]
+        counts[tenant] -= 1
+        if counts[tenant] <= 0:
+            choices.remove(choice)
+            if not choices:
+                del holders[tenant]
+        return dispatcher, tenant, lane
