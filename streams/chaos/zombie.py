@@ -270,8 +270,7 @@ async def _held(run: Run, client: AsyncClient, zombie_pid: int) -> list[Held]:
         return []
 
     found = await asyncio.gather(*(one(t) for t in sorted(set(run.acked.values()))))
-    held = [h for hs in found for h in hs]
-    return held
+    return [h for hs in found for h in hs]
 
 
 def _stale(
