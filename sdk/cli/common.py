@@ -136,6 +136,26 @@ def fmt_ms(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
 
 
+def fmt_clock(ms: int | None, *, millis: bool = False) -> str:
+    """Epoch milliseconds as local time for narrow tables: the time of day when it is today,
+    else the date too."""
+    if ms is None:
+        return "-"
+    when = datetime.fromtimestamp(ms / 1000)
+    if when.date() != datetime.now().date():
+        return when.strftime("%Y-%m-%d %H:%M")
+    return when.isoformat(timespec="milliseconds" if millis else "seconds")[11:]
+
+
+def fmt_took(ms: int) -> str:
+    """A duration for tables: ``850 ms``, ``12.4 s``, ``3 min 05 s``."""
+    if ms < 1_000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms // 60_000} min {ms % 60_000 // 1000:02d} s"
+
+
 def id_column(name: str) -> Column:
     """A table column for task ids: never wrapped or cut, so they can be copied."""
     return Column(name, no_wrap=True, min_width=32)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -20,7 +19,9 @@ from conveyor.cli.common import (
     UrlOpt,
     console,
     fail,
+    fmt_clock,
     fmt_ms,
+    fmt_took,
     id_column,
     print_json,
 )
@@ -106,18 +107,39 @@ def get(
         fields.add_row("[dim]error[/]", f"{task['error']['class']}: {task['error']['message']}")
     console.print(fields)
     if task["attempts"]:
-        attempts = Table("attempt", "worker", "started", "finished", "outcome", "error")
-        for a in task["attempts"]:
-            error = a["error"]["class"] if a["error"] else ""
-            attempts.add_row(
-                str(a["attempt"]),
-                a["worker"] or "",
-                fmt_ms(a["started_ms"]),
-                fmt_ms(a["finished_ms"]),
-                a["outcome"] or "running",
-                error or "",
-            )
-        console.print(attempts)
+        console.print(_attempts_table(task["attempts"]))
+
+
+def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
+    """One row per attempt that fits an 80-column terminal: when it started, how long it took,
+    how it ended and why; error and worker fold rather than being cut."""
+    table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold")
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("took", justify="right", no_wrap=True)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("error", overflow="fold", ratio=2)
+    table.add_column("worker", overflow="fold", ratio=1)
+    for a in attempts:
+        started, finished = a["started_ms"], a["finished_ms"]
+        took = fmt_took(finished - started) if started is not None and finished else ""
+        table.add_row(
+            str(a["attempt"]),
+            fmt_clock(started, millis=True),
+            took,
+            a["outcome"] or "running",
+            _why(a["error"]),
+            a["worker"] or "",
+        )
+    return table
+
+
+def _why(error: dict[str, Any] | None) -> str:
+    """An attempt's error class and the first line of its message."""
+    if error is None:
+        return ""
+    first_line = (error["message"] or "").partition("\n")[0]
+    return f"{error['class']}: {first_line[:200]}"
 
 
 def _short_json(value: Any, limit: int = 120) -> str:
@@ -166,20 +188,20 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
     shows only when some task is not on the default queue."""
     apps = len({t["app"] for t in tasks}) > 1
     queues = any(t["queue"] != "default" for t in tasks)
-    table = Table(id_column("task_id"), box=None, padding=(0, 1, 0, 0), header_style="bold")
+    table = Table(
+        id_column("task_id"), box=None, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold"
+    )
     table.add_column("task", overflow="fold")
     if queues:
         table.add_column("queue", overflow="fold")
     table.add_column("status", no_wrap=True)
     table.add_column("att", justify="right", no_wrap=True)
     table.add_column("created", no_wrap=True)
-    today = datetime.now().date()
     for t in tasks:
-        created = datetime.fromtimestamp(t["created_ms"] / 1000)
-        when = created.strftime("%H:%M:%S" if created.date() == today else "%Y-%m-%d %H:%M")
         task = f"{t['app']}:{t['task_type']}" if apps else t["task_type"]
         queue = [t["queue"]] if queues else []
-        table.add_row(t["task_id"], task, *queue, t["status"], str(t["attempt"]), when)
+        created = fmt_clock(t["created_ms"])
+        table.add_row(t["task_id"], task, *queue, t["status"], str(t["attempt"]), created)
     return table
 
 
