@@ -35,7 +35,7 @@ class Dispatcher:
         self._dealt: dict[tuple[str, str, str], tuple[Entry, int]] = {}
         self._claims: dict[str, tuple[Entry, LeaseRequest]] = {}  # proposed, not yet applied
         self.granted = 0
-        pool.dispatchers.append(self)
+        pool.register(self)
 
     @property
     def leading(self) -> bool:

@@ -115,6 +115,11 @@ class WaitingPool:
         self.mail = Mailboxes(self._live, self._touch)
         self._by_partition: dict[int, Dispatcher] = {}
 
+    def register(self, dispatcher: Dispatcher) -> None:
+        """A partition's dispatcher joins the deal."""
+        self.dispatchers.append(dispatcher)
+        self._by_partition[dispatcher.partition] = dispatcher
+
     def apps(self) -> set[str]:
         """The lanes some waiting entry takes from."""
         return {lane for e in self.entries.values() for lane in e.lanes}
@@ -255,8 +260,6 @@ class WaitingPool:
             dispatcher.touch(lease)
 
     def _dispatcher(self, lease: Lease) -> Dispatcher | None:
-        if not self._by_partition:
-            self._by_partition = {d.partition: d for d in self.dispatchers}
         return self._by_partition.get(lease.partition)
 
     def deal(self) -> None:
