@@ -183,6 +183,9 @@ def bench_engine(
     tasks: Annotated[int, typer.Option("--tasks", min=1)] = 200_000,
     partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
     backlog: Annotated[int, typer.Option("--backlog", min=0, help="Enqueue-only run")] = 0,
+    single: Annotated[
+        int, typer.Option("--single", min=1, help="Tasks run one at a time, before and after")
+    ] = 200,
     as_json: JsonOpt = False,
 ) -> None:
     """Enqueue -> lease -> complete through the engine, without HTTP.
@@ -193,8 +196,10 @@ def bench_engine(
     if backlog:
         result = asyncio.run(run(tasks=backlog, partitions=partitions, backlog=True))
     else:
-        result = asyncio.run(run(tasks=tasks, partitions=partitions))
+        result = asyncio.run(run(tasks=tasks, partitions=partitions, single=single))
     _print_result(result, as_json)
+    if not (result.get("all_succeeded") or result.get("all_enqueued")):
+        raise fail(f"not every task ended as expected: {result['statuses']}")
 
 
 def bench_fanout(

@@ -4,6 +4,12 @@ One process, no HTTP, no guests: it measures the engine itself. Enqueuers append
 1,000 tasks while in-process agents long-poll with a large capacity and complete what they get
 at once. The figure counts from the first enqueue to the last SUCCEEDED, and the run checks
 that every task ended SUCCEEDED.
+
+Before and after that run, ``single`` tasks go through one at a time (enqueue, poll, complete,
+then the next): the main thread's CPU per task there is the cost of a record that batching
+hides, on a fresh node and on one that has drained the run (``single_cpu_us_fresh``,
+``single_cpu_us_drained``). The two should be close: state that degrades with history (a
+scan walking the tombstones of finished tasks) shows as the second growing.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ import psutil
 
 from conveyor.schemas.types import Completion, Outcome, TaskSpec, TaskStatus
 from conveyor.streams.node import Node
+from conveyor.streams.processor.pool import Lease
 from conveyor.streams.routing import mint_task_id
 
 ENQUEUE_BATCH = 1_000
+SINGLE_APP = "single"  # the one-at-a-time tasks, apart from the run's
 
 
 async def bench_engine(
@@ -31,6 +39,7 @@ async def bench_engine(
     capacity: int = 1_000,
     enqueuers: int = 4,
     backlog: bool = False,
+    single: int = 200,
     home: str | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as tmp:
@@ -38,7 +47,12 @@ async def bench_engine(
         await node.start()
         node.tune_gc()
         try:
-            return await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
+            if backlog:
+                return await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
+            fresh = await _one_at_a_time(node, single)
+            result = await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
+            drained = await _one_at_a_time(node, single)
+            return {**result, "single_cpu_us_fresh": fresh, "single_cpu_us_drained": drained}
         finally:
             await node.stop()
 
@@ -114,9 +128,34 @@ async def _run(
     }
 
 
+async def _one_at_a_time(node: Node, n: int) -> float:
+    """Main-thread CPU microseconds per task of ``n`` tasks run one after another."""
+    start = time.thread_time()
+    for i in range(n):
+        spec = TaskSpec(
+            task_id=mint_task_id(i % node.partitions),
+            tenant="bench",
+            app=SINGLE_APP,
+            task_type="noop",
+            payload=b"{}",
+        )
+        await node.enqueue([spec])
+        leases: list[Lease] = []
+        while not leases:
+            leases = await node.poll(
+                agent_id="single", app=SINGLE_APP, tenants=[], queues=[], capacity=1, wait_ms=100
+            )
+        (lease,) = leases
+        done = Completion(task_id=lease.task_id, lease_id=lease.lease_id, outcome=Outcome.SUCCEEDED)
+        await node.complete([done])
+    return round((time.thread_time() - start) / max(n, 1) * 1e6, 1)
+
+
 def _count_statuses(node: Node) -> dict[str, int]:
+    """Statuses of the run's tasks (the one-at-a-time ones are apart)."""
     counts: dict[str, int] = {}
     for p in range(node.partitions):
         for task in node.tables(p).tasks():
-            counts[task.status.value] = counts.get(task.status.value, 0) + 1
+            if task.app != SINGLE_APP:
+                counts[task.status.value] = counts.get(task.status.value, 0) + 1
     return counts
