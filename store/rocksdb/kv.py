@@ -38,8 +38,8 @@ class RocksKV:
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         # The upper bound stops the iterator at the prefix's end. Without it, finding that
         # the prefix has no more keys means stepping to the next live key of the whole
-        # keyspace, over every tombstone in between (a drained queue, a lapsed index): a
-        # 5 ms walk where the bounded scan takes 2 µs.
+        # keyspace, over every tombstone in between (a drained queue, the leased index of
+        # every finished task): 5.6 ms past 100,000 of them, where the bounded scan takes 2 µs.
         bound = successor(prefix)
         if bound is None:
             it = self._db.iter()
