@@ -149,9 +149,9 @@ def _write_long(n: int) -> bytes:
     z = (n << 1) ^ (n >> 63)
     if z < 0x4000:
         return _LAST[z]
-    if z < 0x1000_0000:
+    if z < 1 << 28:
         return _MORE[z & 0x3FFF] + _LAST[z >> 14]
-    if z < 0x40_0000_0000:
+    if z < 1 << 42:  # a time in ms since 1970 (z ~ 2^41.7) takes this path, not the loop
         return _MORE[z & 0x3FFF] + _MORE[(z >> 14) & 0x3FFF] + _LAST[z >> 28]
     chunks = []
     while z >= 0x4000:

@@ -712,6 +712,7 @@ def test_bad_enum_index_and_bad_utf8_are_refused() -> None:
 # Where the writer changes its path (small, 14-bit chunks) and where a varint grows a byte.
 BOUNDARIES = [0, 1, -1, 0x1FFF, 0x2000, -0x2000, -0x2001, 2**63 - 1, -(2**63)]
 BOUNDARIES += [s * 2 ** (7 * k) + d for k in range(9) for d in (-1, 0) for s in (1, -1)]
+BOUNDARIES += [s * 2 ** (b - 1) + d for b in (28, 42) for d in (-1, 0) for s in (1, -1)]
 
 
 @given(n=I64 | st.sampled_from(BOUNDARIES))
