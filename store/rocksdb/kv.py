@@ -48,11 +48,8 @@ class RocksKV:
             options.set_iterate_upper_bound(bound)
             it = self._db.iter(options)
         it.seek(start if start is not None and start > prefix else prefix)
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                return
-            yield key, it.value()
+        while it.valid():  # every key below the bound starts with the prefix
+            yield it.key(), it.value()
             it.next()
 
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
@@ -74,7 +71,8 @@ class RocksKV:
 
 
 def successor(prefix: bytes) -> bytes | None:
-    """The least key above every key that starts with ``prefix`` (None: there is none)."""
+    """The least key above every key that starts with ``prefix``. None when there is none (the
+    prefix is empty or all 0xff): then every key from the prefix on starts with it."""
     stripped = prefix.rstrip(b"\xff")
     if not stripped:
         return None
