@@ -47,12 +47,12 @@ async def bench_engine(
         await node.start()
         node.tune_gc()
         try:
-            if backlog:
-                return await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
-            fresh = await _one_at_a_time(node, single)
+            fresh = None if backlog else await _one_at_a_time(node, single)
             result = await _run(node, tasks, partitions, agents, capacity, enqueuers, backlog)
-            drained = await _one_at_a_time(node, single)
-            return {**result, "single_cpu_us_fresh": fresh, "single_cpu_us_drained": drained}
+            if fresh is not None:
+                result["single_cpu_us_fresh"] = fresh
+                result["single_cpu_us_drained"] = await _one_at_a_time(node, single)
+            return result
         finally:
             await node.stop()
 
