@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Column
+from rich.table import Column, Table
 
 # soft_wrap: never break a task id or an API key across lines, even on a pipe.
 console = Console(highlight=False, soft_wrap=True)
@@ -154,6 +154,11 @@ def fmt_took(ms: int) -> str:
     if ms < 60_000:
         return f"{ms / 1000:.1f} s"
     return f"{ms // 60_000} min {ms % 60_000 // 1000:02d} s"
+
+
+def plain_table(*columns: Column | str) -> Table:
+    """A table for narrow terminals: no borders, one space between columns."""
+    return Table(*columns, box=None, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold")
 
 
 def id_column(name: str) -> Column:

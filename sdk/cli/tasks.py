@@ -23,6 +23,7 @@ from conveyor.cli.common import (
     fmt_ms,
     fmt_took,
     id_column,
+    plain_table,
     print_json,
 )
 from conveyor.durations import to_ms
@@ -113,7 +114,7 @@ def get(
 def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
     """One row per attempt that fits an 80-column terminal: when it started, how long it took,
     how it ended and why; error and worker fold rather than being cut."""
-    table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold")
+    table = plain_table()
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("took", justify="right", no_wrap=True)
@@ -188,9 +189,7 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
     shows only when some task is not on the default queue."""
     apps = len({t["app"] for t in tasks}) > 1
     queues = any(t["queue"] != "default" for t in tasks)
-    table = Table(
-        id_column("task_id"), box=None, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold"
-    )
+    table = plain_table(id_column("task_id"))
     table.add_column("task", overflow="fold")
     if queues:
         table.add_column("queue", overflow="fold")
