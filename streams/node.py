@@ -298,6 +298,7 @@ class Node:
         lease_ms: int = 30_000,
         wait_ms: float = 20_000,
         app_version: str | None = None,
+        slots: int | None = None,
     ) -> list[Lease]:
         return await self.pool.poll(
             agent_id=agent_id,
@@ -308,6 +309,7 @@ class Node:
             lease_ms=lease_ms,
             wait_ms=wait_ms,
             app_version=app_version,
+            slots=slots,
         )
 
     def heartbeat(self, task_id: str, lease_id: int) -> str:

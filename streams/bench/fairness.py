@@ -5,7 +5,9 @@ milliseconds while agents with a fixed number of slots (far below A's backlog) d
 Each task "runs" for ``task_ms``, or, with ``task_jitter`` j, for a duration drawn uniformly
 from ``task_ms`` x [1 - j, 1 + j] (seeded: the same draws every run). The figure is B's
 schedule-to-start (from its enqueue call to the lease in the agent's hands), p50 and p99, under A's
-backlog and on an idle engine.
+backlog and on an idle engine. The agent polls with its free slots and says how many it has in
+all, so the pool keeps headroom for B (``streams/processor/pool.py``); ``a_done_during_b`` is
+what A got done meanwhile, the price of that headroom.
 """
 
 from __future__ import annotations
@@ -134,7 +136,13 @@ async def _measure(
                 continue
             want, free = free, 0
             leases = await node.poll(
-                agent_id="fair", app="fair", tenants=[], queues=[], capacity=want, wait_ms=50
+                agent_id="fair",
+                app="fair",
+                tenants=[],
+                queues=[],
+                capacity=want,
+                wait_ms=50,
+                slots=slots,  # so the pool keeps headroom for B (pool.py)
             )
             free += want - len(leases)
             if free:

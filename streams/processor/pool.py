@@ -72,6 +72,7 @@ class Entry:
     key: AgentKey
     app_version: str | None = None
     lanes: list[str] = field(default_factory=list)  # lanes_of(app, app_version)
+    slots: int | None = None  # the agent's slots in all (see Headroom); None: not said
     claimed: int = 0  # slots in GrantLeases records not yet applied
     reserved: int = 0  # slots kept for late leases of the agent's earlier polls
     closed: bool = False  # timed out or cancelled: no new slots
@@ -84,6 +85,8 @@ class Entry:
 # them before it answers with what it holds (see the module's Rule).
 ANSWER_LINGER_MS = 1.0
 CLOSE_GRACE_MS = 250.0
+# Headroom: a tenant counts as active for an app this long after it last had ready work.
+ACTIVE_MS = 1_000.0
 
 
 class WaitingPool:
@@ -96,6 +99,16 @@ class WaitingPool:
     GrantLeases record, not one per partition). Tenant A's backlog in every partition costs
     tenant B one slot in two, not one partition's turn in eight. Inside a partition the state
     machine still orders by priority, then age.
+
+    Headroom: a poll that says its agent's ``slots`` in all keeps some of them from the
+    heaviest tenant while another tenant it serves is active (had ready work in the last
+    ``ACTIVE_MS``). The poll's capacity is the agent's free slots; the tenant holding more
+    leases on the node than all the other active ones together is dealt only what leaves
+    ``1 + (their leases)`` of them free, at most half the agent's slots. So a light tenant's
+    next task finds a free slot instead of waiting for the heavy tenant's tasks to end: with
+    tasks of equal length started by one poll, those end together, and the wait for a slot is
+    up to a whole task's length. The price is slots left idle while the light tenant has
+    nothing ready; with one tenant active, or none heavier than the rest, nothing is kept.
 
     Concurrency caps: ``caps(tenant)`` is the most leases the tenant may hold at once on this
     node (None: no cap). A slot goes to a capped tenant only while its live leases plus the
@@ -114,6 +127,8 @@ class WaitingPool:
         self._last_tenant: dict[str, str] = {}
         self.mail = Mailboxes(self._live, self._touch)
         self._by_partition: dict[int, Dispatcher] = {}
+        self._seen: dict[str, dict[str, float]] = {}  # app -> tenant -> last seen ready
+        self._recheck: asyncio.TimerHandle | None = None
 
     def register(self, dispatcher: Dispatcher) -> None:
         """A partition's dispatcher joins the deal."""
@@ -135,10 +150,12 @@ class WaitingPool:
         lease_ms: int,
         wait_ms: float,
         app_version: str | None = None,
+        slots: int | None = None,
     ) -> list[Lease]:
         """Between 1 and ``capacity`` leases from any partition once there are some (see the
         Rule), or none after ``wait_ms``; ``app_version``: the version the agent serves (see
-        Lanes). Late leases of this agent's earlier polls come first (``mailbox.py``)."""
+        Lanes); ``slots``: the agent's slots in all, ``capacity`` of them free (see the
+        class's Headroom). Late leases of this agent's earlier polls come first (``mailbox.py``)."""
         key: AgentKey = (agent_id, app, app_version, tuple(tenants), tuple(queues))
         self.mail.sweep(self.clock.monotonic_ms())
         late = self.mail.take(key, capacity)
@@ -159,6 +176,7 @@ class WaitingPool:
             future=asyncio.get_running_loop().create_future(),
             app_version=app_version,
             lanes=lanes_of(app, app_version),
+            slots=slots,
         )
         self.entries[entry.entry_id] = entry
         for dispatcher in self.dispatchers:
@@ -274,6 +292,7 @@ class WaitingPool:
                     room[tenant] = cap - sum(d.holding(tenant) for d in self.dispatchers)
                 if room.get(tenant, 1) <= 0:
                     del holders[tenant]
+            allow = self._headroom(entry, holders)
             stay: dict[str, tuple[Dispatcher, str]] = {}
             while entry.remaining > 0 and holders:
                 dispatcher, tenant, lane = self._next(entry.app, holders, stay)
@@ -284,9 +303,51 @@ class WaitingPool:
                     room[tenant] -= 1
                     if room[tenant] <= 0:
                         holders.pop(tenant, None)
+                if allow is not None and tenant == allow[0]:
+                    allow = (tenant, allow[1] - 1)
+                    if allow[1] <= 0:
+                        holders.pop(tenant, None)
         for dispatcher in self.dispatchers:
             if id(dispatcher) in woken:
                 dispatcher.wake()
+
+    def _headroom(
+        self, entry: Entry, holders: dict[str, list[tuple[Dispatcher, str]]]
+    ) -> tuple[str, int] | None:
+        """(the heaviest tenant, the slots it may be dealt from ``entry``), or None: no
+        headroom to keep. See Headroom in the class's docstring."""
+        if entry.slots is None or entry.slots < 2:
+            return None
+        now = self.clock.monotonic_ms()
+        seen = self._seen.setdefault(entry.app, {})
+        for tenant in holders:
+            seen[tenant] = now
+        for tenant in [t for t, at in seen.items() if now - at > ACTIVE_MS]:
+            del seen[tenant]
+        served = [t for t in seen if not entry.tenants or t in entry.tenants]
+        held = {t: sum(d.holding(t) for d in self.dispatchers) for t in served}
+        if len(held) < 2:
+            return None
+        heaviest = max(held, key=held.__getitem__)
+        others = sum(n for t, n in held.items() if t != heaviest)
+        if others >= held[heaviest]:
+            return None  # no tenant holds more than the rest together: nothing to keep
+        keep = min(entry.slots // 2, 1 + others)
+        allow = entry.remaining - keep
+        if allow <= 0 and holders.pop(heaviest, None) is not None:
+            self._recheck_headroom()
+        return heaviest, allow
+
+    def _recheck_headroom(self) -> None:
+        """Deal again once the light tenants may have gone quiet: a poll held back for them
+        should not wait out its whole long-poll after they stop."""
+        if self._recheck is None:
+            loop = asyncio.get_running_loop()
+            self._recheck = loop.call_later(ACTIVE_MS / 1000, self._rechecked)
+
+    def _rechecked(self) -> None:
+        self._recheck = None
+        self.deal()
 
     def _holders(self, entry: Entry) -> dict[str, list[tuple[Dispatcher, str]]]:
         """Tenant -> the (leading partition, lane) pairs with ready work of it for this

@@ -17,10 +17,18 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from conveyor.schemas import codec
-from conveyor.schemas.types import EnqueueTasks, TaskSpec, TaskStatus
+from conveyor.schemas.types import (
+    CompleteAttempts,
+    Completion,
+    EnqueueTasks,
+    Outcome,
+    TaskSpec,
+    TaskStatus,
+)
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.processor import pool
 from conveyor.streams.processor.loop import PartitionProcessor
 from conveyor.streams.processor.pool import Lease, WaitingPool
 from conveyor.streams.routing import mint_task_id
@@ -62,14 +70,16 @@ class Cluster:
             for p in range(2)
         ]
 
-    async def enqueue(self, partition: int) -> str:
-        spec = TaskSpec(task_id=mint_task_id(partition), tenant="t", app="app", task_type="job")
+    async def enqueue(self, partition: int, tenant: str = "t") -> str:
+        spec = TaskSpec(task_id=mint_task_id(partition), tenant=tenant, app="app", task_type="job")
         record = EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec)])
         (reply,) = await self.procs[partition].submit(record, spec.task_id)
         assert reply.ok
         return spec.task_id
 
-    async def poll(self, capacity: int, wait_ms: float = 3_000) -> list[Lease]:
+    async def poll(
+        self, capacity: int, wait_ms: float = 3_000, slots: int | None = None
+    ) -> list[Lease]:
         return await self.pool.poll(
             agent_id="agent",
             app="app",
@@ -78,7 +88,14 @@ class Cluster:
             capacity=capacity,
             lease_ms=LEASE_MS,
             wait_ms=wait_ms,
+            slots=slots,
         )
+
+    async def complete(self, lease: Lease) -> None:
+        done = Completion(task_id=lease.task_id, lease_id=lease.lease_id, outcome=Outcome.SUCCEEDED)
+        record = CompleteAttempts(items=[done])
+        (reply,) = await self.procs[lease.partition].submit(record, lease.task_id)
+        assert reply.ok
 
     def status(self, task_id: str) -> TaskStatus:
         task = self.procs[int(task_id[:4], 16)].read_task(task_id)
@@ -214,5 +231,36 @@ def test_one_polls_slots_of_a_tenant_come_from_one_partition() -> None:
             assert sorted(grants) == [0, 1], "one GrantLeases record"
             more = await c.poll(capacity=3)
             assert {lease.partition for lease in more} == {1 - leases[0].partition}
+
+    run(body)
+
+
+def test_a_poll_keeps_headroom_from_the_heaviest_tenant_while_another_is_active() -> None:
+    """Headroom (pool.py): with tenant A holding most of an agent's slots and tenant B active,
+    the agent's last free slot is not dealt to A; B's next task gets it at once. Once B has
+    been quiet for ACTIVE_MS, A may have it; a poll that does not say its slots keeps none."""
+
+    async def body() -> None:
+        async with cluster() as c:
+            for _ in range(8):
+                await c.enqueue(0, tenant="A")
+            await c.enqueue(1, tenant="B")
+            first = await c.poll(capacity=4, slots=4)
+            assert sorted(lease.tenant for lease in first) == ["A", "A", "A", "B"]
+            # B's lease ends; A holds 3 of the agent's 4 slots, B is still active.
+            (b_lease,) = [lease for lease in first if lease.tenant == "B"]
+            await c.complete(b_lease)
+            assert await c.poll(capacity=1, slots=4, wait_ms=100) == [], "kept for B"
+            waiting = asyncio.create_task(c.poll(capacity=1, slots=4))
+            await until(lambda: len(c.pool.entries) == 1, "the poll to wait")
+            b_task = await c.enqueue(1, tenant="B")
+            assert [lease.task_id for lease in await waiting] == [b_task]
+            # Without ``slots`` the pool cannot tell a last slot from an agent's only one.
+            (a_lease,) = await c.poll(capacity=1, wait_ms=100)
+            assert a_lease.tenant == "A"
+            # B quiet for ACTIVE_MS: nothing is kept any more.
+            c.clock.advance(pool.ACTIVE_MS + 1)
+            (a_lease,) = await c.poll(capacity=1, slots=4, wait_ms=100)
+            assert a_lease.tenant == "A"
 
     run(body)
