@@ -108,7 +108,9 @@ class WaitingPool:
     next task finds a free slot instead of waiting for the heavy tenant's tasks to end: with
     tasks of equal length started by one poll, those end together, and the wait for a slot is
     up to a whole task's length. The price is slots left idle while the light tenant has
-    nothing ready; with one tenant active, or none heavier than the rest, nothing is kept.
+    nothing ready; with one tenant active, or none heavier than the rest, nothing is kept. An
+    agent that would rather keep all its slots busy leaves ``slots`` out. Agents behind the
+    gateway serve one tenant each (their API key's), so this is for agents serving several.
 
     Concurrency caps: ``caps(tenant)`` is the most leases the tenant may hold at once on this
     node (None: no cap). A slot goes to a capped tenant only while its live leases plus the
