@@ -294,7 +294,7 @@ class WaitingPool:
                     room[tenant] = cap - sum(d.holding(tenant) for d in self.dispatchers)
                 if room.get(tenant, 1) <= 0:
                     del holders[tenant]
-            allow = self._headroom(entry, holders)
+            heavy, allowed = self._headroom(entry, holders)
             stay: dict[str, tuple[Dispatcher, str]] = {}
             while entry.remaining > 0 and holders:
                 dispatcher, tenant, lane = self._next(entry.app, holders, stay)
@@ -305,9 +305,9 @@ class WaitingPool:
                     room[tenant] -= 1
                     if room[tenant] <= 0:
                         holders.pop(tenant, None)
-                if allow is not None and tenant == allow[0]:
-                    allow = (tenant, allow[1] - 1)
-                    if allow[1] <= 0:
+                if tenant == heavy:
+                    allowed -= 1
+                    if allowed <= 0:
                         holders.pop(tenant, None)
         for dispatcher in self.dispatchers:
             if id(dispatcher) in woken:
@@ -315,11 +315,11 @@ class WaitingPool:
 
     def _headroom(
         self, entry: Entry, holders: dict[str, list[tuple[Dispatcher, str]]]
-    ) -> tuple[str, int] | None:
-        """(the heaviest tenant, the slots it may be dealt from ``entry``), or None: no
-        headroom to keep. See Headroom in the class's docstring."""
+    ) -> tuple[str | None, int]:
+        """(the heaviest tenant, the slots it may be dealt from ``entry``), or (None, 0) when
+        there is no headroom to keep. See Headroom in the class's docstring."""
         if entry.slots is None or entry.slots < 2:
-            return None
+            return None, 0
         now = self.clock.monotonic_ms()
         seen = self._seen.setdefault(entry.app, {})
         for tenant in holders:
@@ -329,11 +329,11 @@ class WaitingPool:
         served = [t for t in seen if not entry.tenants or t in entry.tenants]
         held = {t: sum(d.holding(t) for d in self.dispatchers) for t in served}
         if len(held) < 2:
-            return None
+            return None, 0
         heaviest = max(held, key=held.__getitem__)
         others = sum(n for t, n in held.items() if t != heaviest)
         if others >= held[heaviest]:
-            return None  # no tenant holds more than the rest together: nothing to keep
+            return None, 0  # no tenant holds more than the rest together: nothing to keep
         keep = min(entry.slots // 2, 1 + others)
         allow = entry.remaining - keep
         if allow <= 0 and holders.pop(heaviest, None) is not None:
