@@ -127,6 +127,7 @@ class FanOutRequest:
     children: list[Any]
 
 
+_OUTCOMES = {o.value: o for o in Outcome}  # looked up per completion: built once
 _COMPLETION_FIELDS = frozenset(
     {"outcome", "result", "error", "retry_after_ms", "sleep", "log", "fan_out", "wait"}
 )
@@ -140,17 +141,17 @@ def parse_complete(body: Any) -> list[CompletionRequest]:
 
 def _completion(item: Any, path: str) -> CompletionRequest:
     f, ref = _lease_ref(item, path, _COMPLETION_FIELDS)
-    outcome = f.raw("outcome")
-    known = [o.value for o in Outcome]
-    if not isinstance(outcome, str) or outcome not in known:
-        raise invalid(f.at("outcome"), f"must be one of {'|'.join(known)}, got {describe(outcome)}")
+    raw = f.raw("outcome")
+    outcome = _OUTCOMES.get(raw) if isinstance(raw, str) else None
+    if outcome is None:
+        raise invalid(f.at("outcome"), f"must be one of {'|'.join(_OUTCOMES)}, got {describe(raw)}")
     error = f.obj("error", {"class", "message", "stack"})
     check_not_marker(f.raw("result"), f.at("result"))
     return CompletionRequest(
         path=path,
         task_id=ref.task_id,
         lease_id=ref.lease_id,
-        outcome=Outcome(outcome),
+        outcome=outcome,
         result=f.raw("result"),
         error_class=error.opt_text("class", bytes_max=ERROR_CLASS_BYTES_MAX) if error else None,
         error_message=error.opt_text("message", bytes_max=ERROR_MESSAGE_BYTES_MAX)
