@@ -289,37 +289,40 @@ class WaitingPool:
             if entry.remaining <= 0 or entry.closed or entry.answered:
                 continue
             holders = self._holders(entry)
-            for tenant in list(holders):
+            for tenant in holders:
                 if tenant not in room and (cap := self.caps(tenant)) is not None:
-                    room[tenant] = cap - sum(d.holding(tenant) for d in self.dispatchers)
-                if room.get(tenant, 1) <= 0:
-                    del holders[tenant]
-            heavy, allowed = self._headroom(entry, holders)
+                    room[tenant] = cap - self._holding(tenant)
+            # What a tenant may still be dealt: node-wide (caps), and from this entry alone
+            # (headroom); a tenant leaves the deal when either is spent.
+            budgets = (room, self._headroom(entry, holders))
+            for tenant in [t for t in holders if any(b.get(t, 1) <= 0 for b in budgets)]:
+                del holders[tenant]
             stay: dict[str, tuple[Dispatcher, str]] = {}
             while entry.remaining > 0 and holders:
                 dispatcher, tenant, lane = self._next(entry.app, holders, stay)
                 dispatcher.assign(entry, tenant, lane)
                 entry.remaining -= 1
                 woken.add(id(dispatcher))
-                if tenant in room:
-                    room[tenant] -= 1
-                    if room[tenant] <= 0:
-                        holders.pop(tenant, None)
-                if tenant == heavy:
-                    allowed -= 1
-                    if allowed <= 0:
-                        holders.pop(tenant, None)
+                for budget in budgets:
+                    if tenant in budget:
+                        budget[tenant] -= 1
+                        if budget[tenant] <= 0:
+                            holders.pop(tenant, None)
         for dispatcher in self.dispatchers:
             if id(dispatcher) in woken:
                 dispatcher.wake()
 
+    def _holding(self, tenant: str) -> int:
+        """The tenant's live leases on this node, plus slots dealt or in flight for it."""
+        return sum(d.holding(tenant) for d in self.dispatchers)
+
     def _headroom(
         self, entry: Entry, holders: dict[str, list[tuple[Dispatcher, str]]]
-    ) -> tuple[str | None, int]:
-        """(the heaviest tenant, the slots it may be dealt from ``entry``), or (None, 0) when
+    ) -> dict[str, int]:
+        """{the heaviest tenant: the slots it may be dealt from ``entry``}, or nothing when
         there is no headroom to keep. See Headroom in the class's docstring."""
         if entry.slots is None or entry.slots < 2:
-            return None, 0
+            return {}
         now = self.clock.monotonic_ms()
         seen = self._seen.setdefault(entry.app, {})
         for tenant in holders:
@@ -327,18 +330,17 @@ class WaitingPool:
         for tenant in [t for t, at in seen.items() if now - at > ACTIVE_MS]:
             del seen[tenant]
         served = [t for t in seen if not entry.tenants or t in entry.tenants]
-        held = {t: sum(d.holding(t) for d in self.dispatchers) for t in served}
+        held = {t: self._holding(t) for t in served}
         if len(held) < 2:
-            return None, 0
+            return {}
         heaviest = max(held, key=held.__getitem__)
         others = sum(n for t, n in held.items() if t != heaviest)
         if others >= held[heaviest]:
-            return None, 0  # no tenant holds more than the rest together: nothing to keep
-        keep = min(entry.slots // 2, 1 + others)
-        allow = entry.remaining - keep
-        if allow <= 0 and holders.pop(heaviest, None) is not None:
+            return {}  # no tenant holds more than the rest together: nothing to keep
+        allow = entry.remaining - min(entry.slots // 2, 1 + others)
+        if allow <= 0 and heaviest in holders:
             self._recheck_headroom()
-        return heaviest, allow
+        return {heaviest: allow}
 
     def _recheck_headroom(self) -> None:
         """Deal again once the light tenants may have gone quiet: a poll held back for them
