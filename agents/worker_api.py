@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 from conveyor.agents.sandbox import read_log_tail
+from conveyor.ahttp import TRANSPORT_ERRORS, Session
 from conveyor.client import backoff_s, parse, retry_after_ms
 from conveyor.errors import TransientError
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
@@ -212,17 +211,11 @@ class HttpWorkerAPI:
         *,
         timeout: float = 30.0,
         retry_for_s: float = 60.0,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url
         self.retry_for_s = retry_for_s
         self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=url,
-            headers={"Authorization": f"Bearer {api_key}"},
-            timeout=timeout,
-            transport=transport,
-        )
+        self._http = Session(url, {"Authorization": f"Bearer {api_key}"}, timeout)
 
     async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
         loop = asyncio.get_running_loop()
@@ -230,11 +223,11 @@ class HttpWorkerAPI:
         attempt = 0
         while True:
             try:
-                response = await self._http.post(path, json=body, timeout=timeout or self._timeout)
-                if response.status_code != 503:
-                    return parse(response)
-                delay, why = backoff_s(attempt, retry_after_ms(response)), "503"
-            except httpx.TransportError as exc:
+                reply = await self._http.request("POST", path, body=body, timeout=timeout)
+                if reply.status != 503:
+                    return parse(reply.status, reply.content, reply.headers)
+                delay, why = backoff_s(attempt, retry_after_ms(reply.headers)), "503"
+            except TRANSPORT_ERRORS as exc:
                 delay, why = backoff_s(attempt), repr(exc)
             if loop.time() + delay > give_up:
                 raise TransientError(f"POST {path}: gave up after {attempt + 1} tries: {why}")
@@ -310,4 +303,4 @@ class HttpWorkerAPI:
         return results_from_json(await self._post("/worker/steps", body))
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()

@@ -10,8 +10,7 @@ from types import TracebackType
 from typing import Any, Unpack
 from urllib.parse import quote
 
-import httpx
-
+from conveyor.ahttp import NOT_SENT_ERRORS, TRANSPORT_ERRORS, Session
 from conveyor.app import TaskType
 from conveyor.client import (
     DEFAULT_URL,
@@ -75,7 +74,6 @@ class AsyncClient:
         app: str | None = None,
         timeout: float = 30.0,
         retries: int = 5,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
         key = api_key or os.environ.get("CONVEYOR_API_KEY") or local_dev_key()
@@ -83,9 +81,7 @@ class AsyncClient:
         self.app = app
         self.retries = retries
         self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout, transport=transport
-        )
+        self._http = Session(self.url, headers, timeout)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -96,7 +92,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     async def _send(
         self,
@@ -111,18 +107,18 @@ class AsyncClient:
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                response = await self._http.request(
-                    method, path, json=body, params=params, timeout=timeout or self._timeout
+                reply = await self._http.request(
+                    method, path, body=body, params=params, timeout=timeout
                 )
-            except httpx.TransportError as exc:
-                if last or not (idempotent or isinstance(exc, httpx.ConnectError)):
+            except TRANSPORT_ERRORS as exc:
+                if last or not (idempotent or isinstance(exc, NOT_SENT_ERRORS)):
                     raise TransientError(f"{method} {path}: {exc!r}") from exc
                 await asyncio.sleep(backoff_s(attempt))
                 continue
-            if response.status_code in RETRIED_STATUSES and not last:
-                await asyncio.sleep(backoff_s(attempt, retry_after_ms(response)))
+            if reply.status in RETRIED_STATUSES and not last:
+                await asyncio.sleep(backoff_s(attempt, retry_after_ms(reply.headers)))
                 continue
-            return parse(response)
+            return parse(reply.status, reply.content, reply.headers)
         raise AssertionError("unreachable")
 
     async def enqueue(

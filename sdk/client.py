@@ -13,7 +13,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Unpack
@@ -53,23 +53,23 @@ def backoff_s(attempt: int, retry_after_ms: int | None = None) -> float:
     return random.uniform(0.0, min(2.0, 0.1 * 2**attempt))
 
 
-def retry_after_ms(response: httpx.Response) -> int | None:
-    raw = response.headers.get("retry-after")
+def retry_after_ms(headers: Mapping[str, str]) -> int | None:
+    raw = headers.get("retry-after")
     try:
         return None if raw is None else int(float(raw) * 1000)
     except ValueError:
         return None
 
 
-def parse(response: httpx.Response) -> Any:
+def parse(status: int, content: bytes, headers: Mapping[str, str]) -> Any:
     """The JSON of a 2xx reply; any other status raises the mapped ConveyorError."""
     try:
-        body = response.json() if response.content else {}
+        body = json.loads(content) if content else {}
     except ValueError:
         body = None
-    if response.is_success:
+    if 200 <= status < 300:
         return body
-    raise error_from_reply(response.status_code, body, retry_after_ms(response))
+    raise error_from_reply(status, body, retry_after_ms(headers))
 
 
 def items_of(items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]) -> list[Enqueue]:
@@ -178,9 +178,9 @@ class Client:
                 time.sleep(backoff_s(attempt))
                 continue
             if response.status_code in RETRIED_STATUSES and not last:
-                time.sleep(backoff_s(attempt, retry_after_ms(response)))
+                time.sleep(backoff_s(attempt, retry_after_ms(response.headers)))
                 continue
-            return parse(response)
+            return parse(response.status_code, response.content, response.headers)
         raise AssertionError("unreachable")
 
     # -- enqueue ----------------------------------------------------------------------------

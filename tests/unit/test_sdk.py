@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 import conveyor
 from conveyor.context import Context
@@ -232,26 +234,40 @@ def test_checkpoints_must_be_json() -> None:
 
 class FlakyGateway:
     """Answers POST /v1/tasks: first by losing the ack (the request arrived, the reply did
-    not), then 503, then for real. Dedupes by idempotency key like the platform does."""
+    not), then 503, then for real. Dedupes by idempotency key like the platform does. Serves
+    the sync client as an ``httpx.MockTransport`` and the async one as a real aiohttp route."""
 
     def __init__(self, failures: list[str]) -> None:
         self.failures = failures
         self.bodies: list[dict[str, Any]] = []
         self.tasks: dict[str, str] = {}  # idempotency key -> task id
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """Status, JSON and headers of the reply; None when the ack is lost."""
         self.bodies.append(body)
         created = body["idempotency_key"] not in self.tasks
         task_id = self.tasks.setdefault(body["idempotency_key"], f"{len(self.tasks):032x}")
         if self.failures:
-            failure = self.failures.pop(0)
-            if failure == "lost-ack":
-                raise httpx.ReadError("connection reset by peer", request=request)
-            return httpx.Response(503, headers={"Retry-After": "0"}, json={"error": {}})
-        return httpx.Response(
-            201 if created else 200, json={"task_id": task_id, "created": created}
-        )
+            if self.failures.pop(0) == "lost-ack":
+                return None
+            return 503, {"error": {}}, {"Retry-After": "0"}
+        return 201 if created else 200, {"task_id": task_id, "created": created}, {}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        answer = self.answer(json.loads(request.content))
+        if answer is None:
+            raise httpx.ReadError("connection reset by peer", request=request)
+        status, body, headers = answer
+        return httpx.Response(status, headers=headers, json=body)
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        answer = self.answer(await request.json())
+        if answer is None:
+            assert request.transport is not None
+            request.transport.abort()  # the request arrived; no reply leaves
+            return web.Response()
+        status, body, headers = answer
+        return web.json_response(body, status=status, headers=headers)
 
 
 def test_transport_retries_reuse_the_minted_idempotency_key(
@@ -345,20 +361,20 @@ def test_result_long_polls_and_raises_task_failed() -> None:
 
 def test_async_client_retries_with_the_same_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("conveyor.aclient.backoff_s", lambda attempt, after=None: 0.0)
-    gateway = FlakyGateway(["lost-ack", "lost-ack"])
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        return gateway(request)
+    gateway = FlakyGateway(["lost-ack", "lost-ack", "503"])
+    server_app = web.Application()
+    server_app.router.add_post("/v1/tasks", gateway.serve)
 
     async def main() -> str:
-        transport = httpx.MockTransport(handler)
-        async with conveyor.AsyncClient("http://gw", "k", app="a", transport=transport) as c:
-            handle = await c.enqueue("t", {"x": 1})
-            return handle.id
+        async with TestServer(server_app, host="127.0.0.1") as server:
+            url = str(server.make_url("/"))
+            async with conveyor.AsyncClient(url, "k", app="a") as c:
+                handle = await c.enqueue("t", {"x": 1})
+                return handle.id
 
     task_id = asyncio.run(main())
     assert len({b["idempotency_key"] for b in gateway.bodies}) == 1
-    assert len(gateway.bodies) == 3 and task_id == next(iter(gateway.tasks.values()))
+    assert len(gateway.bodies) == 4 and task_id == next(iter(gateway.tasks.values()))
 
 
 def test_task_enqueue_uses_the_default_client() -> None:
