@@ -15,7 +15,9 @@ one after the other without a round trip to the agent. Frames sent to one guest 
 the loop go in one write. So a guest wakes once for several tasks, and the agent's writes seldom
 have to wake a guest: those wakeups were most of the CPU a no-op task cost (``conveyor bench
 e2e``: guests 0.25 -> 0.13 ms and agent 0.16 -> 0.11 ms of CPU per task with 3 queued; with 1,
-0.22 and 0.13). Only the running job (the first handed and not done) may report. A queued job
+0.22 and 0.13). The pool never holds more than ``size_max`` guests: a launch that finds every
+guest full, or still starting, waits for room. Only the running job (the first handed and not
+done) may report. A queued job
 - canceled: the guest never starts it and reports CANCELED;
 - killed (the cancel grace, a lost lease): the agent withdraws it; the guest is not killed;
 - waiting ``WITHDRAW_AFTER_S`` or more when another guest finishes a job: withdrawn and
@@ -416,6 +418,7 @@ class GuestPool:
         self._moving: set[asyncio.Task[None]] = set()
         self._rebalance_at: asyncio.TimerHandle | None = None
         self._rebalance_after = 0.0  # loop time
+        self._room = asyncio.Event()  # set when a guest may have room for a queued job
 
     async def start(self) -> None:
         (self.log_dir / "guests").mkdir(parents=True, exist_ok=True)
@@ -428,16 +431,23 @@ class GuestPool:
         return GuestSandbox(self, guest, job, hooks)
 
     async def _take(self, avoid: GuestProcess | None = None) -> GuestProcess:
-        while self.idle:
-            guest = self.idle.pop()
-            if guest.alive:
-                return guest
-            self.forget(guest)
-        if self.queued_max and len(self.guests) + self._spawning >= self.size_max:
+        while True:
+            while self.idle:
+                guest = self.idle.pop()
+                if guest.alive:
+                    return guest
+                self.forget(guest)
+            if not self.queued_max or len(self.guests) + self._spawning < self.size_max:
+                return await self._spawn()
             busy = self._room_behind(avoid)
             if busy is not None:
                 return busy
-        return await self._spawn()
+            # Every guest is full, or still starting: wait for room rather than start a guest
+            # past ``size_max``. A job ending makes room at once; a starting guest taking its
+            # first job, or a withdrawn one, by the next look.
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), REBALANCE_EVERY_S)
 
     def _room_behind(self, avoid: GuestProcess | None) -> GuestProcess | None:
         """A busy guest with room in its queue, whose running job was not asked to stop
@@ -454,6 +464,7 @@ class GuestPool:
         return found
 
     def release(self, guest: GuestProcess, *, reuse: bool) -> None:
+        self._room.set()
         keep = reuse and not self.fresh_process and not self._closing and guest.alive
         if keep and guest.attempts:
             self._rebalance()  # it starts its queued job now, and has room for another
@@ -526,6 +537,7 @@ class GuestPool:
         self._rebalance()
 
     def forget(self, guest: GuestProcess) -> None:
+        self._room.set()
         self.guests.pop(guest.pid, None)
         if guest in self.idle:
             self.idle.remove(guest)
@@ -550,13 +562,19 @@ class GuestPool:
         return env
 
     async def _spawn(self) -> GuestProcess:
-        self._spawning += 1
+        self._spawning += 1  # until its process joins ``guests``: a starting guest counts once
         try:
-            return await self._start_guest()
+            proc, serial, out_path, parent = await self._exec()
         finally:
             self._spawning -= 1
+        guest = GuestProcess(proc, serial, out_path)
+        self.guests[guest.pid] = guest
+        self.spawned += 1
+        await guest.connect(parent)
+        await self._hello(guest, out_path)
+        return guest
 
-    async def _start_guest(self) -> GuestProcess:
+    async def _exec(self) -> tuple[asyncio.subprocess.Process, int, Path, socket.socket]:
         serial = next(self._serial)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = ["--app", self.app_ref, "--fd", str(child.fileno())]
@@ -579,12 +597,7 @@ class GuestPool:
                 )
             finally:
                 child.close()
-        guest = GuestProcess(proc, serial, out_path)
-        self.guests[guest.pid] = guest
-        self.spawned += 1
-        await guest.connect(parent)
-        await self._hello(guest, out_path)
-        return guest
+        return proc, serial, out_path, parent
 
     async def _hello(self, guest: GuestProcess, out_path: Path) -> None:
         try:

@@ -126,3 +126,25 @@ def test_jobs_queued_behind_a_slow_one_run_elsewhere_while_it_runs(tmp_path: Pat
             assert (await r.finished(slow)).status == "CANCELED"
 
     run(main)
+
+
+def test_a_burst_starts_no_more_guests_than_the_concurrency(tmp_path: Path) -> None:
+    """More jobs than running and queued guests hold while guests are still starting: the
+    launches beyond that wait for room; none starts a guest past ``concurrency``."""
+
+    async def main() -> None:
+        async with rig(tmp_path, concurrency=3, prefetch=9) as r:
+            pool = pool_of(r)
+            most = 0
+
+            def all_done() -> bool:
+                nonlocal most
+                most = max(most, len(pool.guests))
+                return all(r.task(t).finished_ms is not None for t in burst)
+
+            burst = [await r.enqueue(agent_app.echo, i) for i in range(24)]
+            await until("the burst to finish", all_done)
+            assert {r.task(t).status for t in burst} == {"SUCCEEDED"}
+            assert most <= 3 and pool.spawned <= 3
+
+    run(main)
