@@ -448,6 +448,8 @@ class GuestPool:
             self._room.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), REBALANCE_EVERY_S)
+            if self._closing:  # no guest may start after ``close``
+                raise GuestStartError("the agent is stopping")
 
     def _room_behind(self, avoid: GuestProcess | None) -> GuestProcess | None:
         """A busy guest with room in its queue, whose running job was not asked to stop
