@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from conveyor.aclient import AsyncClient, AsyncTaskHandle
 from conveyor.app import App, Retry, TaskOptions, TaskType
-from conveyor.client import Client, TaskHandle, set_default_client
 from conveyor.context import Cancelled, Context, current_task
 from conveyor.durations import Duration
 from conveyor.errors import (
@@ -36,6 +34,8 @@ from conveyor.workflows import ChildError, ChildFailed, EventTimeout, WorkflowRe
 
 if TYPE_CHECKING:
     from conveyor import testing
+    from conveyor.aclient import AsyncClient, AsyncTaskHandle
+    from conveyor.client import Client, TaskHandle, set_default_client
 
 __all__ = [
     "App",
@@ -75,11 +75,24 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # ``conveyor.testing`` composes the whole platform (RocksDB, the log): import it only when
-    # a test asks for it, so ``import conveyor`` stays light for producers.
-    if name == "testing":
-        import importlib
+# Imported on first use, so that ``import conveyor`` stays light: ``conveyor.testing`` composes
+# the whole platform (RocksDB, the log), and the clients their HTTP libraries, which a guest
+# process (it imports the app, hence ``conveyor``) never uses: they were most of its start-up.
+_LAZY = {
+    "testing": ("conveyor.testing", None),
+    "AsyncClient": ("conveyor.aclient", "AsyncClient"),
+    "AsyncTaskHandle": ("conveyor.aclient", "AsyncTaskHandle"),
+    "Client": ("conveyor.client", "Client"),
+    "TaskHandle": ("conveyor.client", "TaskHandle"),
+    "set_default_client": ("conveyor.client", "set_default_client"),
+}
 
-        return importlib.import_module("conveyor.testing")
-    raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
+    import importlib
+
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attr is None else getattr(module, attr)

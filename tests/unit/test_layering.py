@@ -15,6 +15,8 @@ Every import counts: at module level, inside functions, under ``TYPE_CHECKING``.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,15 @@ def test_resolution_of_relative_and_from_imports() -> None:
     mods = {m for _, m in imports_of(path)}
     assert "conveyor.store.tables" in mods
     assert module_name(ROOT / "sdk" / "__init__.py") == "conveyor"
+
+
+def test_a_guest_imports_no_http_client_and_no_storage() -> None:
+    """A guest process imports its stub and the user's app (hence ``conveyor``), and nothing
+    that only producers or the node use: those imports were most of a guest's start-up."""
+    code = (
+        "import sys, conveyor, conveyor.agents.guest\n"
+        "heavy = {'httpx', 'aiohttp', 'rocksdict', 'asyncpg', 'conveyor.testing'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
