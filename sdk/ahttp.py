@@ -30,6 +30,8 @@ class Reply:
 
 
 class Session:
+    """Requests to one server (``url``), with the headers every request carries."""
+
     def __init__(self, url: str, headers: Mapping[str, str], timeout: float) -> None:
         self.url = url.rstrip("/")
         self._headers = dict(headers)
@@ -50,7 +52,7 @@ class Session:
         data = None
         headers = None
         if body is not None:
-            data = json.dumps(body).encode()
+            data = json.dumps(body, separators=(",", ":")).encode()
             headers = {"Content-Type": "application/json"}
         async with self._session.request(
             method,
