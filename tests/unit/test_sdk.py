@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 import conveyor
+from conveyor.ahttp import proxy_for
 from conveyor.context import Context
 from conveyor.durations import to_ms
 from conveyor.wire import Enqueue, enqueue_body
@@ -406,3 +407,15 @@ def test_a_workflow_resume_policy_is_checked_at_decoration_and_sent_when_pinned(
         return order
 
     assert "resume" not in enqueue_body(Enqueue(latest, 1), None)  # the default
+
+
+def test_the_async_clients_take_the_proxy_from_the_environment_like_the_sync_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,gw.near")
+    assert proxy_for("http://gw.far:7400") == "http://proxy.internal:3128"
+    assert proxy_for("http://gw.near:7400") is None
+    assert proxy_for("https://gw.far") is None  # no HTTPS_PROXY: straight there
+    monkeypatch.delenv("HTTP_PROXY")
+    assert proxy_for("http://gw.far:7400") is None
