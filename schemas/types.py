@@ -399,13 +399,6 @@ class Task:
     detail_written: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 
 
-# Resume policies: where a workflow's later attempts run (after a sleep, fan-in, event or
-# retry). Stored as plain strings (TaskSpec.resume, Task.resume).
-RESUME_LATEST = "latest"  # on any agent of its app
-RESUME_PINNED = "pinned"  # only on agents serving the app version its first lease went to
-RESUME_POLICIES = (RESUME_LATEST, RESUME_PINNED)
-
-
 class CancelCause(StrEnum):
     """Why a LEASED task was asked to stop; decides where it goes when the grace ends."""
 

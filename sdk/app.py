@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, ov
 
 from conveyor.durations import Duration, to_ms, to_ms_or_none
 from conveyor.errors import ContractError
-from conveyor.schemas.types import RESUME_POLICIES
+from conveyor.schemas.resume import RESUME_POLICIES
 
 if TYPE_CHECKING:
     from conveyor.client import TaskHandle

@@ -13,7 +13,8 @@ workflow never silently moves to another version. The API shows what it waits fo
 
 from __future__ import annotations
 
-from conveyor.schemas.types import RESUME_PINNED, Task
+from conveyor.schemas.resume import RESUME_PINNED
+from conveyor.schemas.types import Task
 
 # Apps and versions are printable names: a NUL cannot occur in either, so no app name can
 # collide with a pinned lane.

@@ -10,8 +10,9 @@ from functools import cache
 from typing import Any
 
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
+from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
-from conveyor.schemas.types import RESUME_POLICIES, Outcome, TaskStatus
+from conveyor.schemas.types import Outcome, TaskStatus
 from conveyor.streams.gateway import fields, payloads, validation, worker_requests
 from conveyor.streams.gateway.errors import ERRORS
 

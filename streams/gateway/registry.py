@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conveyor.schemas.types import RESUME_LATEST, RESUME_PINNED
+from conveyor.schemas.resume import RESUME_LATEST, RESUME_PINNED
 from conveyor.streams.gateway.errors import UnknownTaskType
 from conveyor.streams.gateway.files import read_json, write_json_atomic
 

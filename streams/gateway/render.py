@@ -5,14 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conveyor.schemas.types import (
-    RESUME_PINNED,
-    Attempt,
-    CancelCause,
-    StepRow,
-    Task,
-    TaskStatus,
-)
+from conveyor.schemas.resume import RESUME_PINNED
+from conveyor.schemas.types import Attempt, CancelCause, StepRow, Task, TaskStatus
 from conveyor.streams.machine import Reply
 from conveyor.streams.processor.pool import Lease
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.schemas.types import RESUME_POLICIES, TERMINAL, TaskSpec, TaskStatus
+from conveyor.schemas.resume import RESUME_POLICIES
+from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
 from conveyor.streams.gateway.fields import (
     INT_MAX,
     Fields,

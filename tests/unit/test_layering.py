@@ -106,10 +106,12 @@ def test_resolution_of_relative_and_from_imports() -> None:
 
 def test_a_guest_imports_no_http_client_and_no_storage() -> None:
     """A guest process imports its stub and the user's app (hence ``conveyor``), and nothing
-    that only producers or the node use: those imports were most of a guest's start-up."""
+    that only producers or the node use (the clients, storage, the stored types): those
+    imports were most of a guest's start-up."""
     code = (
         "import sys, conveyor, conveyor.agents.guest\n"
-        "heavy = {'httpx', 'aiohttp', 'rocksdict', 'asyncpg', 'conveyor.testing'}\n"
+        "heavy = {'httpx', 'aiohttp', 'rocksdict', 'asyncpg', 'conveyor.testing',\n"
+        "         'conveyor.schemas.types'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

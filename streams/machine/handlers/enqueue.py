@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from conveyor.schemas import codec
+from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.types import (
-    RESUME_POLICIES,
     EnqueueTasks,
     EventKind,
     IdempotencyEntry,
