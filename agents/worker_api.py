@@ -214,7 +214,6 @@ class HttpWorkerAPI:
     ) -> None:
         self.url = url
         self.retry_for_s = retry_for_s
-        self._timeout = timeout
         self._http = Session(url, {"Authorization": f"Bearer {api_key}"}, timeout)
 
     async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
@@ -275,7 +274,7 @@ class HttpWorkerAPI:
             "wait_ms": wait_ms,
             "lease_ms": lease_ms,
         }
-        reply = await self._post("/worker/poll", body, timeout=wait_ms / 1000 + self._timeout)
+        reply = await self._post("/worker/poll", body, timeout=wait_ms / 1000 + self._http.timeout)
         return [offer_from_json(item) for item in reply.get("leases", [])]
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:

@@ -80,7 +80,6 @@ class AsyncClient:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.app = app
         self.retries = retries
-        self._timeout = timeout
         self._http = Session(self.url, headers, timeout)
 
     async def __aenter__(self) -> AsyncClient:
@@ -161,7 +160,7 @@ class AsyncClient:
                 "GET",
                 f"/v1/tasks/{task_id}",
                 params={"wait_ms": left_ms},
-                timeout=left_ms / 1000 + self._timeout,
+                timeout=left_ms / 1000 + self._http.timeout,
             )
             info = TaskInfo.from_json(reply)
             if info.finished or (deadline is not None and time.monotonic() >= deadline):

@@ -24,6 +24,7 @@ import aiohttp
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
 # A request that never left: sending it again cannot apply it twice.
 NOT_SENT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
+JSON_BODY = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class Session:
         self.url = url.rstrip("/")
         self.proxy = proxy_for(self.url)
         self._headers = dict(headers)
-        self._timeout = timeout
+        self.timeout = timeout  # seconds per request, unless the request says otherwise
         self._session: aiohttp.ClientSession | None = None
 
     async def request(
@@ -54,19 +55,15 @@ class Session:
     ) -> Reply:
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers)
-        data = None
-        headers = None
-        if body is not None:
-            data = json.dumps(body, separators=(",", ":")).encode()
-            headers = {"Content-Type": "application/json"}
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         async with self._session.request(
             method,
             self.url + path,
             data=data,
-            headers=headers,
+            headers=None if data is None else JSON_BODY,
             params=params,
             proxy=self.proxy,
-            timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+            timeout=aiohttp.ClientTimeout(total=timeout or self.timeout),
         ) as response:
             return Reply(response.status, await response.read(), response.headers)
 
