@@ -1,4 +1,4 @@
-"""RocksKV.scan: exactly the keys under a prefix, in order, whatever lies around them."""
+"""RocksKV: scans yield exactly the keys under a prefix, in order; point reads of flushed tables."""
 
 from __future__ import annotations
 
@@ -46,3 +46,17 @@ def test_scan_ends_at_its_prefix_before_tombstones_and_live_keys_after_it(kv: Ro
     kv.write({b"k1": b"1", b"l99999": b"live"})
     assert list(kv.scan(b"k")) == [(b"k1", b"1")]
     assert list(kv.scan(b"l")) == [(b"l99999", b"live")]
+
+
+def test_point_reads_of_flushed_tables_go_through_bloom_filters(tmp_path: Path) -> None:
+    db = RocksKV(tmp_path / "db")
+    db.write({b"t%05d" % i: b"v%d" % i for i in range(0, 4_000, 2)})
+    db.close()  # flushes: what follows reads table files, not the memtable
+    db = RocksKV(tmp_path / "db")
+    try:
+        assert db.get(b"t00042") == b"v42"
+        assert db.get(b"t00043") is None  # a miss, which the filter answers
+        latest = max((tmp_path / "db").glob("OPTIONS-*"), key=lambda f: f.stat().st_mtime_ns)
+        assert "filter_policy=bloomfilter" in latest.read_text()
+    finally:
+        db.close()
