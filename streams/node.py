@@ -162,16 +162,22 @@ class Node:
         items: Sequence[T],
         task_id: Callable[[T], str],
         record: Callable[[list[T]], Record],
+        specs: Sequence[TaskSpec] | None = None,
     ) -> list[Reply]:
         """One record per partition, appended concurrently; one reply per item, in the order
-        of ``items`` (the machine answers item i of a record with ``Reply.index == i``)."""
+        of ``items`` (the machine answers item i of a record with ``Reply.index == i``).
+        ``specs``: the items, when they are the specs an EnqueueTasks encodes (its processor
+        applies them as they are, ``processor/loop.py`` rule 5)."""
         positions: dict[int, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
             positions[self.partition_of(task_id(item))].append(i)
 
         async def one(p: int, ix: list[int]) -> list[tuple[int, Reply]]:
             batch = [items[i] for i in ix]
-            replies = await self.processors[p].submit(record(batch), task_id(batch[0]))
+            decoded = None if specs is None else [specs[i] for i in ix]
+            replies = await self.processors[p].submit(
+                record(batch), task_id(batch[0]), specs=decoded
+            )
             return [(ix[r.index], r) for r in replies]
 
         if len(positions) == 1:  # no gather: its tasks would add loop steps to every call
@@ -189,7 +195,10 @@ class Node:
     async def enqueue(self, specs: Sequence[TaskSpec]) -> list[Reply]:
         """Durably enqueue ``specs`` (ids already minted on their partitions)."""
         return await self._fan_out(
-            specs, _task_id, lambda b: EnqueueTasks(tasks=[codec.TASK_SPEC.encode(s) for s in b])
+            specs,
+            _task_id,
+            lambda b: EnqueueTasks(tasks=[codec.TASK_SPEC.encode(s) for s in b]),
+            specs=specs,
         )
 
     async def cancel(self, tenant: str, task_id: str, reason: str) -> Reply:

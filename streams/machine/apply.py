@@ -11,6 +11,7 @@ cannot refuse them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import assert_never
 
 from conveyor.schemas.types import (
@@ -31,6 +32,7 @@ from conveyor.schemas.types import (
     RetryFailed,
     SaveCheckpoints,
     SendEvents,
+    TaskSpec,
     UpsertSchedule,
 )
 from conveyor.store import keys
@@ -66,7 +68,11 @@ def accepts(record_epoch: int, announced_epoch: int) -> bool:
     return record_epoch >= announced_epoch
 
 
-def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
+def apply(
+    tables: Tables, record: Record, meta: Meta, *, specs: Sequence[TaskSpec] | None = None
+) -> Outcome:
+    """``specs``: of an EnqueueTasks, its items decoded, when the caller has them (the
+    runtime keeps what it encoded); the same outcome as without, minus the decoding."""
     out = Outcome()
     if isinstance(record, LEADER_RECORDS):
         epoch = current_epoch(tables)
@@ -75,7 +81,7 @@ def apply(tables: Tables, record: Record, meta: Meta) -> Outcome:
             return out
     match record:
         case EnqueueTasks():
-            apply_enqueue(tables, record, meta, out)
+            apply_enqueue(tables, record, meta, out, specs)
         case CancelTasks():
             apply_cancel(tables, record, meta, out)
         case RetryFailed():

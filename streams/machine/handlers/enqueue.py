@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from conveyor.schemas import codec
 from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.types import (
@@ -26,9 +28,20 @@ from conveyor.streams.machine.outcome import Meta, Outcome, Reply
 _NOT_A_SPEC = "task %d of the record is not an encoded TaskSpec"
 
 
-def apply_enqueue(tables: Tables, record: EnqueueTasks, meta: Meta, out: Outcome) -> None:
-    for index, raw in enumerate(record.tasks):
-        out.actions.append(enqueue_one(tables, raw, meta, out, index))
+def apply_enqueue(
+    tables: Tables,
+    record: EnqueueTasks,
+    meta: Meta,
+    out: Outcome,
+    specs: Sequence[TaskSpec] | None = None,
+) -> None:
+    """``specs``: the record's items decoded, when the caller has them."""
+    if specs is None:
+        for index, raw in enumerate(record.tasks):
+            out.actions.append(enqueue_one(tables, raw, meta, out, index))
+    else:
+        for index, (spec, raw) in enumerate(zip(specs, record.tasks, strict=True)):
+            out.actions.append(enqueue_spec(tables, spec, raw, meta, out, index))
 
 
 def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int) -> Reply:
