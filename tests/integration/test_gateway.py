@@ -8,6 +8,7 @@ name, so one test's polls never take another's tasks.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -40,6 +41,7 @@ APPS = {
     "retries": ["boom"],
     "retries2": ["boom2"],
     "listing": ["a", "b"],
+    "sticky": ["echo"],
 }
 
 
@@ -254,6 +256,18 @@ def test_batch_enqueues_in_order(node: NodeProcess) -> None:
     assert [r["created"] for r in reply["results"]] == [True] * 5
     for i, result in enumerate(reply["results"]):
         assert get(node.base, result["task_id"])["payload"] == {"i": i}
+
+
+def test_unkeyed_enqueues_stay_on_one_partition_for_a_stint(node: NodeProcess) -> None:
+    """Rule 3 of streams/gateway/service.py: single enqueues in a row share a partition, and so
+    its log's groups and apply batches; a 1,000-task batch still spreads over partitions."""
+    single = {"task_type": "echo", "app": "sticky"}
+    ids = [call(node.base, "POST", "/v1/tasks", single)[1]["task_id"] for _ in range(300)]
+    changes = sum(a[:4] != b[:4] for a, b in itertools.pairwise(ids))
+    assert changes <= 2  # 300 in a row cross at most two boundaries of 256-task stints
+    status, reply = call(node.base, "POST", "/v1/tasks:batch", {"tasks": [single] * 1000})
+    assert status == 201
+    assert len({r["task_id"][:4] for r in reply["results"]}) >= 3
 
 
 def _task(**fields: Any) -> bytes:
