@@ -13,10 +13,10 @@ import logging
 
 from conveyor.agents.worker_api import CheckpointItem, CompletionItem, ItemResult, WorkerAPI
 from conveyor.errors import ContractError, ConveyorError
+from conveyor.schemas.limits import WORKER_ITEMS_MAX
 
 log = logging.getLogger("conveyor.agent")
 
-COMPLETE_BATCH_MAX = 1000
 RETRY_PAUSE_S = 1.0
 TRIES_MAX = 5
 
@@ -42,7 +42,7 @@ class Completer:
         while True:
             batch = [await self._queue.get()]
             await asyncio.sleep(self.window_ms / 1000)  # let a batch gather
-            while not self._queue.empty() and len(batch) < COMPLETE_BATCH_MAX:
+            while not self._queue.empty() and len(batch) < WORKER_ITEMS_MAX:
                 batch.append(self._queue.get_nowait())
             try:
                 await self._send(batch)

@@ -50,6 +50,7 @@ from conveyor.agents.worker_api import (
 )
 from conveyor.app import App
 from conveyor.errors import ContractError, ConveyorError, TransientError
+from conveyor.schemas.limits import POLL_CAPACITY_MAX
 from conveyor.steps import StepAck
 
 log = logging.getLogger("conveyor.agent")
@@ -247,13 +248,14 @@ class HostAgent:
                 continue
             if await self._paused_by_breaker():
                 continue
+            capacity = min(free, POLL_CAPACITY_MAX)  # past it: the next poll asks for the rest
             try:
                 offers = await self.api.poll(
                     agent_id=self.agent_id,
                     app=self.app.name,
                     version=self.app.version,
                     queues=list(self.queues),
-                    capacity=free,
+                    capacity=capacity,
                     wait_ms=self.poll_wait_ms,
                     lease_ms=self.lease_ms,
                 )
@@ -261,7 +263,7 @@ class HostAgent:
                 log.warning("poll failed: %s; retrying", exc)
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
-            short = 0 < len(offers) < free
+            short = 0 < len(offers) < capacity
             for offer in offers:
                 self._start(offer)
 

@@ -4,7 +4,10 @@
 (streams/gateway/PROTOCOL.md); ``conveyor.testing`` implements it over an in-process Node.
 Payloads, results and checkpoints cross this boundary as JSON values.
 
-Rule: every call here is safe to resend. Poll is at-most-once by construction (leases granted to
+Rule 1: a call takes any number of items: ``HttpWorkerAPI`` sends them in parts of at most
+``WORKER_ITEMS_MAX``, the most the gateway takes in one request (an agent with more than that
+running heartbeats them all).
+Rule 2: every call here is safe to resend. Poll is at-most-once by construction (leases granted to
 a request whose reply is lost lapse and are retried by the platform), heartbeats and checkpoints
 are idempotent, and a completion is fenced by its lease id, so a resent completion is rejected
 as stale rather than applied twice. ``HttpWorkerAPI`` therefore retries transport errors and 503.
@@ -14,19 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from conveyor.agents.sandbox import read_log_tail
 from conveyor.ahttp import TRANSPORT_ERRORS, Session
 from conveyor.client import backoff_s, parse, retry_after_ms
 from conveyor.errors import TransientError
-from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
+from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, WORKER_ITEMS_MAX
 
 log = logging.getLogger("conveyor.agent")
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,28 +282,43 @@ class HttpWorkerAPI:
         return [offer_from_json(item) for item in reply.get("leases", [])]
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
-        body = {"leases": [{"task_id": t, "lease_id": lease} for t, lease in leases]}
-        reply = await self._post("/worker/heartbeat", body)
-        return {str(a["task_id"]): str(a["action"]) for a in reply.get("actions", [])}
+        actions: dict[str, str] = {}
+        for part in _parts(leases):
+            body = {"leases": [{"task_id": t, "lease_id": lease} for t, lease in part]}
+            reply = await self._post("/worker/heartbeat", body)
+            actions.update((str(a["task_id"]), str(a["action"])) for a in reply.get("actions", []))
+        return actions
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
-        reply = await self._post(
-            "/worker/complete",
-            {"completions": [item.to_json() for item in items]},
-        )
-        return results_from_json(reply)
+        results = []
+        for part in _parts(items):
+            body = {"completions": [item.to_json() for item in part]}
+            results += results_from_json(await self._post("/worker/complete", body))
+        return results
 
     async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]:
-        body = {
-            "checkpoints": [
-                {"task_id": i.task_id, "lease_id": i.lease_id, "value": i.value} for i in items
-            ]
-        }
-        return results_from_json(await self._post("/worker/checkpoint", body))
+        results = []
+        for part in _parts(items):
+            body = {
+                "checkpoints": [
+                    {"task_id": i.task_id, "lease_id": i.lease_id, "value": i.value} for i in part
+                ]
+            }
+            results += results_from_json(await self._post("/worker/checkpoint", body))
+        return results
 
     async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
-        body = {"steps": [item.to_json() for item in items]}
-        return results_from_json(await self._post("/worker/steps", body))
+        results = []
+        for part in _parts(items):
+            body = {"steps": [item.to_json() for item in part]}
+            results += results_from_json(await self._post("/worker/steps", body))
+        return results
 
     async def close(self) -> None:
         await self._http.close()
+
+
+def _parts(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``items`` in calls the gateway takes (rule 1)."""
+    for lo in range(0, len(items), WORKER_ITEMS_MAX):
+        yield items[lo : lo + WORKER_ITEMS_MAX]

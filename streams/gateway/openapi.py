@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX
+from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, POLL_CAPACITY_MAX
 from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
 from conveyor.schemas.types import Outcome, TaskStatus
@@ -204,7 +204,7 @@ def _worker_shapes() -> dict[str, Schema]:
                 "app": NAME,
                 "version": {**NAME, "description": "the app version served: pinned lanes"},
                 "queues": array(NAME, 0, w.QUEUES_MAX),
-                "capacity": integer(1, w.CAPACITY_MAX),
+                "capacity": integer(1, POLL_CAPACITY_MAX),
                 "wait_ms": integer(0, validation.WAIT_MS_MAX),
                 "lease_ms": integer(w.LEASE_MS_MIN, w.LEASE_MS_MAX),
             },

@@ -11,6 +11,8 @@ from conveyor.schemas.limits import (
     ERROR_CLASS_BYTES_MAX,
     ERROR_MESSAGE_BYTES_MAX,
     ERROR_STACK_BYTES_MAX,
+    POLL_CAPACITY_MAX,
+    WORKER_ITEMS_MAX,
 )
 from conveyor.schemas.steps import (
     PARALLEL_CHILDREN_MAX,
@@ -29,11 +31,10 @@ from conveyor.schemas.types import (
 )
 from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
-from conveyor.streams.gateway.validation import BATCH_MAX, DURATION_MS_MAX, WAIT_MS_MAX
+from conveyor.streams.gateway.validation import DURATION_MS_MAX, WAIT_MS_MAX
 
 TASK_TYPES_MAX = 1_000
 QUEUES_MAX = 100
-CAPACITY_MAX = 1_000
 LEASE_MS_MIN, LEASE_MS_MAX = 100, 3_600_000
 IDENTITY_BYTES_MAX = STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX  # "name:key"
 
@@ -80,7 +81,7 @@ def parse_poll(body: Any) -> Poll:
         app=f.req_str("app"),
         version=f.opt_str("version"),
         queues=f.strs("queues", QUEUES_MAX),
-        capacity=f.int_or("capacity", 1, CAPACITY_MAX, 8),
+        capacity=f.int_or("capacity", 1, POLL_CAPACITY_MAX, 8),
         wait_ms=f.int_or("wait_ms", 0, WAIT_MS_MAX, 20_000),
         lease_ms=f.int_or("lease_ms", LEASE_MS_MIN, LEASE_MS_MAX, 30_000),
     )
@@ -94,7 +95,7 @@ def _lease_ref(item: Any, path: str, extra: frozenset[str]) -> tuple[Fields, Lea
 
 def parse_heartbeat(body: Any) -> list[LeaseRef]:
     f = Fields(body, "", {"leases"})
-    items = f.items("leases", 1, BATCH_MAX)
+    items = f.items("leases", 1, WORKER_ITEMS_MAX)
     return [_lease_ref(item, f"leases[{i}]", frozenset())[1] for i, item in enumerate(items)]
 
 
@@ -135,7 +136,7 @@ _COMPLETION_FIELDS = frozenset(
 
 def parse_complete(body: Any) -> list[CompletionRequest]:
     f = Fields(body, "", {"completions"})
-    items = f.items("completions", 1, BATCH_MAX)
+    items = f.items("completions", 1, WORKER_ITEMS_MAX)
     return [_completion(item, f"completions[{i}]") for i, item in enumerate(items)]
 
 
@@ -246,7 +247,8 @@ class StepRequest:
 
 def parse_steps(body: Any) -> list[StepRequest]:
     f = Fields(body, "", {"steps"})
-    return [_step(item, f"steps[{i}]") for i, item in enumerate(f.items("steps", 1, BATCH_MAX))]
+    items = f.items("steps", 1, WORKER_ITEMS_MAX)
+    return [_step(item, f"steps[{i}]") for i, item in enumerate(items)]
 
 
 def _step(item: Any, path: str) -> StepRequest:
@@ -280,7 +282,7 @@ class CheckpointRequest:
 def parse_checkpoint(body: Any) -> list[CheckpointRequest]:
     f = Fields(body, "", {"checkpoints"})
     out = []
-    for i, item in enumerate(f.items("checkpoints", 1, BATCH_MAX)):
+    for i, item in enumerate(f.items("checkpoints", 1, WORKER_ITEMS_MAX)):
         c, ref = _lease_ref(item, f"checkpoints[{i}]", frozenset({"value"}))
         check_not_marker(c.raw("value"), c.at("value"))
         out.append(

@@ -82,6 +82,11 @@ def hog(ctx: conveyor.Context, payload: dict[str, Any]) -> int:
 
 
 @app.task
+def nap(ctx: conveyor.Context, payload: float) -> None:
+    time.sleep(payload)
+
+
+@app.task
 def refuse(ctx: conveyor.Context, payload: Any) -> None:
     raise conveyor.FatalError(f"refusing {payload!r}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -367,6 +368,44 @@ def test_end_to_end_over_http(gateway: str, tmp_path: Path) -> None:
         assert agent.completer.completed >= 4
 
     run(main)
+
+
+def test_an_agent_holding_more_leases_than_one_call_takes_polls_and_heartbeats_them_all(
+    gateway: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A poll may ask for at most 1,000 leases and a heartbeat name at most 1,000: an agent
+    with room for 1,200 asks in parts (``agents/worker_api.py`` rule 1), and none lapses."""
+    caplog.set_level(logging.WARNING)
+
+    async def main() -> None:
+        api = HttpWorkerAPI(gateway, KEY)
+        agent = HostAgent(
+            api,
+            APP_REF,
+            concurrency=4,
+            prefetch=1_196,
+            log_dir=tmp_path / "logs",
+            heartbeat_s=0.2,
+            poll_wait_s=1.0,
+        )
+        running = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for(agent.started.wait(), DEADLINE_S)
+            async with conveyor.AsyncClient(gateway, KEY) as client:
+                handles = await client.enqueue_many((agent_app.nap, 0.002) for _ in range(1_200))
+                await until("over 1,000 leases held", lambda: len(agent.running) > 1_000)
+                for handle in handles:
+                    await handle.result(timeout=DEADLINE_S)
+                attempts = {(await h.get()).attempt for h in handles[::100]}
+        finally:
+            agent.stop()
+            await asyncio.wait_for(running, DEADLINE_S)
+            await api.close()
+        assert attempts == {1}  # no lease lapsed for want of a heartbeat
+
+    run(main)
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failed == []
 
 
 async def over_http(client: conveyor.AsyncClient, marker: Path) -> None:
