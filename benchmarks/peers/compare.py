@@ -107,7 +107,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--idle", type=int, default=200, help="idle starts timed")
     parser.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated systems")
     parser.add_argument("--conveyor-concurrency", type=int, default=32, help="guests")
-    parser.add_argument("--conveyor-prefetch", type=int, default=224, help="leases held ahead")
+    parser.add_argument("--conveyor-prefetch", type=int, default=968, help="leases held ahead")
     parser.add_argument("--pgqueuer-workers", type=int, default=1, help="worker processes")
     parser.add_argument("--dramatiq-processes", type=int, default=2)
     parser.add_argument("--dramatiq-threads", type=int, default=8)

@@ -256,7 +256,7 @@ def bench_e2e(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Guests per agent")] = 32,
     prefetch: Annotated[
         int, typer.Option("--prefetch", min=0, help="Leases an agent holds beyond its guests")
-    ] = 224,
+    ] = 968,
     single: Annotated[int, typer.Option("--single", min=1, help="Single enqueues timed")] = 500,
     idle: Annotated[int, typer.Option("--idle", min=1, help="Idle starts timed")] = 200,
     in_process: Annotated[
