@@ -258,6 +258,9 @@ def bench_e2e(
         int, typer.Option("--prefetch", min=0, help="Leases an agent holds beyond its guests")
     ] = 968,
     single: Annotated[int, typer.Option("--single", min=1, help="Single enqueues timed")] = 500,
+    concurrent: Annotated[
+        int, typer.Option("--concurrent", min=1, help="Single enqueues from 16 callers at once")
+    ] = 4_000,
     idle: Annotated[int, typer.Option("--idle", min=1, help="Idle starts timed")] = 200,
     in_process: Annotated[
         bool, typer.Option("--in-process", help="Agents run handlers on threads, not guests")
@@ -266,8 +269,8 @@ def bench_e2e(
 ) -> None:
     """The product end to end: a real node and agent as subprocesses, driven over HTTP.
 
-    Throughput (batch enqueue -> guests -> SUCCEEDED), single-enqueue latency and idle
-    schedule-to-start."""
+    Throughput (batch enqueue -> guests -> SUCCEEDED), single-enqueue latency (one caller,
+    then 16 at once) and idle schedule-to-start."""
     from conveyor.streams.bench.e2e import bench_e2e as run
 
     result = asyncio.run(
@@ -278,6 +281,7 @@ def bench_e2e(
             concurrency=concurrency,
             prefetch=prefetch,
             single=single,
+            concurrent=concurrent,
             idle=idle,
             in_process=in_process,
         )

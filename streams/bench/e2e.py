@@ -6,6 +6,8 @@ through the SDK's ``AsyncClient``. Phases, in this order, so the latency ones se
 system:
 
 1. single enqueue: ``single`` sequential ``POST /v1/tasks``, client-measured (send -> ack).
+   Then ``concurrent`` more from ``SINGLE_CALLERS`` callers at once, one task per request,
+   as a web app's request handlers enqueue: their rate and latency (``concurrent_*``).
 2. idle schedule-to-start: ``idle`` ``stamp`` tasks, one at a time with a pause; the handler
    returns the wall clock when it starts (client and guests share the machine's clock), and
    start = that - the client's ack time. The lease stamp (``attempts[].started_ms``) gives
@@ -58,6 +60,7 @@ APP = "bench"
 ENQUEUE_BATCH = 1_000
 PREFETCH = 968  # with 32 guests: 1,000 leases, what one poll asks for at most
 CALLERS = 4  # concurrent batch enqueuers: enough to overlap the node's group commits
+SINGLE_CALLERS = 16  # concurrent single enqueuers
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 IDLE_PAUSE_S = 0.02  # between idle tasks: the previous one has finished, nothing overlaps
@@ -72,6 +75,7 @@ async def bench_e2e(
     concurrency: int = 32,
     prefetch: int = PREFETCH,
     single: int = 500,
+    concurrent: int = 4_000,
     idle: int = 200,
     home: str | None = None,
     drain_timeout_s: float = 240.0,
@@ -84,7 +88,7 @@ async def bench_e2e(
         cluster = Cluster(root, partitions, agents, concurrency, prefetch, in_process)
         try:
             await cluster.start()
-            result = await _run(cluster, tasks, single, idle, drain_timeout_s)
+            result = await _run(cluster, tasks, single, concurrent, idle, drain_timeout_s)
         finally:
             cluster.stop()
         result.update(_final_state(cluster.node_home, result.pop("since_ms"), tasks))
@@ -94,7 +98,7 @@ async def bench_e2e(
 
 
 async def _run(
-    cluster: Cluster, tasks: int, single: int, idle: int, drain_timeout_s: float
+    cluster: Cluster, tasks: int, single: int, concurrent: int, idle: int, drain_timeout_s: float
 ) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {cluster.key}"}
     async with (
@@ -105,6 +109,7 @@ async def _run(
         await _warm_up(client, cluster.agents * cluster.concurrency)
         out: dict[str, Any] = {}
         out.update(await _single_enqueues(client, single))
+        out.update(await _concurrent_enqueues(client, concurrent))
         out.update(await _idle_starts(client, idle))
         before = cluster.usage()
         out.update(await _throughput(s, tasks, drain_timeout_s))
@@ -302,6 +307,28 @@ async def _single_enqueues(client: AsyncClient, n: int) -> dict[str, Any]:
     for handle in handles:  # the next phase starts on an idle system
         await handle.result(timeout=START_TIMEOUT_S)
     return {"single": n, **_percentiles("enqueue", latencies)}
+
+
+async def _concurrent_enqueues(client: AsyncClient, n: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    handles = []
+
+    async def caller(k: int) -> None:
+        for _ in range(k, n, SINGLE_CALLERS):
+            sent = time.perf_counter()
+            handles.append(await client.enqueue("noop", {}))
+            latencies.append((time.perf_counter() - sent) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller(k) for k in range(SINGLE_CALLERS)))
+    seconds = time.perf_counter() - start
+    for handle in handles:  # the next phase starts on an idle system
+        await handle.result(timeout=START_TIMEOUT_S)
+    return {
+        "concurrent": n,
+        "concurrent_per_s": round(n / seconds),
+        **_percentiles("concurrent", latencies),
+    }
 
 
 async def _idle_starts(client: AsyncClient, n: int) -> dict[str, Any]:

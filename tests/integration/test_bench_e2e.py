@@ -20,6 +20,8 @@ FIGURES = (
     "enqueue_p99_ms",
     "start_p50_ms",
     "start_p99_ms",
+    "concurrent_per_s",
+    "concurrent_p99_ms",
     "lease_p50_ms",
     "submit_to_start_p50_ms",
     "seconds",
@@ -30,7 +32,7 @@ FIGURES = (
 
 def test_a_small_e2e_run_succeeds_every_task_and_reports_its_figures() -> None:
     # Few guests: spawning 32 Python processes would be most of this test's time.
-    result = asyncio.run(bench_e2e(tasks=300, single=20, idle=10, concurrency=4))
+    result = asyncio.run(bench_e2e(tasks=300, single=20, concurrent=64, idle=10, concurrency=4))
 
     assert result["tasks"] == 300 and result["partitions"] == 8
     assert result["all_succeeded"] is True, result["statuses"]
