@@ -232,7 +232,8 @@ class PartitionProcessor:
         the append: the apply loop reads a durable record before the appender resumes."""
         if len(self._appended) >= APPENDED_KEEP:  # the apply loop is far behind, or halted
             self._appended.clear()
-        self._appended[data] = decoded
+        if 0 <= decoded.ts_ms < codec.TS_MS_END:  # else decoding quarantines it: so must we
+            self._appended[data] = decoded
         try:
             return await self.log.append(self.partition, [data], epoch=epoch)
         except BaseException:

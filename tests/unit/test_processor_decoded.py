@@ -11,10 +11,11 @@ import pytest
 
 from conveyor.schemas import codec
 from conveyor.schemas.types import CancelTasks, EnqueueTasks, TaskSpec
+from conveyor.store import keys
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
-from conveyor.streams.processor.loop import PartitionProcessor
+from conveyor.streams.processor.loop import QUARANTINE, PartitionProcessor
 from conveyor.streams.processor.pool import WaitingPool
 from conveyor.streams.routing import mint_task_id
 
@@ -95,5 +96,22 @@ def test_a_failed_append_keeps_nothing_decoded() -> None:
         with pytest.raises(OSError):
             await proc.submit(CancelTasks(tenant="t", task_ids=["x"]), "k")
         assert proc._appended == {}
+
+    asyncio.run(main())
+
+
+def test_a_record_stamped_past_any_real_time_is_quarantined_live_as_in_a_replay() -> None:
+    """Decoding refuses a stamp at or after year 10000, so keeping the objects must not let
+    the live processor apply what a replay would quarantine."""
+
+    async def main() -> None:
+        clock = FakeClock(start_ms=codec.TS_MS_END)
+        log = MemoryLog(1)
+        proc = _processor(log, MemoryKV(), clock)
+        submitted = asyncio.create_task(proc.submit(CancelTasks(tenant="t", task_ids=["x"]), "k"))
+        await asyncio.sleep(0.01)
+        await _apply_all(proc, log)
+        assert await submitted == []  # quarantined: no replies
+        assert proc.kv.get(QUARANTINE + keys.u64(0)) is not None
 
     asyncio.run(main())
