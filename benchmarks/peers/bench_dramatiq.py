@@ -16,6 +16,8 @@ import importlib
 import os
 import shutil
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -44,6 +46,21 @@ class DramatiqPeer:
 
         await asyncio.to_thread(batch)
 
+    async def enqueue_noops_at_once(self, n: int, callers: int) -> list[float]:
+        latencies: list[float] = []
+        send = self.tasks.noop.send
+
+        def caller(k: int) -> None:  # redis-py is blocking: one thread per caller
+            for _ in range(k, n, callers):
+                sent = time.perf_counter()
+                send()
+                latencies.append((time.perf_counter() - sent) * 1000)
+
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(callers) as pool:
+            await asyncio.gather(*(loop.run_in_executor(pool, caller, k) for k in range(callers)))
+        return latencies
+
     async def remaining(self) -> int:
         # Queued plus unacknowledged (in progress) messages, as RedisBroker.join counts them.
         return int(self.tasks.broker.do_qsize(QUEUE))
@@ -54,6 +71,7 @@ async def bench_dramatiq(
     *,
     tasks: int,
     single: int,
+    concurrent: int,
     idle: int,
     processes: int = 2,
     threads: int = 8,
@@ -85,6 +103,7 @@ async def bench_dramatiq(
             stamps,
             tasks=tasks,
             single=single,
+            concurrent=concurrent,
             idle=idle,
             server=[server.pid],
             workers=[workers.pid],

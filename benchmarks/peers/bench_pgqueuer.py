@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import asyncpg
 import pgserver
-from peerlib import CALLERS, Stamps, drained, run_phases, spawn, stop, wait_for
+from peerlib import CALLERS, SINGLE_CALLERS, Stamps, drained, run_phases, spawn, stop, wait_for
 from pgqueuer import AsyncpgDriver
 from pgqueuer.queries import Queries
 
@@ -23,8 +24,15 @@ SETTINGS = ("server_version", "synchronous_commit", "fsync", "wal_sync_method")
 
 
 class PgqueuerPeer:
-    def __init__(self, single: Queries, callers: list[Queries], probe: asyncpg.Connection):
+    def __init__(
+        self,
+        single: Queries,
+        callers: list[Queries],
+        probe: asyncpg.Connection,
+        singles: list[Queries],
+    ):
         self.single = single
+        self.singles = singles  # one connection per concurrent single enqueuer
         self.callers: asyncio.Queue[Queries] = asyncio.Queue()
         for q in callers:
             self.callers.put_nowait(q)
@@ -43,12 +51,31 @@ class PgqueuerPeer:
         finally:
             self.callers.put_nowait(q)
 
+    async def enqueue_noops_at_once(self, n: int, callers: int) -> list[float]:
+        latencies: list[float] = []
+
+        async def caller(k: int, q: Queries) -> None:
+            for _ in range(k, n, callers):
+                sent = time.perf_counter()
+                await q.enqueue("noop", None)
+                latencies.append((time.perf_counter() - sent) * 1000)
+
+        await asyncio.gather(*(caller(k, q) for k, q in enumerate(self.singles[:callers])))
+        return latencies
+
     async def remaining(self) -> int:
         return int(await self.probe.fetchval("SELECT count(*) FROM pgqueuer"))
 
 
 async def bench_pgqueuer(
-    tmp: Path, *, tasks: int, single: int, idle: int, workers: int = 1, batch: int = 100
+    tmp: Path,
+    *,
+    tasks: int,
+    single: int,
+    concurrent: int,
+    idle: int,
+    workers: int = 1,
+    batch: int = 100,
 ) -> dict:
     server = pgserver.get_server(tmp / "pgdata", cleanup_mode="delete")
     conns: list[asyncpg.Connection] = []
@@ -56,7 +83,7 @@ async def bench_pgqueuer(
     stamps = Stamps()
     try:
         dsn = server.get_uri()
-        for _ in range(CALLERS + 2):
+        for _ in range(CALLERS + 2 + SINGLE_CALLERS):
             conns.append(await asyncpg.connect(dsn))
         config = await _configure(conns[0])
         await Queries(AsyncpgDriver(conns[0])).install()
@@ -66,7 +93,8 @@ async def bench_pgqueuer(
         peer = PgqueuerPeer(
             Queries(AsyncpgDriver(conns[0])),
             [Queries(AsyncpgDriver(c)) for c in conns[1 : CALLERS + 1]],
-            conns[-1],
+            conns[CALLERS + 1],
+            [Queries(AsyncpgDriver(c)) for c in conns[CALLERS + 2 :]],
         )
         await _warm_up(peer)
         result = await run_phases(
@@ -74,6 +102,7 @@ async def bench_pgqueuer(
             stamps,
             tasks=tasks,
             single=single,
+            concurrent=concurrent,
             idle=idle,
             server=[server.get_pid() or 0],
             workers=[p.pid for p in procs],

@@ -33,6 +33,8 @@ HEADLINE = (
     "start_p99_ms",
     "submit_to_start_p50_ms",
     "submit_to_start_p99_ms",
+    "concurrent_per_s",
+    "concurrent_p99_ms",
     "cpu_ms_per_task",
 )
 CONVEYOR_TIMEOUT_S = 900
@@ -42,6 +44,7 @@ def conveyor(args: argparse.Namespace) -> dict:
     """``conveyor bench e2e --json`` as a subprocess, exactly as a user would run it."""
     cmd = [sys.executable, "-m", "conveyor.cli", "bench", "e2e", "--json"]
     cmd += ["--tasks", str(args.tasks), "--single", str(args.single), "--idle", str(args.idle)]
+    cmd += ["--concurrent", str(args.concurrent)]
     cmd += ["--concurrency", str(args.conveyor_concurrency)]
     cmd += ["--prefetch", str(args.conveyor_prefetch)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=CONVEYOR_TIMEOUT_S)
@@ -55,7 +58,12 @@ def conveyor(args: argparse.Namespace) -> dict:
 
 
 async def peer(name: str, args: argparse.Namespace) -> dict:
-    sizes = {"tasks": args.tasks, "single": args.single, "idle": args.idle}
+    sizes = {
+        "tasks": args.tasks,
+        "single": args.single,
+        "concurrent": args.concurrent,
+        "idle": args.idle,
+    }
     with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as tmp:
         if name == "pgqueuer":
             return await bench_pgqueuer(Path(tmp), **sizes, workers=args.pgqueuer_workers)
@@ -104,6 +112,9 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=50_000, help="throughput tasks per system")
     parser.add_argument("--single", type=int, default=500, help="single enqueues timed")
+    parser.add_argument(
+        "--concurrent", type=int, default=4_000, help="single enqueues from 16 callers at once"
+    )
     parser.add_argument("--idle", type=int, default=200, help="idle starts timed")
     parser.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated systems")
     parser.add_argument("--conveyor-concurrency", type=int, default=32, help="guests")

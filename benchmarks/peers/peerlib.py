@@ -3,7 +3,8 @@
 Every system is measured with the same three phases as ``conveyor bench e2e``
 (streams/bench/e2e.py), in the same order:
 
-1. single enqueue: ``single`` sequential enqueues of a no-op task, send -> acknowledged.
+1. single enqueue: ``single`` sequential enqueues of a no-op task, send -> acknowledged; then
+   ``concurrent`` more from ``SINGLE_CALLERS`` callers at once, one task per enqueue.
 2. idle schedule-to-start: ``idle`` ``stamp`` tasks one at a time with a pause; the handler
    sends the wall clock at its start to this process over UDP (same machine, same clock);
    start = that - the ack time, 0 when the handler won the race against the ack.
@@ -30,6 +31,7 @@ import psutil
 
 BATCH = 1_000
 CALLERS = 4
+SINGLE_CALLERS = 16
 IDLE_PAUSE_S = 0.02
 POLL_S = 0.02
 STAMP_TIMEOUT_S = 30.0
@@ -44,6 +46,10 @@ class Peer(Protocol):
     async def enqueue_stamp(self, key: str) -> None: ...
 
     async def enqueue_batch(self, n: int) -> None: ...
+
+    async def enqueue_noops_at_once(self, n: int, callers: int) -> list[float]:
+        """``n`` single no-op enqueues from ``callers`` callers at once; their latencies (ms)."""
+        ...
 
     async def remaining(self) -> int:
         """Tasks enqueued and not yet finished (queued or running)."""
@@ -93,6 +99,7 @@ async def run_phases(
     *,
     tasks: int,
     single: int,
+    concurrent: int,
     idle: int,
     server: Sequence[int],
     workers: Sequence[int],
@@ -100,6 +107,7 @@ async def run_phases(
     """The three phases; ``server`` and ``workers`` are pids whose CPU the run reports."""
     out: dict[str, Any] = {"tasks": tasks}
     out.update(await single_enqueues(peer, single))
+    out.update(await concurrent_enqueues(peer, concurrent))
     out.update(await idle_starts(peer, stamps, idle))
     usage = Usage(server, workers)
     out.update(await throughput(peer, tasks))
@@ -115,6 +123,18 @@ async def single_enqueues(peer: Peer, n: int) -> dict:
         latencies.append((time.perf_counter() - sent) * 1000)
     await drained(peer, 60.0)
     return {"single": n, **percentiles("enqueue", latencies)}
+
+
+async def concurrent_enqueues(peer: Peer, n: int) -> dict:
+    start = time.perf_counter()
+    latencies = await peer.enqueue_noops_at_once(n, SINGLE_CALLERS)
+    seconds = time.perf_counter() - start
+    await drained(peer, 60.0)
+    return {
+        "concurrent": n,
+        "concurrent_per_s": round(n / seconds),
+        **percentiles("concurrent", latencies),
+    }
 
 
 async def idle_starts(peer: Peer, stamps: Stamps, n: int) -> dict:
