@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from conveyor.agents.sandbox import read_log_tail
 from conveyor.ahttp import TRANSPORT_ERRORS, Session
@@ -30,7 +30,6 @@ from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, WORKER_ITEMS_MAX
 log = logging.getLogger("conveyor.agent")
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,43 +281,32 @@ class HttpWorkerAPI:
         return [offer_from_json(item) for item in reply.get("leases", [])]
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
-        actions: dict[str, str] = {}
-        for part in _parts(leases):
-            body = {"leases": [{"task_id": t, "lease_id": lease} for t, lease in part]}
-            reply = await self._post("/worker/heartbeat", body)
-            actions.update((str(a["task_id"]), str(a["action"])) for a in reply.get("actions", []))
-        return actions
+        rows = [{"task_id": t, "lease_id": lease} for t, lease in leases]
+        replies = await self._post_items("/worker/heartbeat", "leases", rows)
+        return {str(a["task_id"]): str(a["action"]) for r in replies for a in r.get("actions", [])}
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
-        results = []
-        for part in _parts(items):
-            body = {"completions": [item.to_json() for item in part]}
-            results += results_from_json(await self._post("/worker/complete", body))
-        return results
+        rows = [item.to_json() for item in items]
+        return _results(await self._post_items("/worker/complete", "completions", rows))
 
     async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]:
-        results = []
-        for part in _parts(items):
-            body = {
-                "checkpoints": [
-                    {"task_id": i.task_id, "lease_id": i.lease_id, "value": i.value} for i in part
-                ]
-            }
-            results += results_from_json(await self._post("/worker/checkpoint", body))
-        return results
+        rows = [{"task_id": i.task_id, "lease_id": i.lease_id, "value": i.value} for i in items]
+        return _results(await self._post_items("/worker/checkpoint", "checkpoints", rows))
 
     async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
-        results = []
-        for part in _parts(items):
-            body = {"steps": [item.to_json() for item in part]}
-            results += results_from_json(await self._post("/worker/steps", body))
-        return results
+        rows = [item.to_json() for item in items]
+        return _results(await self._post_items("/worker/steps", "steps", rows))
+
+    async def _post_items(self, path: str, name: str, rows: list[dict[str, Any]]) -> list[Any]:
+        """POST ``{name: rows}`` in parts the gateway takes (rule 1); the replies, in order."""
+        return [
+            await self._post(path, {name: rows[lo : lo + WORKER_ITEMS_MAX]})
+            for lo in range(0, len(rows), WORKER_ITEMS_MAX)
+        ]
 
     async def close(self) -> None:
         await self._http.close()
 
 
-def _parts(items: Sequence[T]) -> Iterator[Sequence[T]]:
-    """``items`` in calls the gateway takes (rule 1)."""
-    for lo in range(0, len(items), WORKER_ITEMS_MAX):
-        yield items[lo : lo + WORKER_ITEMS_MAX]
+def _results(replies: list[Any]) -> list[ItemResult]:
+    return [result for reply in replies for result in results_from_json(reply)]

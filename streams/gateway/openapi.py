@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, POLL_CAPACITY_MAX
+from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, POLL_CAPACITY_MAX, WORKER_ITEMS_MAX
 from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
 from conveyor.schemas.types import Outcome, TaskStatus
@@ -364,8 +364,8 @@ def _param(name: str, schema: Schema, where: str = "query") -> Schema:
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
 
-def _wrap(name: str, item: Schema, lo: int = 1) -> Schema:
-    return obj({name: array(item, lo)}, name)
+def _wrap(name: str, item: Schema, lo: int = 1, hi: int = validation.BATCH_MAX) -> Schema:
+    return obj({name: array(item, lo, hi)}, name)
 
 
 _ID = _param("task_id", TASK_ID, "path")
@@ -587,14 +587,14 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "/worker/poll",
         "Long-poll for leases (empty after wait_ms)",
         ref("Poll"),
-        _wrap("leases", ref("Lease"), 0),
+        _wrap("leases", ref("Lease"), 0, POLL_CAPACITY_MAX),
         [],
     ),
     (
         "post",
         "/worker/heartbeat",
         "Keep leases alive; CONTINUE, CANCEL or LOST per lease",
-        _wrap("leases", ref("LeaseRef")),
+        _wrap("leases", ref("LeaseRef"), 1, WORKER_ITEMS_MAX),
         _wrap("actions", ref("HeartbeatAction")),
         [],
     ),
@@ -602,7 +602,7 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "post",
         "/worker/complete",
         "Report outcomes; a stale lease is ok: false, changes nothing",
-        _wrap("completions", ref("Completion")),
+        _wrap("completions", ref("Completion"), 1, WORKER_ITEMS_MAX),
         _wrap("results", ref("ItemResult")),
         [],
     ),
@@ -610,7 +610,7 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "post",
         "/worker/checkpoint",
         "Save checkpoints",
-        _wrap("checkpoints", ref("CheckpointItem")),
+        _wrap("checkpoints", ref("CheckpointItem"), 1, WORKER_ITEMS_MAX),
         _wrap("results", ref("ItemResult")),
         [],
     ),
@@ -618,7 +618,7 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "post",
         "/worker/steps",
         "Record durable step claims and commits, fenced by lease; answered once durable",
-        _wrap("steps", ref("StepItem")),
+        _wrap("steps", ref("StepItem"), 1, WORKER_ITEMS_MAX),
         _wrap("results", ref("ItemResult")),
         [],
     ),
