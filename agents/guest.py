@@ -37,6 +37,7 @@ from conveyor.agents.runner import load_app, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App
 from conveyor.context import Context
+from conveyor.process import tune_malloc
 from conveyor.steps import StepAck
 
 Run = dict[str, Any]  # a "run" frame
@@ -339,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=None)
     args = parser.parse_args(argv)
     _limit_memory(args.memory_mb)  # rule 2: before the app (user code) is imported
+    tune_malloc()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

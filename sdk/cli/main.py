@@ -16,6 +16,7 @@ import typer
 from conveyor.cli import schedules, serve, tasks, tools
 from conveyor.cli.common import CliError, fail
 from conveyor.errors import ContractError
+from conveyor.process import tune_malloc
 
 app = typer.Typer(
     name="conveyor",
@@ -74,6 +75,7 @@ def main() -> None:
     """The console script. A ``CliError`` from any command (a refused request, no API key) or a
     ``ContractError`` (what it was asked cannot be done: a data directory another node holds)
     is one line on stderr and exit status 1, never a traceback."""
+    tune_malloc()
     try:
         app()
     except (CliError, ContractError) as exc:
