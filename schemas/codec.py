@@ -329,7 +329,15 @@ class EventBatchCodec:
     since take their defaults), and one of a newer version raises ``NewerEvents``. The outbox
     rows and the events log hold these bytes, so a reader (the projector) meets batches of
     every version a node ever ran.
+
+    ``encode(batch, keep=True)`` keeps the batch as it was for the next ``decode`` of the same
+    bytes: a node's projector decodes what its processors encoded moments before, and
+    decoding was a fifth of its time. A memo of this decoder (equal bytes decode to equal
+    batches, and batches are not edited), bounded by ``KEEP_EVENTS``: past that it starts
+    empty again, as in a node that projects nothing.
     """
+
+    KEEP_EVENTS = 32_768
 
     def __init__(
         self, schema: Any, extras: Codec[t.EventExtras], history: list[tuple[Any, Any]]
@@ -346,8 +354,10 @@ class EventBatchCodec:
         self._column_getters = [(name, operator.attrgetter(name)) for name in self.columns]
         self._kinds = {kind.value: kind for kind in t.EventKind}
         self._rows = _column_builder(t.TaskEvent, self.columns)
+        self._kept: dict[bytes, t.EventBatch] = {}
+        self._kept_events = 0
 
-    def encode(self, batch: t.EventBatch) -> bytes:
+    def encode(self, batch: t.EventBatch, *, keep: bool = False) -> bytes:
         datum: dict[str, Any] = {"partition": batch.partition, "offset": batch.offset}
         events = batch.events
         for name, column in self._column_getters:
@@ -356,9 +366,19 @@ class EventBatchCodec:
         if batch.steps or batch.schedules:
             extras = t.EventExtras(steps=batch.steps, schedules=batch.schedules)
             data += self.extras.encode(extras)
+        if keep:
+            if self._kept_events >= self.KEEP_EVENTS:
+                self._kept.clear()
+                self._kept_events = 0
+            self._kept[data] = batch
+            self._kept_events += len(events)
         return data
 
     def decode(self, data: bytes) -> t.EventBatch:
+        kept = self._kept.pop(data, None)
+        if kept is not None:
+            self._kept_events -= len(kept.events)
+            return kept
         version, start = (data[1], 2) if data[:1] == self._head[:1] else (1, 0)
         if version < 1:
             raise ValueError("an events batch of version 0: versions start at 1")

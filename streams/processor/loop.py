@@ -400,7 +400,7 @@ class PartitionProcessor:
                 steps=steps or [],
                 schedules=schedules or [],
             )
-            changes[keys.outbox(offset)] = codec.EVENT_BATCH.encode(batch)
+            changes[keys.outbox(offset)] = codec.EVENT_BATCH.encode(batch, keep=True)
         self.kv.write(changes)
         self.applied = offset
         if (steps or schedules) and not events:

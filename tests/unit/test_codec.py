@@ -564,6 +564,39 @@ def test_step_and_schedule_events_ride_in_a_trailer_only_when_there_are_some() -
     assert codec.EVENT_BATCH.decode(bare) == plain  # a batch written before the trailer
 
 
+def test_a_kept_event_batch_is_handed_to_the_next_decode_of_its_bytes_once() -> None:
+    event = t.TaskEvent(
+        kind=t.EventKind.TaskLeased, task_id="k" * 32, tenant="a", app="x", task_type="y",
+        queue="default", status="LEASED", attempt=1, ts_ms=7, version=3, agent_id="agent-1",
+    )  # fmt: skip
+    batch = t.EventBatch(partition=2, offset=3, events=[event])
+    data = codec.EVENT_BATCH.encode(batch, keep=True)
+    read_back = bytes(bytearray(data))  # as the events log returns it: equal, not the same
+    assert codec.EVENT_BATCH.decode(read_back) is batch
+    again = codec.EVENT_BATCH.decode(read_back)  # a second delivery is decoded
+    assert again == batch and again is not batch
+    assert codec.EVENT_BATCH.encode(batch) == data  # keeping changes no byte
+
+
+def test_kept_event_batches_are_bounded() -> None:
+    codec.EVENT_BATCH.KEEP_EVENTS, saved = 4, codec.EVENT_BATCH.KEEP_EVENTS
+    try:
+        event = t.TaskEvent(
+            kind=t.EventKind.TaskEnqueued, task_id="e" * 32, tenant="a", app="x", task_type="y",
+            queue="default", status="ENQUEUED", attempt=1, ts_ms=1, version=1,
+        )  # fmt: skip
+        events = [event] * 3
+        first = t.EventBatch(partition=0, offset=1, events=events)
+        second = t.EventBatch(partition=0, offset=2, events=events)
+        first_data = codec.EVENT_BATCH.encode(first, keep=True)
+        codec.EVENT_BATCH.encode(second, keep=True)  # 6 kept: the next keep starts afresh
+        third_data = codec.EVENT_BATCH.encode(dataclasses.replace(first, offset=3), keep=True)
+        assert codec.EVENT_BATCH.decode(first_data) is not first  # dropped at the bound
+        assert codec.EVENT_BATCH.decode(third_data).offset == 3
+    finally:
+        codec.EVENT_BATCH.KEEP_EVENTS = saved
+
+
 def test_state_rows_round_trip() -> None:
     attempt = t.Attempt(
         task_id="x",
