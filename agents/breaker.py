@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from conveyor.frozen import frozen
+
 log = logging.getLogger("conveyor.agent.breaker")
 
 
@@ -25,7 +27,7 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class BreakerPolicy:
     crashes_max: int = 3
     window_s: float = 60.0

@@ -7,15 +7,16 @@ Two executors exist: ``pool.GuestPool`` (guest processes: the production one) an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
+from conveyor.frozen import frozen
 from conveyor.steps import StepAck
 
 GUEST_CRASHED = "GuestCrashed"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Job:
     task_id: str
     task_type: str
@@ -29,7 +30,7 @@ class Job:
     compensating: bool = False  # a canceled workflow's attempt: run its compensations
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AttemptResult:
     outcome: str  # SUCCEEDED | FAILED | FATAL | CANCELED
     result: Any = None

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 from conveyor.agents.sandbox import read_log_tail
 from conveyor.ahttp import TRANSPORT_ERRORS, Session
 from conveyor.client import backoff_s, parse, retry_after_ms
 from conveyor.errors import TransientError
+from conveyor.frozen import frozen
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, WORKER_ITEMS_MAX
 
 log = logging.getLogger("conveyor.agent")
@@ -32,7 +33,7 @@ log = logging.getLogger("conveyor.agent")
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LeaseOffer:
     task_id: str
     lease_id: int
@@ -51,7 +52,7 @@ class LeaseOffer:
     compensating: bool = False  # a canceled workflow's attempt: run its compensations
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompletionItem:
     task_id: str
     lease_id: int
@@ -92,7 +93,7 @@ class CompletionItem:
         return body
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepItem:
     """One step claim or commit, under the lease the agent holds for the task."""
 
@@ -114,14 +115,14 @@ class StepItem:
         }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CheckpointItem:
     task_id: str
     lease_id: int
     value: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ItemResult:
     task_id: str
     ok: bool

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from conveyor.frozen import frozen
+
 # --- log records (inputs, imperative) ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Envelope:
     kind: str
     epoch: int
@@ -22,7 +24,7 @@ class Envelope:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskSpec:
     task_id: str
     tenant: str
@@ -47,25 +49,25 @@ class TaskSpec:
     resume: str = "latest"  # RESUME_LATEST | RESUME_PINNED (TaskSpec v2: codec.SpecCodec)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EnqueueTasks:
     tasks: list[bytes]  # each an encoded TaskSpec: the processor stores it without re-encoding
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CancelTasks:
     tenant: str
     task_ids: list[str]
     reason: str = "canceled by request"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RetryFailed:
     tenant: str
     task_ids: list[str]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LeaseRequest:
     request_id: str
     agent_id: str
@@ -79,7 +81,7 @@ class LeaseRequest:
     app_version: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GrantLeases:
     requests: list[LeaseRequest]
 
@@ -94,7 +96,7 @@ class Outcome(StrEnum):
     WAIT_EVENT = "WAIT_EVENT"  # ctx.wait_for_event: wait in WAITING for the named event
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SleepStep:
     """The step a SLEEP outcome commits. The deadline is ``wake_at_ms`` if given, else the
     record's time plus ``sleep_ms``; a sleep committed before keeps its first deadline."""
@@ -112,7 +114,7 @@ class ParallelMode(StrEnum):
     FAIL_FAST = "FAIL_FAST"  # the first such child fails the step and cancels the siblings
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class FanOut:
     """The parallel step a FAN_OUT outcome opens: its children, each an encoded TaskSpec
     whose id, tenant and idempotency key the machine sets (tenant and app are the parent's
@@ -124,7 +126,7 @@ class FanOut:
     children: list[bytes]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WaitStep:
     """The step a WAIT_EVENT outcome waits in: the first event ``name`` sent to the workflow
     (one kept from before counts) commits it; so does the timeout, as a timeout."""
@@ -135,7 +137,7 @@ class WaitStep:
     timeout_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Completion:
     task_id: str
     lease_id: int
@@ -150,19 +152,19 @@ class Completion:
     wait: WaitStep | None = None  # with outcome WAIT_EVENT
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompleteAttempts:
     items: list[Completion]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Checkpoint:
     task_id: str
     lease_id: int
     value: bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SaveCheckpoints:
     items: list[Checkpoint]
 
@@ -172,7 +174,7 @@ class StepOp(StrEnum):
     COMMIT = "COMMIT"  # its body returned this value
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepWrite:
     task_id: str
     lease_id: int
@@ -182,18 +184,18 @@ class StepWrite:
     value: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RecordSteps:
     items: list[StepWrite]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LeaseRef:
     task_id: str
     lease_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ExpireLeases:
     items: list[LeaseRef]
 
@@ -210,7 +212,7 @@ class TimerKind(StrEnum):
     EVENT_TIMEOUT = "EVENT_TIMEOUT"  # a ctx.wait_for_event timed out; token: the attempt
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TimerRef:
     fire_at_ms: int
     task_id: str
@@ -218,19 +220,19 @@ class TimerRef:
     token: int  # the lease id or attempt the timer was armed for; stale tokens do nothing
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class FireTimers:
     timers: list[TimerRef]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WorkflowEvent:
     task_id: str  # the workflow
     name: str
     payload: bytes  # compact JSON
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SendEvents:
     """Events for workflows: each wakes a workflow waiting for its name, or is kept for the
     workflow's next wait of that name."""
@@ -239,7 +241,7 @@ class SendEvents:
     items: list[WorkflowEvent]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AnnounceEpoch:
     leader_id: str
 
@@ -259,7 +261,7 @@ class CatchUp(StrEnum):
     NONE = "NONE"  # nothing for the missed window; wait for the next occurrence
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class UpsertSchedule:
     tenant: str
     schedule_id: str
@@ -270,20 +272,20 @@ class UpsertSchedule:
     catch_up: CatchUp
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class DeleteSchedule:
     tenant: str
     schedule_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PauseSchedule:
     tenant: str
     schedule_id: str
     paused: bool  # False resumes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EnqueueChildren:
     """Children of a fan-out that spilled to this partition (a cross-partition message the
     workflow's partition wrote and shipped): each is enqueued with its link back to the
@@ -295,7 +297,7 @@ class EnqueueChildren:
     tasks: list[bytes]  # encoded TaskSpecs, item for item with indexes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChildDone:
     """A spilled child reached a terminal state: what its slot in the barrier holds."""
 
@@ -309,7 +311,7 @@ class ChildDone:
     error_message: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LandChildren:
     """Spilled children that ended, shipped to their workflow's partition."""
 
@@ -407,7 +409,7 @@ class CancelCause(StrEnum):
     SCHEDULE_TO_CLOSE = "SCHEDULE_TO_CLOSE"  # -> EXPIRED
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Attempt:
     task_id: str
     attempt: int
@@ -421,7 +423,7 @@ class Attempt:
     error_stack: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepRow:
     identity: str
     position: int
@@ -430,13 +432,13 @@ class StepRow:
     wake_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepTotals:
     count: int
     bytes: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Schedule:
     """A cron schedule row. Only ``next_fire_ms`` is armed, as one SCHEDULE timer."""
 
@@ -458,7 +460,7 @@ class Schedule:
     paused: bool = False  # no armed timer while paused
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Barrier:
     """The fan-in of one ``ctx.parallel`` (table ``barriers``). Its children count down
     striped counters; only a stripe reaching zero touches this row."""
@@ -472,7 +474,7 @@ class Barrier:
     created_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EventWait:
     """The ``ctx.wait_for_event`` a WAITING workflow is in (table ``waits``)."""
 
@@ -483,7 +485,7 @@ class EventWait:
     token: int = 0  # the workflow's attempt the timer was armed for
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChildLink:
     """Which barrier slot a child task fills when it ends (table ``children``)."""
 
@@ -492,7 +494,7 @@ class ChildLink:
     index: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChildResult:
     """How one child ended, in its barrier slot."""
 
@@ -503,7 +505,7 @@ class ChildResult:
     error_message: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class IdempotencyEntry:
     task_id: str
     expires_ms: int
@@ -529,7 +531,7 @@ class EventKind(StrEnum):
     TaskWaiting = "TaskWaiting"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskEvent:
     kind: EventKind
     task_id: str
@@ -546,7 +548,7 @@ class TaskEvent:
     error_message: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepEvent:
     """A step row changed (claimed or committed); ``version`` is the log offset."""
 
@@ -562,7 +564,7 @@ class StepEvent:
     version: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ScheduleEvent:
     """A schedule row as it stands after a change, or its deletion (``deleted``)."""
 
@@ -587,7 +589,7 @@ class ScheduleEvent:
     version: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EventExtras:
     """The trailer of an ``EventBatch`` that has step or schedule events."""
 
@@ -595,7 +597,7 @@ class EventExtras:
     schedules: list[ScheduleEvent]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EventBatch:
     partition: int
     offset: int

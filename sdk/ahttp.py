@@ -15,10 +15,11 @@ import json
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from conveyor.frozen import frozen
 
 # A request that failed in transit: it may or may not have reached the server.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -27,7 +28,7 @@ NOT_SENT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError
 JSON_BODY = {"Content-Type": "application/json"}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Reply:
     status: int
     content: bytes

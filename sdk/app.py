@@ -11,11 +11,12 @@ import dataclasses
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from conveyor.durations import Duration, to_ms, to_ms_or_none
 from conveyor.errors import ContractError
+from conveyor.frozen import frozen
 from conveyor.schemas.resume import RESUME_POLICIES
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ PRIORITY_MAX = 9
 NAME_BYTES_MAX = 200
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Retry:
     """Retry policy: exponential backoff with full jitter, capped; some errors never retry.
 
@@ -77,7 +78,7 @@ class Retry:
         }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskOptions:
     """A task type's defaults; every enqueue may override them."""
 

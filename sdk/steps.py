@@ -53,6 +53,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
+from conveyor.frozen import frozen
 from conveyor.schemas.steps import (
     COMPENSATE_PREFIX,
     STEP_KEY_BYTES_MAX,
@@ -81,7 +82,7 @@ log = logging.getLogger("conveyor.steps")
 CLAIM, COMMIT = "CLAIM", "COMMIT"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepAck:
     """The platform's answer to one step claim or commit."""
 

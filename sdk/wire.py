@@ -9,7 +9,7 @@ first ack was lost meets its twin instead of creating a second task.
 from __future__ import annotations
 
 import uuid
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, field
 from datetime import UTC, datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
@@ -25,6 +25,7 @@ from conveyor.errors import (
     TransientError,
     Unauthorized,
 )
+from conveyor.frozen import frozen
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -42,7 +43,7 @@ UNSET: Final = _Unset.UNSET
 MaybeDuration = Duration | None | _Unset
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Enqueue:
     """One task to enqueue: for ``enqueue_many``. Unset options take the task type's
     defaults (or the server's, for a task named by string)."""
@@ -164,7 +165,7 @@ def chunks(bodies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 # --- replies -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ErrorInfo:
     error_class: str
     message: str | None = None
@@ -181,7 +182,7 @@ class ErrorInfo:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AttemptInfo:
     attempt: int
     worker: str | None
@@ -192,7 +193,7 @@ class AttemptInfo:
     log_url: str | None = None  # what the attempt printed: ``client.attempt_log(attempt)``
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskInfo:
     """A task as ``GET /v1/tasks/{id}`` describes it (lists leave out payload/attempts)."""
 
@@ -253,7 +254,7 @@ class TaskInfo:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskPage:
     tasks: list[TaskInfo]
     next_cursor: str | None = None
@@ -269,7 +270,7 @@ def query(**params: Any) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class OperationInfo:
     """A bulk retry or cancel by filter, as ``GET /v1/operations/{id}`` reports it."""
 
@@ -403,7 +404,7 @@ def schedule_body(
     }
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ScheduleInfo:
     schedule_id: str
     cron: str

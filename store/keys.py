@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import functools
 import struct
-from dataclasses import dataclass
 
+from conveyor.frozen import frozen
 from conveyor.schemas.types import TimerKind, TimerRef
 
 TASKS = b"t"
@@ -167,7 +167,7 @@ def queue_head(app: str, tenant: str, queue: str) -> bytes:
     return META + b"head/" + lp(app) + lp(tenant) + lp(queue)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class QueueKeys:
     """Every key of one (app, tenant, queue) ready queue, built once: dispatch touches them
     for every task."""

@@ -11,7 +11,6 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +18,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Column, Table
+
+from conveyor.frozen import frozen
 
 # soft_wrap: never break a task id or an API key across lines, even on a pipe.
 console = Console(highlight=False, soft_wrap=True)
@@ -77,7 +78,7 @@ def dev_key(home: Path) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Remote:
     url: str
     api_key: str

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,6 +30,7 @@ from conveyor.cli.common import (
     fail,
     home_dir,
 )
+from conveyor.frozen import frozen
 
 if TYPE_CHECKING:
     from conveyor.store.blobs import Blobs
@@ -139,7 +139,7 @@ def _banner(url: str, key: str, home: Path) -> None:
     sys.stdout.flush()  # a supervisor (or a test) may be waiting for these lines on a pipe
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SnapshotConfig:
     """Whether and where the node keeps its Postgres query snapshot."""
 

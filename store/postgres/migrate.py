@@ -9,10 +9,11 @@ migration exactly once and a failed one leaves nothing half-applied.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+
+from conveyor.frozen import frozen
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -20,7 +21,7 @@ _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 0x636F6E76
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Migration:
     version: int
     name: str

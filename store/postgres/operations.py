@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
+from conveyor.frozen import frozen
 from conveyor.store.postgres.queries import TaskQuery
 
 RUNNING = "running"
@@ -32,7 +32,7 @@ _COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Operation:
     operation_id: str
     tenant: str

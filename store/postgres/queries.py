@@ -26,6 +26,7 @@ from typing import Any
 
 import asyncpg
 
+from conveyor.frozen import frozen
 from conveyor.schemas.types import StepRow
 
 TASK_LIST_COLUMNS = (
@@ -36,7 +37,7 @@ TASK_LIST_COLUMNS = (
 _QUALIFIED = ", ".join(f"t.{c.strip()}" for c in TASK_LIST_COLUMNS.split(","))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskQuery:
     tenant: str
     statuses: tuple[str, ...] = ()

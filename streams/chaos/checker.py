@@ -14,13 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.frozen import frozen
 from conveyor.streams.chaos.history import NEMESIS, Op
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"})
 SAFETY = ("lost", "unexpected", "duplicated", "double_terminal", "regressions")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Thresholds:
     """The least a run must show to be judged at all."""
 
@@ -29,7 +30,7 @@ class Thresholds:
     min_agent_kills: int = 1
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Evidence:
     """Everything read after the run, besides the history.
 

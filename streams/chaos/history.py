@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from conveyor.frozen import frozen
+
 OpType = Literal["invoke", "ok", "fail", "info"]
 NEMESIS = "nemesis"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Op:
     process: int | str  # a client number, or "nemesis"
     type: OpType

@@ -125,9 +125,12 @@ def _check_text(text: str, path: str) -> None:
             raise invalid(path, "contains an unpaired UTF-16 surrogate escape") from None
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # one, not one per call
+
+
 def compact(value: Any) -> bytes:
     """The canonical wire form of a checked JSON value: what payloads and results store."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _COMPACT.encode(value).encode("utf-8")
 
 
 class Fields:
@@ -158,8 +161,8 @@ class Fields:
 
     def opt_str(self, name: str, *, bytes_max: int = NAME_BYTES_MAX) -> str | None:
         value = self.value.get(name)
-        if value is None:
-            return None
+        if value is None or is_name(value, bytes_max):  # the path only for an error
+            return value
         return check_name(value, self.at(name), bytes_max)
 
     def opt_text(self, name: str, *, bytes_max: int, nul_ok: bool = True) -> str | None:
@@ -186,8 +189,8 @@ class Fields:
 
     def opt_int(self, name: str, lo: int, hi: int) -> int | None:
         value = self.value.get(name)
-        if value is None:
-            return None
+        if value is None or (type(value) is int and lo <= value <= hi):
+            return value
         return check_int(value, self.at(name), lo, hi)
 
     def int_or(self, name: str, lo: int, hi: int, default: int) -> int:
@@ -245,6 +248,15 @@ class Fields:
     def obj(self, name: str, allowed: Iterable[str]) -> Fields | None:
         value = self.value.get(name)
         return None if value is None else Fields(value, self.at(name), allowed)
+
+
+def is_name(value: Any, bytes_max: int = NAME_BYTES_MAX) -> bool:
+    """What ``check_name`` lets through, without saying why not."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value.encode("utf-8")) <= bytes_max
+        and _CONTROL.search(value) is None
+    )
 
 
 def check_name(value: Any, path: str, bytes_max: int = NAME_BYTES_MAX) -> str:

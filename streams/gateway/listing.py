@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
 
 from conveyor.errors import ContractError
+from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
 from conveyor.store import keys
 from conveyor.streams.gateway.fields import check_task_id
@@ -25,7 +25,7 @@ from conveyor.streams.node import Node
 SCAN_ROWS_MAX = 10_000
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Cursor:
     partition: int
     after: str  # the last task id returned or examined in that partition

@@ -8,9 +8,9 @@ fields a firing sets itself: ``delay_ms``/``run_at`` (the firing time is the sch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from conveyor.frozen import frozen
 from conveyor.schemas import codec
 from conveyor.schemas.types import CatchUp, OverlapPolicy, Schedule, UpsertSchedule
 from conveyor.streams import cron
@@ -23,7 +23,7 @@ DEFAULT_TIMEZONE = "UTC"
 E = TypeVar("E", OverlapPolicy, CatchUp)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ScheduleRequest:
     schedule_id: str
     cron: str

@@ -28,8 +28,9 @@ while other tenants' work goes on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from conveyor.frozen import frozen
 
 HIDDEN_MARKER = "$hidden"
 # The value a hidden payload is replaced with. Clients cannot send an object whose only key is
@@ -37,7 +38,7 @@ HIDDEN_MARKER = "$hidden"
 HIDDEN: dict[str, Any] = {HIDDEN_MARKER: "payloads are hidden for this tenant (show_payloads)"}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TenantSettings:
     show_payloads: bool = True
     enqueue_rate: float | None = None  # tasks/s; None: no limit

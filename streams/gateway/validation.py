@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from conveyor.frozen import frozen
 from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
 from conveyor.streams.gateway.fields import (
@@ -60,12 +60,13 @@ _RETRY_FIELDS = frozenset(
     {"attempts_max", "backoff_base_ms", "backoff_factor", "backoff_cap_ms", "non_retryable"}
 )
 _TIMEOUT_FIELDS = ("schedule_to_start_ms", "start_to_close_ms", "schedule_to_close_ms")
+_ABSENT = Fields({}, "", ())  # an object not sent: every read gives its default, none fails
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EnqueueRequest:
     """One validated task of ``POST /v1/tasks`` or of a batch. ``path`` is where it sat."""
 
@@ -101,8 +102,8 @@ def parse_task(body: Any, path: str = "") -> EnqueueRequest:
     run_at_ms = _run_at(f)
     if delay_ms is not None and run_at_ms is not None:
         raise invalid(f.at("run_at"), "delay_ms and run_at are exclusive; send one of them")
-    timeouts = f.obj("timeouts", _TIMEOUT_FIELDS) or Fields({}, f.at("timeouts"), ())
-    retry = f.obj("retry", _RETRY_FIELDS) or Fields({}, f.at("retry"), ())
+    timeouts = f.obj("timeouts", _TIMEOUT_FIELDS) or _ABSENT
+    retry = f.obj("retry", _RETRY_FIELDS) or _ABSENT
     base = retry.int_or("backoff_base_ms", 0, DURATION_MS_MAX, _DEFAULT.backoff_base_ms)
     cap = retry.int_or("backoff_cap_ms", 0, DURATION_MS_MAX, _DEFAULT.backoff_cap_ms)
     if cap < base:
@@ -212,7 +213,7 @@ def to_spec(
 # --- reads and bulk operations -----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskFilter:
     statuses: frozenset[TaskStatus] = frozenset()  # empty: any
     queue: str | None = None
@@ -225,7 +226,7 @@ class TaskFilter:
     finished_to_ms: int | None = None  # finished before (exclusive)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ListQuery:
     filter: TaskFilter
     limit: int
@@ -309,7 +310,7 @@ def _query_int(q: Fields, name: str, lo: int, hi: int) -> int | None:
     return check_int(value, name, lo, hi)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RetryRequest:
     """``task_ids``: retried in the request, at most ``BATCH_MAX``. ``filter``: a bulk
     operation over every FAILED match (up to ``limit`` tasks when given), run in the
@@ -320,7 +321,7 @@ class RetryRequest:
     limit: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class BulkCancelRequest:
     filter: TaskFilter
     reason: str

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
+from conveyor.frozen import frozen
 from conveyor.schemas.limits import (
     ATTEMPT_LOG_BYTES_MAX,
     ERROR_CLASS_BYTES_MAX,
@@ -39,7 +39,7 @@ LEASE_MS_MIN, LEASE_MS_MAX = 100, 3_600_000
 IDENTITY_BYTES_MAX = STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX  # "name:key"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Register:
     agent_id: str
     app: str
@@ -61,7 +61,7 @@ def parse_register(body: Any) -> Register:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Poll:
     agent_id: str
     app: str
@@ -99,7 +99,7 @@ def parse_heartbeat(body: Any) -> list[LeaseRef]:
     return [_lease_ref(item, f"leases[{i}]", frozenset())[1] for i, item in enumerate(items)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompletionRequest:
     path: str
     task_id: str
@@ -116,7 +116,7 @@ class CompletionRequest:
     wait: WaitStep | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class FanOutRequest:
     """A FAN_OUT outcome's parallel step. ``children`` are enqueue bodies, checked by the
     gateway service against the workflow (its app is their default): a bad child fails the
@@ -234,7 +234,7 @@ def _sleep(f: Fields) -> SleepStep | None:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StepRequest:
     path: str
     task_id: str
@@ -271,7 +271,7 @@ def _step(item: Any, path: str) -> StepRequest:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CheckpointRequest:
     path: str
     task_id: str

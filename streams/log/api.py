@@ -25,17 +25,17 @@ Rules every implementation MUST follow:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import NewType, Protocol
 
 from conveyor.errors import ContractError, FencedError
+from conveyor.frozen import frozen
 
 Offset = NewType("Offset", int)
 Epoch = NewType("Epoch", int)
 PartitionId = NewType("PartitionId", int)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LogRecord:
     offset: int
     data: bytes

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from conveyor.frozen import frozen
 from conveyor.streams.log.api import LogCorruption
 from conveyor.streams.log.local import (
     ScanResult,
@@ -31,7 +32,7 @@ from conveyor.streams.log.local import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class BadFrame:
     """Where a check failed: the file, the partition, the record offset and why."""
 
@@ -41,7 +42,7 @@ class BadFrame:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PartitionReport:
     partition: int
     start_offset: int  # first retained offset (records below were trimmed)
@@ -54,7 +55,7 @@ class PartitionReport:
     index_ok: bool  # every index entry points at the frame it claims
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class VerifyReport:
     ok: bool
     bad: BadFrame | None  # the first corruption found; checking stops there

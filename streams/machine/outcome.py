@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conveyor.frozen import frozen
 from conveyor.schemas.types import ScheduleEvent, StepEvent, TaskEvent, TaskStatus
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Meta:
     """Where a record sits and who proposed it: the machine's only source of time."""
 
@@ -18,7 +19,7 @@ class Meta:
     partitions: int = 1  # of the node, fixed at creation: where spilled children go
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Reply:
     """The answer to item ``index`` of the client or agent record at ``offset``."""
 
@@ -31,7 +32,7 @@ class Reply:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Grant:
     task_id: str
     lease_id: int
@@ -39,7 +40,7 @@ class Grant:
     lease_ms: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Offer:
     """Leases granted for a waiting agent's request; the runtime hands them over."""
 
@@ -47,7 +48,7 @@ class Offer:
     grants: list[Grant]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LeaseEnded:
     """Stop tracking heartbeats of this lease."""
 
@@ -55,7 +56,7 @@ class LeaseEnded:
     lease_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CancelLease:
     """Tell the lease holder to stop (answered on its next heartbeat)."""
 
@@ -63,7 +64,7 @@ class CancelLease:
     lease_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TaskFinished:
     """A task reached a terminal state: wake whoever waits for its result."""
 

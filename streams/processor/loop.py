@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.errors import TransientError
+from conveyor.frozen import frozen
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     AnnounceEpoch,
@@ -75,7 +76,7 @@ APPENDED_KEEP = 4_096  # records appended here and not yet applied, kept decoded
 READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued, EventKind.TaskLeased})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Appended:
     """A record as this processor encoded it (rule 5)."""
 

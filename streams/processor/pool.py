@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from conveyor.frozen import frozen
 from conveyor.schemas.types import StepRow
 from conveyor.store.lanes import lanes_of
 from conveyor.streams.clock import Clock
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from conveyor.streams.processor.dispatch import Dispatcher
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Lease:
     """What an agent receives for one granted lease."""
 

@@ -28,10 +28,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import asyncpg
 
+from conveyor.frozen import frozen
 from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.schemas.types import EventBatch
 from conveyor.store.postgres import projection, queries
@@ -50,14 +50,14 @@ RETRY_MS = 1_000.0  # pause after a failed transaction
 GAUGE_REFRESH_MS = 15_000.0  # how often the tasks-by-state gauge is recounted
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Read:
     partition: int
     next_offset: int  # the offset after the last record of this read
     batches: list[EventBatch]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Failed:
     error: Exception
 
