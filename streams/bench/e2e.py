@@ -50,6 +50,7 @@ import psutil
 
 from conveyor.aclient import AsyncClient
 from conveyor.errors import ContractError
+from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
 from conveyor.store.rocksdb import RocksKV
 from conveyor.store.tables import Tables
@@ -117,7 +118,7 @@ async def _run(
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class Session:
     """The SDK client the figures are measured with, and a raw HTTP client for the listings
     that wait for a phase to finish (they need task ids only, not the SDK's summaries)."""

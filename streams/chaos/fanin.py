@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.aclient import AsyncClient
+from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
 from conveyor.streams.chaos import app as chaos_app
 from conveyor.streams.chaos import history as history_
@@ -56,7 +57,7 @@ FIRST_KILL_AFTER_S = 0.5  # after the last workflow was acked: its children stil
 NODE_HEAVY = NemesisConfig(interval_s=(1.0, 3.0), weights=(0.6, 0.2, 0.2, 0.0))
 
 
-@dataclass(frozen=True)
+@frozen
 class FanInConfig:
     workflows: int = 6
     children: tuple[int, int] = (50, 1_500)  # per workflow: over 1,000 spills across partitions
@@ -72,7 +73,7 @@ class FanInConfig:
     home: Path | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     key: str
     n: int

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from conveyor.frozen import frozen
+
 DIR = -1  # a directory entry that is a subdirectory (file entries hold an inode number)
 
 # One change to a file since its last sync: ("write", position, data) or ("truncate", length).
@@ -79,7 +81,7 @@ class DirState:
     pending: list[DirOp] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@frozen
 class Tear:
     """How much of one file's or directory's pending changes a crash keeps."""
 

@@ -21,11 +21,11 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from conveyor.aclient import AsyncClient
+from conveyor.frozen import frozen
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
@@ -36,7 +36,7 @@ ENQUEUE = (("POST", "/v1/tasks"),)
 COMPLETE = (("POST", "/worker/complete"),)
 
 
-@dataclass(frozen=True)
+@frozen
 class LostConfig:
     tasks: int = 200
     clients: int = 4

@@ -27,10 +27,10 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.frozen import frozen
 from conveyor.schemas.types import TaskSpec
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.chaos.disk import FaultyFileIO
@@ -45,7 +45,7 @@ TENANT = "t"
 OPS_PER_RUN_MIN = 180
 
 
-@dataclass(frozen=True)
+@frozen
 class PowerCutConfig:
     runs: int = 12
     seed: int = 0

@@ -34,6 +34,7 @@ from typing import Any
 
 from conveyor.aclient import AsyncClient
 from conveyor.errors import ContractError, NotFound
+from conveyor.frozen import frozen
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
@@ -48,7 +49,7 @@ RESOLVE_ROUNDS = 5  # after the heal, retries of keys that never got an answer
 READERS = 8  # concurrent GETs of the drain
 
 
-@dataclass(frozen=True)
+@frozen
 class Config:
     seconds: float = 90.0  # of load under faults
     seed: int = 0

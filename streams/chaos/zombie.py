@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.aclient import AsyncClient
+from conveyor.frozen import frozen
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
@@ -59,7 +60,7 @@ DROPPED = re.compile(r"completion of (\S+) dropped")
 LOST = re.compile(r"task (\S+): lease \d+ lost; dropped")
 
 
-@dataclass(frozen=True)
+@frozen
 class ZombieConfig:
     tasks: int = 80
     sleep_ms: int = 300
