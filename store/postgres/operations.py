@@ -172,8 +172,13 @@ async def finish(
     now_ms: int,
     error: str | None = None,
 ) -> None:
+    """``matched`` was counted from the snapshot at the start, which lags the node by the
+    projection lag: a task enqueued just before the operation, projected later, is walked
+    and done without having been counted. A finished operation counts it too."""
     await conn.execute(
-        "UPDATE operations SET state = $2, updated_ms = $3, error = $4 WHERE operation_id = $1",
+        "UPDATE operations SET state = $2, updated_ms = $3, error = $4, "
+        "matched = CASE WHEN $2 = 'done' THEN GREATEST(matched, done) ELSE matched END "
+        "WHERE operation_id = $1",
         operation_id,
         state,
         now_ms,

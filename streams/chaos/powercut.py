@@ -84,7 +84,8 @@ async def one_run(
     """One power cut and restart; the counts of the module docstring."""
     rng = random.Random(seed)
     fs = FaultyFileIO(home)
-    load = config.clients * config.enqueues / (PowerCutConfig.clients * PowerCutConfig.enqueues)
+    usual = PowerCutConfig()
+    load = config.clients * config.enqueues / (usual.clients * usual.enqueues)
     cut_at, seen = rng.randint(20, max(20, int(OPS_PER_RUN_MIN * load))), 0
     attempted: dict[str, str] = {}  # key -> task id
     acked: dict[str, str] = {}

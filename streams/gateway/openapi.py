@@ -421,7 +421,13 @@ _OPERATION = obj(
         "operation_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
         "kind": {"enum": ["retry", "cancel"]},
         "state": {"enum": ["running", "done", "failed"]},
-        "matched": nullable(integer(0, description="tasks matched at start; null: counting")),
+        "matched": nullable(
+            integer(
+                0,
+                description="tasks matched at start (once done, at least those done: the "
+                "snapshot lags the node a little); null: counting",
+            )
+        ),
         "done": integer(0, description="tasks processed"),
         "changed": integer(0, description="re-enqueued, or canceled / asked to stop"),
         "limit": nullable(integer(1)),
