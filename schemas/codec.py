@@ -11,11 +11,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import itertools
 import json
 import keyword
 import operator
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
@@ -161,124 +162,139 @@ def _write_long(n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _write_string(s: str) -> bytes:
-    data = s.encode()
-    return _write_long(len(data)) + data
-
-
-def _write_bytes(data: bytes) -> bytes:
-    return _write_long(len(data)) + data
-
-
-def _write_boolean(b: bool) -> bytes:
-    return b"\x01" if b else b"\x00"
-
-
-def _write_null(_: None) -> bytes:
-    return b""
-
-
-_PRIMITIVE_WRITERS: dict[str, Callable[[Any], bytes]] = {
-    "null": _write_null,
-    "int": _write_long,
-    "long": _write_long,
-    "string": _write_string,
-    "bytes": _write_bytes,
-    "boolean": _write_boolean,
-    "double": struct.Struct("<d").pack,
-    "float": struct.Struct("<f").pack,
+# A made writer is one expression, written out (``exec``, as ``dataclasses`` makes
+# ``__init__``): each primitive field's encoding is inlined, not a call, and an int below 2^13
+# (counts, attempts, lengths) is one lookup. The names a writer's code may use:
+_SCOPE: dict[str, Any] = {
+    "_L": _LAST,
+    "_wl": _write_long,
+    "_pd": struct.Struct("<d").pack,
+    "_pf": struct.Struct("<f").pack,
 }
 
 
-def _write_optional(write: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
-    def write_optional(value: Any) -> bytes:
-        return b"\x00" if value is None else b"\x02" + write(value)
-
-    return write_optional
+def _long_expr(x: str, temps: Iterator[str]) -> str:
+    t = next(temps)
+    return f"(_L[{t} << 1] if 0 <= ({t} := {x}) < 0x2000 else _wl({t}))"
 
 
-def _write_array(write: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
-    def write_array(values: Any) -> bytes:
-        if not values:
-            return b"\x00"
-        return b"".join([_write_long(len(values)), *map(write, values), b"\x00"])
-
-    return write_array
+def _sized_expr(data: str, temps: Iterator[str]) -> str:
+    """The length of ``data`` (an expression of bytes), then the bytes."""
+    t, n = next(temps), next(temps)
+    return f"((_L[{n} << 1] if ({n} := len({t} := {data})) < 0x2000 else _wl({n})) + {t})"
 
 
-def _value_writer(
-    schema: Any, named: dict[str, Any], within: frozenset[str]
-) -> Callable[[Any], bytes]:
-    """The writer of one value of ``schema``: a primitive, an enum, a record (a dataclass or a
-    dict), an array of these, or a union of null and one of these. Anything else, and a
-    record within itself, raises ``NotFlat``."""
+_PRIMITIVE_EXPRS: dict[str, Callable[[str, Iterator[str]], str]] = {
+    "null": lambda x, temps: 'b""',
+    "int": _long_expr,
+    "long": _long_expr,
+    "string": lambda x, temps: _sized_expr(f"({x}).encode()", temps),
+    "bytes": _sized_expr,
+    "boolean": lambda x, temps: f'(b"\\x01" if {x} else b"\\x00")',
+    "double": lambda x, temps: f"_pd({x})",
+    "float": lambda x, temps: f"_pf({x})",
+}
+
+
+def _value_expr(
+    schema: Any,
+    named: dict[str, Any],
+    within: frozenset[str],
+    x: str,
+    scope: dict[str, Any],
+    temps: Iterator[str],
+) -> str:
+    """An expression of the Avro encoding of the value of expression ``x``, of ``schema``: a
+    primitive, an enum, a record (a dataclass or a dict), an array of these, or a union of
+    null and one of these. Anything else, and a record within itself, raises ``NotFlat``.
+    Writers it calls go in ``scope``; ``temps`` names the expression's local variables."""
     if isinstance(schema, str):
-        if schema in _PRIMITIVE_WRITERS:
-            return _PRIMITIVE_WRITERS[schema]
+        if schema in _PRIMITIVE_EXPRS:
+            return _PRIMITIVE_EXPRS[schema](x, temps)
         if schema in named and schema not in within:  # a named type defined elsewhere
-            return _value_writer(named[schema], named, within)
+            return _value_expr(named[schema], named, within, x, scope, temps)
         raise NotFlat(schema)
     if isinstance(schema, list):
         if len(schema) == 2 and schema[0] == "null" and schema[1] != "null":
-            return _write_optional(_value_writer(schema[1], named, within))
+            t = next(temps)
+            inner = _value_expr(schema[1], named, within, t, scope, temps)
+            return f'(b"\\x00" if ({t} := {x}) is None else b"\\x02" + {inner})'
         raise NotFlat(schema)
     kind = schema.get("type")
     if kind == "enum":
         index = {symbol: _write_long(i) for i, symbol in enumerate(schema["symbols"])}
-        return index.__getitem__  # a StrEnum member finds its symbol
-    if kind == "array":
-        return _write_array(_value_writer(schema["items"], named, within))
+        return f"{_bind(scope, index)}[{x}]"  # a StrEnum member finds its symbol
+    if kind == "array":  # one block of all the items, then the empty block
+        t, item = next(temps), next(temps)
+        each = _value_expr(schema["items"], named, within, item, scope, temps)
+        return (
+            f'(b"\\x00" if not ({t} := {x}) else '
+            f'b"".join([_wl(len({t})), *[{each} for {item} in {t}], b"\\x00"]))'
+        )
     if kind == "record" and schema["name"] not in within:
-        inner = within | {schema["name"]}
-        writers = [_value_writer(f["type"], named, inner) for f in schema["fields"]]
+        inner_within = within | {schema["name"]}
         names = [f["name"] for f in schema["fields"]]
-        by_attribute = _joined(writers, [f"v.{name}" for name in names], names)
-        by_key = _joined(writers, [f"v[{name!r}]" for name in names], names)
+        by_attribute = _joined(schema, [f"v.{name}" for name in names], named, inner_within)
+        by_key = _joined(schema, [f"v[{name!r}]" for name in names], named, inner_within)
 
         def write_record(value: Any) -> bytes:
             return by_key(value) if isinstance(value, dict) else by_attribute(value)
 
-        return write_record
+        return f"{_bind(scope, write_record)}({x})"
     raise NotFlat(schema)  # maps, fixed, logical types
 
 
+def _bind(scope: dict[str, Any], value: Any) -> str:
+    """A new name for ``value`` in ``scope``."""
+    name = f"_w{len(scope)}"
+    scope[name] = value
+    return name
+
+
+def _temps() -> Iterator[str]:
+    return (f"_t{i}" for i in itertools.count())
+
+
 def _joined(
-    writers: list[Callable[[Any], bytes]], values: list[str], names: list[str]
+    schema: Any, values: list[str], named: dict[str, Any], within: frozenset[str]
 ) -> Callable[[Any], bytes]:
-    """``lambda v: b"".join((writers[0](<values[0]>), writers[1](<values[1]>), ...))``, each
-    ``values[i]`` an expression of ``v`` reading field ``names[i]``. Written out as one
-    expression (``exec``, as ``dataclasses`` makes ``__init__``): no loop, zip or tuple of
-    values per call, a third of the cost of a record's encoding. Avro names are identifiers;
-    anything else is refused (``NotFlat``) rather than put in code."""
+    """``lambda v: b"".join((<encoding of values[0]>, <of values[1]>, ...))`` for the fields
+    of record ``schema``, each ``values[i]`` an expression of ``v`` reading field i: no loop,
+    zip or tuple of values per call. Avro names are identifiers; anything else is refused
+    (``NotFlat``) rather than put in code."""
+    names = [f["name"] for f in schema["fields"]]
     if not all(name.isidentifier() and not keyword.iskeyword(name) for name in names):
         raise NotFlat(names)
-    calls = "".join(f"w{i}({value}), " for i, value in enumerate(values))
-    scope: dict[str, Any] = {f"w{i}": write for i, write in enumerate(writers)}
-    exec(f"def write(v):\n    return b''.join(({calls}))\n", scope)
+    scope, temps = dict(_SCOPE), _temps()
+    parts = [
+        _value_expr(f["type"], named, within, value, scope, temps)
+        for f, value in zip(schema["fields"], values, strict=True)
+    ]
+    return _made(f"def write(v):\n    return b''.join(({', '.join(parts)},))\n", scope)
+
+
+def _made(code: str, scope: dict[str, Any]) -> Callable[[Any], bytes]:
+    exec(code, scope)
     return cast(Callable[[Any], bytes], scope["write"])
 
 
 def tuple_writer(schema: Any) -> Callable[[tuple[Any, ...]], bytes]:
     """An encoder of the field values of record ``schema``, in field order, giving the bytes
     ``schemaless_writer`` gives (``tests/unit/test_codec.py`` holds them equal). Every field
-    must be what ``_value_writer`` handles, or this raises ``NotFlat``."""
-    writers, names = _field_writers(schema)
-    return _joined(writers, [f"v[{i}]" for i in range(len(names))], names)
+    must be what ``_value_expr`` handles, or this raises ``NotFlat``."""
+    named, within = _names_of(schema)
+    return _joined(schema, [f"v[{i}]" for i in range(len(schema["fields"]))], named, within)
 
 
 def flat_writer(schema: Any) -> Callable[[Any], bytes]:
     """The encoder of ``tuple_writer``, of the attributes of an object named like the fields of
     ``schema``."""
-    writers, names = _field_writers(schema)
-    return _joined(writers, [f"v.{name}" for name in names], names)
+    named, within = _names_of(schema)
+    return _joined(schema, [f"v.{f['name']}" for f in schema["fields"]], named, within)
 
 
-def _field_writers(schema: Any) -> tuple[list[Callable[[Any], bytes]], list[str]]:
-    """The writer and the name of each field of record ``schema``."""
-    named = {**_named, **schema.get("__named_schemas", {})}
-    within = frozenset({schema["name"]})
-    writers = [_value_writer(f["type"], named, within) for f in schema["fields"]]
-    return writers, [f["name"] for f in schema["fields"]]
+def _names_of(schema: Any) -> tuple[dict[str, Any], frozenset[str]]:
+    return {**_named, **schema.get("__named_schemas", {})}, frozenset({schema["name"]})
 
 
 class TaskCodec:

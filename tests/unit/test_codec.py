@@ -8,13 +8,14 @@ import dataclasses
 import enum
 import inspect
 import io
+import itertools
 import json
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastavro import schemaless_writer
+from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -755,4 +756,50 @@ def test_longs_are_written_as_zigzag_varints(n: int) -> None:
 
 def test_a_field_name_that_is_no_identifier_is_never_put_in_code() -> None:
     with pytest.raises(codec.NotFlat):
-        codec._joined([codec._write_long], ["v.x"], ["x); import os; os.exit(1"])
+        codec.flat_writer(
+            {"type": "record", "name": "R", "fields": [{"name": "x); os.exit(1", "type": "long"}]}
+        )
+
+
+def test_made_writers_give_fastavros_bytes_at_every_encoding_boundary() -> None:
+    schema = parse_schema(
+        {
+            "type": "record",
+            "name": "Edges",
+            "fields": [
+                {"name": "n", "type": "long"},
+                {"name": "s", "type": "string"},
+                {"name": "b", "type": "bytes"},
+                {"name": "o", "type": ["null", "long"]},
+                {"name": "flag", "type": "boolean"},
+                {"name": "d", "type": "double"},
+                {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+                {"name": "xs", "type": {"type": "array", "items": ["null", "string"]}},
+                {
+                    "name": "r",
+                    "type": [
+                        "null",
+                        {"type": "record", "name": "In", "fields": [{"name": "k", "type": "int"}]},
+                    ],
+                },
+            ],
+        }
+    )
+    write = codec.tuple_writer(schema)
+    longs = [0, 1, -1, 0x1FFF, 0x2000, -0x2000, 2**41, 2**63 - 1, -(2**63)]
+    sizes = [0, 1, 0x1FFF, 0x2000, 0x10000]
+    for n, size in itertools.zip_longest(longs, sizes, fillvalue=7):
+        datum = {
+            "n": n,
+            "s": "é" * size,
+            "b": b"\x00" * size,
+            "o": None if size % 2 else n,
+            "flag": bool(size % 2),
+            "d": n / 3,
+            "e": "B",
+            "xs": [] if size == 0 else ["x" * size, None],
+            "r": None if size == 1 else {"k": size},
+        }
+        buf = io.BytesIO()
+        schemaless_writer(buf, schema, datum)
+        assert write(tuple(datum.values())) == buf.getvalue(), (n, size)
