@@ -6,11 +6,20 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conveyor.errors import ContractError
 from conveyor.schemas.types import Outcome, TaskStatus
 from conveyor.streams.gateway.errors import PayloadTooLarge, classify
-from conveyor.streams.gateway.fields import BODY_BYTES_MAX, DEPTH_MAX, compact, parse_json
+from conveyor.streams.gateway.fields import (
+    BODY_BYTES_MAX,
+    DEPTH_MAX,
+    check_name,
+    compact,
+    is_name,
+    parse_json,
+)
 from conveyor.streams.gateway.validation import (
     BATCH_MAX,
     parse_batch,
@@ -295,3 +304,18 @@ def test_the_resume_policy_reaches_the_spec_and_defaults_to_latest() -> None:
         assert spec.resume == resume
     error = rejects(parse_task, {**OK, "resume": "sticky"}, "resume")
     assert "latest|pinned" in str(error)
+
+
+@given(
+    value=st.one_of(st.text(max_size=12), st.integers(), st.none(), st.lists(st.text())),
+    bytes_max=st.integers(0, 12),
+)
+def test_the_quick_name_check_lets_through_exactly_what_the_explaining_one_does(
+    value: Any, bytes_max: int
+) -> None:
+    try:
+        check_name(value, "f", bytes_max)
+    except ContractError:
+        assert not is_name(value, bytes_max)
+    else:
+        assert is_name(value, bytes_max)
