@@ -270,11 +270,7 @@ def _joined(
         _value_expr(f["type"], named, within, value, scope, temps)
         for f, value in zip(schema["fields"], values, strict=True)
     ]
-    return _made(f"def write(v):\n    return b''.join(({', '.join(parts)},))\n", scope)
-
-
-def _made(code: str, scope: dict[str, Any]) -> Callable[[Any], bytes]:
-    exec(code, scope)
+    exec(f"def write(v):\n    return b''.join(({', '.join(parts)},))\n", scope)
     return cast(Callable[[Any], bytes], scope["write"])
 
 

@@ -260,14 +260,15 @@ def is_name(value: Any, bytes_max: int = NAME_BYTES_MAX) -> bool:
 
 
 def check_name(value: Any, path: str, bytes_max: int = NAME_BYTES_MAX) -> str:
+    """``value`` if ``is_name``; else an error that says which of its tests failed."""
+    if is_name(value, bytes_max):
+        return str(value)
     if not isinstance(value, str):
         raise invalid(path, f"must be a string, got {describe(value)}")
     size = len(value.encode("utf-8"))
     if size == 0 or size > bytes_max:
         raise invalid(path, f"must be 1..{bytes_max} bytes of UTF-8, got {size}")
-    if _CONTROL.search(value):
-        raise invalid(path, "must not contain control characters")
-    return value
+    raise invalid(path, "must not contain control characters")
 
 
 def check_int(value: Any, path: str, lo: int, hi: int) -> int:
