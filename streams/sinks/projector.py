@@ -20,6 +20,13 @@ Rules, and why:
    7.3 -> 5.6-6.4 ms). The snapshot lags by at most that much more.
 4. The projector never blocks the processors: it only reads the events log. If Postgres is
    down it retries with a backoff, and the lag metrics show how far behind it is.
+5. A row whose newest event is TaskLeased is held back up to ``HOLD_LEASED_MS`` (with its
+   attempt), and folded with the events that come meanwhile: a task that ends within that time
+   costs one row version and one attempt insert instead of two of each (every version of a
+   task row updates each of its indexes). Its steps wait with it, so the snapshot shows a
+   task's rows as of one moment; a listing by status shows a lease that much later. Held rows
+   keep their partition's watermark at the read they came in, so a crash or a restart
+   re-reads them (rule 1). Catching up holds nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import asyncpg
 
 from conveyor.frozen import frozen
 from conveyor.schemas.codec import EVENT_BATCH
-from conveyor.schemas.types import EventBatch
+from conveyor.schemas.types import EventBatch, EventKind
 from conveyor.store.postgres import projection, queries
 from conveyor.streams.clock import Clock, SystemClock
 from conveyor.streams.log.api import Log
@@ -46,6 +53,7 @@ QUEUE_MAX = 64  # decoded read batches waiting for the writer: bounds memory whe
 CHUNK_EVENTS_MAX = 10_000  # events folded into one transaction
 LINGER_EVENTS = 256  # a chunk smaller than this waits for more (rule 3)...
 LINGER_MS = 25.0  # ...this long at most
+HOLD_LEASED_MS = 500.0  # rule 5
 RETRY_MS = 1_000.0  # pause after a failed transaction
 GAUGE_REFRESH_MS = 15_000.0  # how often the gauges are refreshed...
 # ...but the tasks-by-state count scans every task row (seconds at 10^7 rows): it is redone
@@ -56,8 +64,16 @@ COUNT_SHARE_MAX = 0.01
 @frozen
 class _Read:
     partition: int
+    offset: int  # the offset of the first record of this read
     next_offset: int  # the offset after the last record of this read
     batches: list[EventBatch]
+
+
+@frozen
+class _Held:
+    since_ms: float  # held since (monotonic)
+    partition: int
+    offset: int  # the read it came in: its partition's watermark stays at or below it
 
 
 @frozen
@@ -65,7 +81,13 @@ class _Failed:
     error: Exception
 
 
+class _Due:
+    """A held row is due to be written (rule 5)."""
+
+
+_DUE = _Due()
 _Item = _Read | _Failed | None  # None: a reader reached the end (catch-up only)
+_LEASED = EventKind.TaskLeased.value
 
 
 class Projector:
@@ -82,6 +104,9 @@ class Projector:
         self.metrics = metrics
         self.clock = clock or SystemClock()
         self.next_offsets: dict[int, int] = {}
+        self._read_to: dict[int, int] = {}  # per partition, the offset after the last read
+        self._held = projection.Fold.empty()  # rule 5: rows not written yet...
+        self._held_at: dict[str, _Held] = {}  # ...and since when, from which read
         self.events_projected = 0
         self.last_event_ms: int | None = None
 
@@ -124,6 +149,8 @@ class Projector:
     async def _project(self, *, follow: bool) -> None:
         async with self.pool.acquire() as conn:
             self.next_offsets = await projection.watermarks(conn)
+        self._read_to = dict(self.next_offsets)
+        self._held, self._held_at = projection.Fold.empty(), {}  # re-read from the watermarks
         queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_MAX)
         readers = [
             asyncio.create_task(self._read(p, queue, follow), name=f"project-read-{p}")
@@ -131,7 +158,7 @@ class Projector:
         ]
         side = [asyncio.create_task(self._refresh_gauges())] if follow and self.metrics else []
         try:
-            await self._write_loop(queue, len(readers))
+            await self._write_loop(queue, len(readers), hold=follow)
             for reader in readers:
                 await reader  # surfaces a reader's failure
         finally:
@@ -148,7 +175,8 @@ class Projector:
                 partition, start, follow=follow, max_batch=READ_BATCH
             ):
                 batches = [EVENT_BATCH.decode(r.data) for r in records]
-                await queue.put(_Read(partition, records[-1].offset + 1, batches))
+                read = _Read(partition, records[0].offset, records[-1].offset + 1, batches)
+                await queue.put(read)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # hand it to the writer, which stops the projector with it
@@ -156,18 +184,21 @@ class Projector:
             return
         await queue.put(None)  # this reader is done
 
-    async def _write_loop(self, queue: asyncio.Queue[_Item], readers: int) -> None:
+    async def _write_loop(self, queue: asyncio.Queue[_Item], readers: int, hold: bool) -> None:
         while readers:
             reads: list[_Read] = []
             events = 0
-            item: _Item = await queue.get()
+            item = await self._next_or_due(queue)
+            if item is _DUE:
+                await self._write_with_retry(reads, hold)
+                continue
             linger_until = self.clock.monotonic_ms() + LINGER_MS
             while True:
                 if isinstance(item, _Failed):
                     raise item.error
                 if item is None:
                     readers -= 1
-                else:
+                elif isinstance(item, _Read):
                     reads.append(item)
                     events += sum(len(b.events) for b in item.batches)
                 if events >= CHUNK_EVENTS_MAX:
@@ -183,10 +214,21 @@ class Projector:
                     break
                 item = queue.get_nowait()
             if reads:
-                await self._write_with_retry(reads)
+                await self._write_with_retry(reads, hold)
 
-    async def _write_with_retry(self, reads: Sequence[_Read]) -> None:
-        fold, marks = _fold(reads)
+    async def _next_or_due(self, queue: asyncio.Queue[_Item]) -> _Item | _Due:
+        """The next item; ``_DUE`` if a held row is due before one comes (rule 5)."""
+        if not self._held_at:
+            return await queue.get()
+        due = min(h.since_ms for h in self._held_at.values()) + HOLD_LEASED_MS
+        try:
+            async with asyncio.timeout(max(0.0, due - self.clock.monotonic_ms()) / 1000):
+                return await queue.get()
+        except TimeoutError:
+            return _DUE
+
+    async def _write_with_retry(self, reads: Sequence[_Read], hold: bool) -> None:
+        fold, marks = self._chunk(reads, hold)
         while True:
             started = self.clock.monotonic_ms()
             try:
@@ -198,6 +240,23 @@ class Projector:
                 await self.clock.sleep_ms(RETRY_MS)
         self.next_offsets.update(marks)
         self._after_write(reads, (self.clock.monotonic_ms() - started) / 1000)
+
+    def _chunk(self, reads: Sequence[_Read], hold: bool) -> tuple[projection.Fold, dict[int, int]]:
+        """The rows to write now (the held ones with this chunk's events folded onto them,
+        less those held further) and the watermarks that cover them."""
+        fold = _fold(reads, self._held)
+        for r in reads:
+            self._read_to[r.partition] = max(self._read_to.get(r.partition, 0), r.next_offset)
+        if hold:
+            self._held, self._held_at = _take_held(
+                fold, self._held_at, reads, self.clock.monotonic_ms()
+            )
+        else:
+            self._held, self._held_at = projection.Fold.empty(), {}
+        marks = dict(self._read_to)
+        for held in self._held_at.values():
+            marks[held.partition] = min(marks[held.partition], held.offset)
+        return fold, marks
 
     def _after_write(self, reads: Sequence[_Read], write_s: float) -> None:
         count = 0
@@ -238,9 +297,9 @@ class Projector:
             await self.clock.sleep_ms(GAUGE_REFRESH_MS)
 
 
-def _fold(reads: Sequence[_Read]) -> tuple[projection.Fold, dict[int, int]]:
-    fold = projection.Fold.empty()
-    marks: dict[int, int] = {}
+def _fold(reads: Sequence[_Read], held: projection.Fold) -> projection.Fold:
+    """The events of ``reads`` folded onto the ``held`` rows (rule 5: as if one chunk)."""
+    fold = held
     for r in reads:
         for batch in r.batches:
             for event in batch.events:
@@ -249,5 +308,30 @@ def _fold(reads: Sequence[_Read]) -> tuple[projection.Fold, dict[int, int]]:
                 fold.add_step(step)
             for schedule in batch.schedules:
                 fold.add_schedule(schedule)
-        marks[r.partition] = max(marks.get(r.partition, 0), r.next_offset)
-    return fold, marks
+    return fold
+
+
+def _take_held(
+    fold: projection.Fold, held_at: dict[str, _Held], reads: Sequence[_Read], now_ms: float
+) -> tuple[projection.Fold, dict[str, _Held]]:
+    """Take out of ``fold`` the rows to hold on (rule 5), with their attempts and steps (the
+    snapshot shows a task's rows as of one moment): newest event TaskLeased, held for less
+    than ``HOLD_LEASED_MS`` so far."""
+    first: dict[int, int] = {}  # per partition, the offset of this chunk's first read
+    for r in reads:
+        first[r.partition] = min(first.get(r.partition, r.offset), r.offset)
+    held = projection.Fold.empty()
+    since: dict[str, _Held] = {}
+    for task_id, row in fold.tasks.items():
+        if row.last_event == _LEASED:
+            at = held_at.get(task_id) or _Held(now_ms, row.partition, first[row.partition])
+            if now_ms - at.since_ms < HOLD_LEASED_MS:
+                held.tasks[task_id] = row
+                since[task_id] = at
+    for task_id in held.tasks:
+        del fold.tasks[task_id]
+    for key in [key for key in fold.attempts if key[0] in since]:
+        held.attempts[key] = fold.attempts.pop(key)
+    for step in [key for key in fold.steps if key[0] in since]:
+        held.steps[step] = fold.steps.pop(step)
+    return held, since

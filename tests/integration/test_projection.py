@@ -528,3 +528,102 @@ async def _nul(node: Node, pool: Any) -> None:
     assert rows[spec.task_id]["error_class"] == "Bad\ufffdClass"
     assert later.task_id in rows  # the events after it were projected too
     assert node.get("alpha", spec.task_id).error_message == "bad \x00 byte"
+
+
+def test_a_lease_is_held_back_and_folded_with_its_end(env: tuple[Path, str]) -> None:
+    """Rule 5 of the projector: a row whose newest event is TaskLeased waits (on the
+    projector's clock) for the attempt's end, so a short attempt is written once; the
+    watermark stays below a held row, so a restart projects it; and a held row is written
+    when its time is up, with no event after it."""
+    asyncio.run(_run(env, _held_lease))
+
+
+async def _held_lease(node: Node, pool: Any) -> None:
+    from conveyor.streams.clock import FakeClock
+    from conveyor.streams.routing import mint_task_id
+    from conveyor.streams.sinks.projector import HOLD_LEASED_MS, Projector
+
+    await pool.execute(
+        """CREATE TABLE written (task_id text, status text);
+        CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+            INSERT INTO written VALUES (NEW.task_id, NEW.status); RETURN NEW; END $$;
+        CREATE TRIGGER noted AFTER INSERT OR UPDATE ON tasks
+            FOR EACH ROW EXECUTE FUNCTION note();"""
+    )  # every version of a task row, in order
+    clock = FakeClock()
+    projector = Projector(node.events, pool, clock=clock)
+    running = asyncio.create_task(projector.run())
+
+    async def projected(events: int) -> None:
+        deadline = asyncio.get_running_loop().time() + 20
+        while projector.events_projected < events:
+            assert asyncio.get_running_loop().time() < deadline, projector.events_projected
+            await asyncio.sleep(0.01)
+
+    async def row(task_id: str) -> tuple[Any, ...]:
+        status = await pool.fetchval("SELECT status FROM tasks WHERE task_id = $1", task_id)
+        attempts = await pool.fetch(
+            "SELECT started_ms IS NOT NULL, outcome FROM attempts WHERE task_id = $1", task_id
+        )
+        return status, [tuple(a) for a in attempts]
+
+    async def until(task_id: str, status: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 20
+        while (await row(task_id))[0] != status:
+            assert asyncio.get_running_loop().time() < deadline, await row(task_id)
+            await asyncio.sleep(0.01)
+
+    async def lease(spec: TaskSpec) -> Any:
+        (got,) = await node.poll(
+            agent_id="a", app="shop", tenants=[], queues=[], capacity=1, wait_ms=2_000
+        )
+        assert got.task_id == spec.task_id
+        return got
+
+    first, second = (
+        TaskSpec(task_id=mint_task_id(0), tenant="alpha", app="shop", task_type="email")
+        for _ in range(2)
+    )
+    await node.enqueue([first])
+    await projected(1)
+    assert await row(first.task_id) == ("ENQUEUED", [])
+    leased = await lease(first)
+    await projected(2)
+    await asyncio.sleep(0.1)  # a chunk or two more: the row stays held, time has not moved
+    assert await row(first.task_id) == ("ENQUEUED", [])
+
+    await _stop(running)  # a restart re-reads the held lease from the watermark
+    assert await Projector(node.events, pool).catch_up() >= 1
+    assert await row(first.task_id) == ("LEASED", [(True, None)])
+
+    running = asyncio.create_task(projector.run())
+    await node.enqueue([second])
+    await until(second.task_id, "ENQUEUED")
+    done = Completion(task_id=first.task_id, lease_id=leased.lease_id, outcome=Outcome.SUCCEEDED)
+    await node.complete([done])
+    await until(first.task_id, "SUCCEEDED")
+    assert await row(first.task_id) == ("SUCCEEDED", [(True, "SUCCEEDED")])
+    written = await pool.fetch("SELECT status FROM written WHERE task_id = $1", first.task_id)
+    assert [w["status"] for w in written] == ["ENQUEUED", "LEASED", "SUCCEEDED"]  # restarted
+
+    before = projector.events_projected
+    await lease(second)
+    await projected(before + 1)
+    await asyncio.sleep(0.1)
+    assert await row(second.task_id) == ("ENQUEUED", [])  # held
+
+    clock.advance(HOLD_LEASED_MS)  # its time is up: written with no event after it
+    await until(second.task_id, "LEASED")
+    assert await row(second.task_id) == ("LEASED", [(True, None)])
+
+    third = TaskSpec(task_id=mint_task_id(0), tenant="alpha", app="shop", task_type="email")
+    await node.enqueue([third])
+    await until(third.task_id, "ENQUEUED")
+    short = await lease(third)
+    done = Completion(task_id=third.task_id, lease_id=short.lease_id, outcome=Outcome.SUCCEEDED)
+    await node.complete([done])
+    await until(third.task_id, "SUCCEEDED")
+    assert await row(third.task_id) == ("SUCCEEDED", [(True, "SUCCEEDED")])
+    written = await pool.fetch("SELECT status FROM written WHERE task_id = $1", third.task_id)
+    assert [w["status"] for w in written] == ["ENQUEUED", "SUCCEEDED"]  # one version less
+    await _stop(running)
