@@ -55,6 +55,7 @@ from conveyor.steps import StepAck
 
 log = logging.getLogger("conveyor.agent")
 
+CONCURRENCY = 8  # tasks an agent runs at once (its guests) unless told otherwise
 RETRY_PAUSE_S = 1.0  # after a failed poll or heartbeat round
 
 
@@ -102,7 +103,7 @@ class HostAgent:
         app: App | str,
         *,
         app_ref: str | None = None,
-        concurrency: int = 8,
+        concurrency: int = CONCURRENCY,
         prefetch: int = 0,
         heartbeat_s: float = 10.0,
         lease_s: float = 30.0,
@@ -442,7 +443,7 @@ async def run_agent(
     api_key: str,
     app_ref: str,
     *,
-    concurrency: int = 8,
+    concurrency: int = CONCURRENCY,
     prefetch: int = 0,
     heartbeat_s: float = 10.0,
     lease_s: float = 30.0,

@@ -45,8 +45,10 @@ def conveyor(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, "-m", "conveyor.cli", "bench", "e2e", "--json"]
     cmd += ["--tasks", str(args.tasks), "--single", str(args.single), "--idle", str(args.idle)]
     cmd += ["--concurrent", str(args.concurrent)]
-    cmd += ["--concurrency", str(args.conveyor_concurrency)]
-    cmd += ["--prefetch", str(args.conveyor_prefetch)]
+    if args.conveyor_concurrency is not None:
+        cmd += ["--concurrency", str(args.conveyor_concurrency)]
+    if args.conveyor_prefetch is not None:
+        cmd += ["--prefetch", str(args.conveyor_prefetch)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=CONVEYOR_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"conveyor bench e2e failed ({done.returncode}):\n{done.stderr}")
@@ -117,8 +119,10 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--idle", type=int, default=200, help="idle starts timed")
     parser.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated systems")
-    parser.add_argument("--conveyor-concurrency", type=int, default=32, help="guests")
-    parser.add_argument("--conveyor-prefetch", type=int, default=968, help="leases held ahead")
+    parser.add_argument("--conveyor-concurrency", type=int, help="guests (the agent's default)")
+    parser.add_argument(
+        "--conveyor-prefetch", type=int, help="leases held ahead (1,000 less the guests)"
+    )
     parser.add_argument("--pgqueuer-workers", type=int, default=1, help="worker processes")
     parser.add_argument("--dramatiq-processes", type=int, default=2)
     parser.add_argument("--dramatiq-threads", type=int, default=8)

@@ -253,10 +253,18 @@ def bench_e2e(
     tasks: Annotated[int, typer.Option("--tasks", min=1)] = 50_000,
     partitions: Annotated[int, typer.Option("--partitions", min=1)] = 8,
     agents: Annotated[int, typer.Option("--agents", min=1)] = 1,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Guests per agent")] = 32,
+    concurrency: Annotated[
+        int | None,
+        typer.Option("--concurrency", min=1, help="Guests per agent [default: the agent's, 8]"),
+    ] = None,
     prefetch: Annotated[
-        int, typer.Option("--prefetch", min=0, help="Leases an agent holds beyond its guests")
-    ] = 968,
+        int | None,
+        typer.Option(
+            "--prefetch",
+            min=0,
+            help="Leases an agent holds beyond its guests [default: 1,000 less the guests]",
+        ),
+    ] = None,
     single: Annotated[int, typer.Option("--single", min=1, help="Single enqueues timed")] = 500,
     concurrent: Annotated[
         int, typer.Option("--concurrent", min=1, help="Single enqueues from 16 callers at once")

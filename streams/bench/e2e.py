@@ -18,12 +18,16 @@ system:
    counts from the first enqueue to the last ``finished_ms``, read from the node's state
    after it stopped, where the run also checks that every task SUCCEEDED.
 
-The agent runs ``concurrency`` guests and holds ``prefetch`` more leases ready for them (its
-``--prefetch``): without them, a guest that finishes waits a whole poll round trip for its
-next task, and polls and grants come in batches of a few tasks. The default holds one full
-poll (1,000 leases with the guests'): while batches of enqueues keep the node busy, a poll's
-round trip grows to 0.2-0.3 s, and with 256 leases per round trip the guests idled through
-the enqueue phase (2,775-3,008 tasks/s, against 2,957-3,490 with 1,000, runs alternating).
+The agent runs ``concurrency`` guests, by default as many as ``conveyor agent`` runs unless
+told (8), and holds ``prefetch`` more leases ready for them (its ``--prefetch``): without
+them, a guest that finishes waits a whole poll round trip for its next task, and polls and
+grants come in batches of a few tasks. The default holds one full poll (1,000 leases with the
+guests'): while batches of enqueues keep the node busy, a poll's round trip grows to 0.2-0.3
+s, and with 256 leases per round trip the guests idled through the enqueue phase (2,775-3,008
+tasks/s, against 2,957-3,490 with 1,000, runs alternating). More guests than that cost CPU
+for nothing on this machine: no-op tasks keep 8 busy, and each of 32 guests wakes up for
+fewer tasks at a time (runs alternating: 3,119-4,074 tasks/s with 32 guests, 4,070-4,414 with
+8, 3,877-4,579 with 4; guests' CPU 4.7-6.0 s against 3.3-3.7 s with 8).
 
 Both processes are stopped by pid at the end, whatever happened (TERM, then KILL).
 """
@@ -49,6 +53,7 @@ import httpx
 import psutil
 
 from conveyor.aclient import AsyncClient
+from conveyor.agents.host import CONCURRENCY
 from conveyor.errors import ContractError
 from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
@@ -59,7 +64,7 @@ from conveyor.wire import Enqueue
 APP_REF = "conveyor.streams.bench.noop_app:app"
 APP = "bench"
 ENQUEUE_BATCH = 1_000
-PREFETCH = 968  # with 32 guests: 1,000 leases, what one poll asks for at most
+POLL_LEASES = 1_000  # guests and prefetch together: what one poll asks for at most
 CALLERS = 4  # concurrent batch enqueuers: enough to overlap the node's group commits
 SINGLE_CALLERS = 16  # concurrent single enqueuers
 START_TIMEOUT_S = 60.0
@@ -73,8 +78,8 @@ async def bench_e2e(
     tasks: int = 50_000,
     partitions: int = 8,
     agents: int = 1,
-    concurrency: int = 32,
-    prefetch: int = PREFETCH,
+    concurrency: int | None = None,  # None: the agent's default
+    prefetch: int | None = None,  # None: POLL_LEASES less the guests
     single: int = 500,
     concurrent: int = 4_000,
     idle: int = 200,
@@ -86,6 +91,10 @@ async def bench_e2e(
     in guests: the platform without the guest hop, as Celery-style workers run."""
     with tempfile.TemporaryDirectory(prefix="conveyor-e2e-") as tmp:
         root = Path(home or tmp)
+        if concurrency is None:
+            concurrency = CONCURRENCY
+        if prefetch is None:
+            prefetch = max(0, POLL_LEASES - concurrency)
         cluster = Cluster(root, partitions, agents, concurrency, prefetch, in_process)
         try:
             await cluster.start()
