@@ -15,6 +15,9 @@ from conveyor.streams.gateway.errors import PayloadTooLarge, classify
 from conveyor.streams.gateway.fields import (
     BODY_BYTES_MAX,
     DEPTH_MAX,
+    _check,
+    _HugeInt,
+    _sound,
     check_name,
     compact,
     is_name,
@@ -319,3 +322,35 @@ def test_the_quick_name_check_lets_through_exactly_what_the_explaining_one_does(
         assert not is_name(value, bytes_max)
     else:
         assert is_name(value, bytes_max)
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(),  # NaN and the infinities too
+    st.text(max_size=4),
+    # the edges, which the draws above seldom hit: lone surrogates cannot be UTF-8
+    st.sampled_from(["\udc80", "\ud800x", "é", float("nan"), float("-inf"), 1.5e300]),
+    st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, _HugeInt("1" + "0" * 30)]),
+)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=3) | st.just("\udc80"), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(value=_JSON, depth=st.integers(DEPTH_MAX - 3, DEPTH_MAX + 1))
+def test_the_quick_body_walk_passes_exactly_what_the_explaining_one_does(
+    value: Any, depth: int
+) -> None:
+    try:
+        _check(value, "", depth)
+    except ContractError:
+        assert not _sound(value, depth)
+    else:
+        assert _sound(value, depth)
