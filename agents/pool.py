@@ -9,16 +9,15 @@ the protocol, was killed, or asked not to be reused is never handed another task
 Rule: a guest's reports count only for the job it was handed; frames naming another task id
 are dropped, so a guest cannot complete or checkpoint a task it was not given.
 
-Pipelining (``pipeline=True``, what a host agent with ``prefetch`` asks for): when every guest
-is busy, a guest may also hold up to ``QUEUED_PER_GUEST`` queued jobs, which it starts one
-after the other without a round trip to the agent. Frames sent to one guest in one turn of the
-loop go in one write. So a guest wakes once for several tasks, and the agent's writes seldom
+Pipelining (``pipeline=True``, what a host agent with ``prefetch`` asks for): when every
+guest is busy, a guest may also hold up to ``QUEUED_PER_GUEST`` queued jobs, which it starts
+one after the other without a round trip to the agent. Frames sent to one guest in one turn of
+the loop go in one write. So a guest wakes once for several tasks, and the agent's writes seldom
 have to wake a guest: those wakeups were most of the CPU a no-op task cost (``conveyor bench
 e2e``: guests 0.25 -> 0.13 ms and agent 0.16 -> 0.11 ms of CPU per task with 3 queued; with 1,
-0.22 and 0.13). With the agent's default 8 guests, 7 queued each cut the guests' CPU again
-(2.97-4.05 s against 3.80-4.44 s for 50,000 tasks, five runs each, alternating). The pool never
-holds more than ``size_max`` guests: a launch that finds every guest full, or still starting,
-waits for room. Only the running job (the first handed and not done) may report. A queued job
+0.22 and 0.13). The pool never holds more than ``size_max`` guests: a launch that finds every
+guest full, or still starting, waits for room. Only the running job (the first handed and not
+done) may report. A queued job
 - canceled: the guest never starts it and reports CANCELED;
 - killed (the cancel grace, a lost lease): the agent withdraws it; the guest is not killed;
 - waiting ``WITHDRAW_AFTER_S`` or more when another guest finishes a job: withdrawn and
@@ -49,7 +48,7 @@ log = logging.getLogger("conveyor.agent.pool")
 
 OUTCOMES = frozenset({"SUCCEEDED", "FAILED", "FATAL", "CANCELED", "SLEEP", "FAN_OUT", "WAIT_EVENT"})
 EXIT_WAIT_S = 5.0
-QUEUED_PER_GUEST = 7  # jobs a busy guest holds to start next (with pipelining)
+QUEUED_PER_GUEST = 3  # jobs a busy guest holds to start next (with pipelining)
 WITHDRAW_AFTER_S = 0.05  # a queued job waits this long behind a busy guest before it moves
 REBALANCE_EVERY_S = 0.02
 
