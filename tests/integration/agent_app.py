@@ -82,8 +82,10 @@ def hog(ctx: conveyor.Context, payload: dict[str, Any]) -> int:
 
 
 @app.task
-def nap(ctx: conveyor.Context, payload: float) -> None:
-    time.sleep(payload)
+def gate(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
+    """Wait until the test creates the file ``payload["open"]``."""
+    while not os.path.exists(payload["open"]):
+        time.sleep(0.005)
 
 
 @app.task

@@ -387,16 +387,21 @@ def test_an_agent_holding_more_leases_than_one_call_takes_polls_and_heartbeats_t
             log_dir=tmp_path / "logs",
             heartbeat_s=0.2,
             poll_wait_s=1.0,
+            lease_s=2.0,
         )
         running = asyncio.create_task(agent.run())
         try:
             await asyncio.wait_for(agent.started.wait(), DEADLINE_S)
             async with conveyor.AsyncClient(gateway, KEY) as client:
-                handles = await client.enqueue_many((agent_app.nap, 0.002) for _ in range(1_200))
+                gate = {"open": str(tmp_path / "open")}
+                handles = await client.enqueue_many((agent_app.gate, gate) for _ in range(1_200))
+                # The 4 guests wait at the gate, so the leases pile up in the agent.
                 await until("over 1,000 leases held", lambda: len(agent.running) > 1_000)
+                await asyncio.sleep(5.0)  # over two lease lengths: only heartbeats keep them
+                (tmp_path / "open").touch()
                 for handle in handles:
                     await handle.result(timeout=DEADLINE_S)
-                attempts = {(await h.get()).attempt for h in handles[::100]}
+                attempts = {(await h.get()).attempt for h in handles}
         finally:
             agent.stop()
             await asyncio.wait_for(running, DEADLINE_S)
