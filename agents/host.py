@@ -4,7 +4,8 @@ Loops, all on one event loop:
 - poll:       long-poll with the free capacity; paused while a circuit breaker is open. With
               ``prefetch`` the agent holds up to that many leases beyond its guests: they wait
               here for a free guest (heartbeated, their start_to_close running: the platform
-              counts from the lease too), so the next tasks are at hand when a guest frees up
+              counts from the lease too); ``prefetch=None`` adapts it to the agent's pace
+              (``agents/prefetch.py``), so the next tasks are at hand when a guest frees up
               instead of one poll round trip away, and polls and grants come in larger batches:
               while it holds more leases than guests, it polls once a quarter of ``prefetch``
               is free, not for every lease that ends; but at once after an answer with fewer
@@ -36,6 +37,7 @@ from conveyor.agents.breaker import Breaker, BreakerPolicy, Breakers
 from conveyor.agents.completer import Completer
 from conveyor.agents.inline import InlineExecutor
 from conveyor.agents.pool import GuestPool
+from conveyor.agents.prefetch import Prefetch
 from conveyor.agents.runner import app_ref_of, load_app
 from conveyor.agents.running import NOTHING, Running, final_result
 from conveyor.agents.sandbox import AttemptResult, Executor, Job, crashed
@@ -104,7 +106,7 @@ class HostAgent:
         *,
         app_ref: str | None = None,
         concurrency: int = CONCURRENCY,
-        prefetch: int = 0,
+        prefetch: int | None = 0,
         heartbeat_s: float = 10.0,
         lease_s: float = 30.0,
         poll_wait_s: float = 20.0,
@@ -124,8 +126,7 @@ class HostAgent:
         self.api = api
         self.app = app
         self.concurrency = concurrency
-        self.prefetch = prefetch
-        self._poll_min = max(1, prefetch // 4)  # free slots worth a poll while leases remain
+        self.prefetch = Prefetch.of(concurrency, prefetch)
         self.heartbeat_ms = heartbeat_s * 1000
         self.lease_ms = int(lease_s * 1000)
         self.poll_wait_ms = int(poll_wait_s * 1000)
@@ -166,7 +167,7 @@ class HostAgent:
             log_dir=log_dir or home / "logs" / self.app.name,
             size_max=self.concurrency,
             fresh_process=fresh_process,
-            pipeline=self.prefetch > 0,
+            pipeline=self.prefetch.cap > 0,
             memory_mb=memory_mb,
             cpu_s=cpu_s,
         )
@@ -241,8 +242,10 @@ class HostAgent:
         # once, whatever the batching rule below says.
         short = False
         while True:
-            free = self.concurrency + self.prefetch - len(self.running)
-            batching = free < self._poll_min and len(self.running) > self.concurrency
+            prefetch = self.prefetch.size(self.clock.monotonic_ms())
+            free = self.concurrency + prefetch - len(self.running)
+            # Free slots worth a poll while leases remain: a quarter of the prefetch.
+            batching = free < max(1, prefetch // 4) and len(self.running) > self.concurrency
             if free <= 0 or (batching and not short):
                 # Leases in hand keep every guest busy: wait to ask for a batch, not one.
                 await self._slot.wait(self.clock, 1_000)
@@ -312,6 +315,7 @@ class HostAgent:
                 result = await self._execute(run, job)
         finally:
             self.running.pop(offer.task_id, None)
+            self.prefetch.ended(self.clock.monotonic_ms())
             self._slot.set()
         if run.lost:
             log.info("task %s: lease %d lost; dropped", offer.task_id, offer.lease_id)
@@ -444,7 +448,7 @@ async def run_agent(
     app_ref: str,
     *,
     concurrency: int = CONCURRENCY,
-    prefetch: int = 0,
+    prefetch: int | None = None,
     heartbeat_s: float = 10.0,
     lease_s: float = 30.0,
     poll_wait_s: float = 20.0,

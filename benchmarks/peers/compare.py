@@ -121,7 +121,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated systems")
     parser.add_argument("--conveyor-concurrency", type=int, help="guests (the agent's default)")
     parser.add_argument(
-        "--conveyor-prefetch", type=int, help="leases held ahead (1,000 less the guests)"
+        "--conveyor-prefetch", type=int, help="leases held ahead (default: the agent's, adapted)"
     )
     parser.add_argument("--pgqueuer-workers", type=int, default=1, help="worker processes")
     parser.add_argument("--dramatiq-processes", type=int, default=2)

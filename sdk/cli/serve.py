@@ -75,7 +75,14 @@ ProjectionOpt = Annotated[
     ),
 ]
 PrefetchOpt = Annotated[
-    int, typer.Option("--prefetch", min=0, help="Leases held beyond --concurrency, ready to run")
+    int | None,
+    typer.Option(
+        "--prefetch",
+        min=0,
+        help="Leases held beyond --concurrency, ready to run [default: adapted to the pace, "
+        "about 100 ms of work, at least --concurrency]",
+        show_default=False,
+    ),
 ]
 
 AgentRunner = Callable[..., Awaitable[None]]
@@ -207,7 +214,7 @@ async def _run_node(
             if run_agent is None:
                 await stop.wait()
             else:
-                work = run_agent(url, key, app_ref, concurrency=concurrency, prefetch=concurrency)
+                work = run_agent(url, key, app_ref, concurrency=concurrency)
                 await _until_stopped(stop, work)
         finally:
             await runner.cleanup()
@@ -292,7 +299,7 @@ def agent(
     api_key: KeyOpt = None,
     home: HomeOpt = None,
     concurrency: ConcurrencyOpt = 8,
-    prefetch: PrefetchOpt = 8,
+    prefetch: PrefetchOpt = None,
     lease_s: Annotated[float, typer.Option("--lease-s", min=0.5)] = 30.0,
     heartbeat_s: Annotated[float, typer.Option("--heartbeat-s", min=0.1)] = 10.0,
     poll_wait_s: Annotated[float, typer.Option("--poll-wait-s", min=0.1)] = 20.0,

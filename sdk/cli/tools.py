@@ -262,7 +262,7 @@ def bench_e2e(
         typer.Option(
             "--prefetch",
             min=0,
-            help="Leases an agent holds beyond its guests [default: 1,000 less the guests]",
+            help="Leases an agent holds beyond its guests [default: the agent's, adapted]",
         ),
     ] = None,
     single: Annotated[int, typer.Option("--single", min=1, help="Single enqueues timed")] = 500,

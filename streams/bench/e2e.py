@@ -19,12 +19,14 @@ system:
    after it stopped, where the run also checks that every task SUCCEEDED.
 
 The agent runs ``concurrency`` guests, by default as many as ``conveyor agent`` runs unless
-told (8), and holds ``prefetch`` more leases ready for them (its ``--prefetch``): without
-them, a guest that finishes waits a whole poll round trip for its next task, and polls and
-grants come in batches of a few tasks. The default holds one full poll (1,000 leases with the
-guests'): while batches of enqueues keep the node busy, a poll's round trip grows to 0.2-0.3
-s, and with 256 leases per round trip the guests idled through the enqueue phase (2,775-3,008
-tasks/s, against 2,957-3,490 with 1,000, runs alternating). More guests than that cost CPU
+told (8), and holds ``prefetch`` more leases ready for them (its ``--prefetch``), by default
+as the agent adapts it (``agents/prefetch.py``): for no-op tasks, one full poll (1,000 leases
+with the guests'). Without them, a guest that finishes waits a whole poll round trip for its
+next task, and polls and grants come in batches of a few tasks: while batches of enqueues
+keep the node busy, a poll's round trip grows to 0.2-0.3 s, and with 256 leases per round
+trip the guests idled through the enqueue phase (2,775-3,008 tasks/s, against 2,957-3,490
+with 1,000, runs alternating); with 8 (the agent's fixed default before it adapted) it ran
+1,076-1,262 tasks/s against 3,174-3,388 with 992. More guests than that cost CPU
 for nothing on this machine: no-op tasks keep 8 busy, and each of 32 guests wakes up for
 fewer tasks at a time (runs alternating: 3,119-4,074 tasks/s with 32 guests, 4,070-4,414 with
 8, 3,877-4,579 with 4; guests' CPU 4.7-6.0 s against 3.3-3.7 s with 8).
@@ -64,7 +66,6 @@ from conveyor.wire import Enqueue
 APP_REF = "conveyor.streams.bench.noop_app:app"
 APP = "bench"
 ENQUEUE_BATCH = 1_000
-POLL_LEASES = 1_000  # guests and prefetch together: what one poll asks for at most
 CALLERS = 4  # concurrent batch enqueuers: enough to overlap the node's group commits
 SINGLE_CALLERS = 16  # concurrent single enqueuers
 START_TIMEOUT_S = 60.0
@@ -79,7 +80,7 @@ async def bench_e2e(
     partitions: int = 8,
     agents: int = 1,
     concurrency: int | None = None,  # None: the agent's default
-    prefetch: int | None = None,  # None: POLL_LEASES less the guests
+    prefetch: int | None = None,  # None: the agent's, adapted to its pace
     single: int = 500,
     concurrent: int = 4_000,
     idle: int = 200,
@@ -93,8 +94,6 @@ async def bench_e2e(
         root = Path(home or tmp)
         if concurrency is None:
             concurrency = CONCURRENCY
-        if prefetch is None:
-            prefetch = max(0, POLL_LEASES - concurrency)
         cluster = Cluster(root, partitions, agents, concurrency, prefetch, in_process)
         try:
             await cluster.start()
@@ -147,7 +146,7 @@ class Cluster:
     partitions: int
     agents: int
     concurrency: int
-    prefetch: int
+    prefetch: int | None
     in_process: bool = False  # agents run handlers on their threads, not in guests
     port: int = 0
     key: str = ""
@@ -169,7 +168,9 @@ class Cluster:
         self.key = _dev_key(self.node_home)
         for k in range(self.agents):
             args = ["--app", APP_REF, "--url", self.url, "--api-key", self.key]
-            slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
+            slots = ["--concurrency", str(self.concurrency)]
+            if self.prefetch is not None:
+                slots += ["--prefetch", str(self.prefetch)]
             if self.in_process:
                 slots.append("--in-process")
             self._spawn(
@@ -500,12 +501,17 @@ def _ordered(
     partitions: int,
     agents: int,
     concurrency: int,
-    prefetch: int,
+    prefetch: int | None,
 ) -> dict[str, Any]:
     """The headline figures first, then the detail."""
     head = ["tasks_per_s", "enqueue_p50_ms", "enqueue_p99_ms", "start_p50_ms", "start_p99_ms"]
     out: dict[str, Any] = {"tasks": tasks}
     out.update({k: result.pop(k) for k in head})
-    out.update(partitions=partitions, agents=agents, concurrency=concurrency, prefetch=prefetch)
+    out.update(
+        partitions=partitions,
+        agents=agents,
+        concurrency=concurrency,
+        prefetch="auto" if prefetch is None else prefetch,
+    )
     out.update(result)
     return out

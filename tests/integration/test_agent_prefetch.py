@@ -92,3 +92,60 @@ def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_the
             await node.stop()
 
     asyncio.run(main())
+
+
+def test_an_adapted_prefetch_grows_past_the_guests_for_fast_work_and_holds_every_lease_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """``prefetch=None`` (what ``conveyor agent`` runs): fast tasks make the agent hold more
+    leases than a fixed prefetch of its floor ever would, and every one of them succeeds."""
+
+    async def main() -> None:
+        node = Node.in_memory(2)
+        await node.start()
+        api = NodeWorkerAPI(node, tenant=TENANT)
+        agent = HostAgent(
+            api,
+            "agent_app:app",
+            concurrency=2,
+            prefetch=None,
+            heartbeat_s=0.2,
+            poll_wait_s=1.0,
+            log_dir=tmp_path / "logs",
+        )
+        floor = agent.prefetch.floor
+        running = asyncio.create_task(agent.run())
+        peak = 0
+        try:
+            await until("the agent to register", lambda: agent_app.app.name in api.known)
+            specs = [
+                spec_from_body(
+                    enqueue_body(Enqueue(agent_app.echo, i), None),
+                    tenant=TENANT,
+                    partitions=node.partitions,
+                    now_ms=node.clock.now_ms(),
+                    known=api.known,
+                )
+                for i in range(3_000)
+            ]
+            ids = [reply.task_id for reply in await node.enqueue(specs)]
+
+            def ended() -> bool:
+                nonlocal peak
+                peak = max(peak, len(agent.running))
+                return all(node.get(TENANT, t).finished_ms is not None for t in ids[-10:])
+
+            await until("the last tasks to end", ended)
+            await until(
+                "every task to end",
+                lambda: all(node.get(TENANT, t).finished_ms is not None for t in ids),
+            )
+            assert {node.get(TENANT, t).status for t in ids} == {"SUCCEEDED"}
+        finally:
+            agent.stop()
+            await asyncio.wait_for(running, DEADLINE_S)
+            await node.stop()
+        assert floor == 2
+        assert peak > agent.concurrency + floor  # past what a fixed prefetch of 2 holds
+
+    asyncio.run(main())
