@@ -291,7 +291,7 @@ class HostAgent:
             step_writer=self._write_step,
         )
         self.running[offer.task_id] = run
-        task = asyncio.create_task(self._attempt(run), name=f"attempt-{offer.task_id}")
+        task = asyncio.create_task(self._attempt(run))
         self._attempts.add(task)
         task.add_done_callback(self._attempts.discard)
         if offer.start_to_close_ms is not None:

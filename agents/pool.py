@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -255,7 +254,7 @@ class GuestSandbox:
             "started_ms": job.started_ms,
             "run_key": job.run_key,
             "compensating": job.compensating,
-            "cpu_s": job.cpu_s,
+            "cpu_s": self.pool.cpu_s,
             "cpu_hard": self.pool.fresh_process,
         }
 
@@ -427,7 +426,6 @@ class GuestPool:
 
     async def launch(self, job: Job, hooks: Hooks) -> GuestSandbox:
         guest = await self._take()
-        job = dataclasses.replace(job, cpu_s=self.cpu_s)
         return GuestSandbox(self, guest, job, hooks)
 
     async def _take(self, avoid: GuestProcess | None = None) -> GuestProcess:

@@ -26,7 +26,6 @@ class Job:
     steps: list[dict[str, Any]] = field(default_factory=list)  # the lease's step snapshot
     started_ms: int = 0  # when the lease was granted (platform time)
     run_key: str | None = None
-    cpu_s: float | None = None  # CPU seconds this attempt may use (guests only)
     compensating: bool = False  # a canceled workflow's attempt: run its compensations
 
 
