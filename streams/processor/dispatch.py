@@ -101,9 +101,14 @@ class Dispatcher:
         for key in [k for k in self._dealt if k[0] == entry_id]:
             _, n = self._dealt.pop(key)
             _, tenant, lane = key
-            counts = self.ready.get(lane)
-            if counts is not None:
-                counts[tenant] = counts.get(tenant, 0) + n
+            self._hand_back(tenant, lane, n)
+
+    def _hand_back(self, tenant: str, lane: str, n: int) -> None:
+        """``n`` slots dealt here and never proposed: their ready tasks count as ready again
+        (dealing took them off the count, and no grant will bring a recount for them)."""
+        counts = self.ready.get(lane)
+        if counts is not None:
+            counts[tenant] = counts.get(tenant, 0) + n
 
     def wake(self) -> None:
         if self._dealt:
@@ -185,6 +190,11 @@ class Dispatcher:
         requests = []
         for (entry_id, tenant, lane), (entry, n) in self._dealt.items():
             if entry.closed or entry.answered:
+                # A poll that timed out with a grant in flight closes but is not answered
+                # yet (pool._close), so nothing unclaimed its slots here. Dropped without
+                # this, they stayed off the count: a partition with no more events never
+                # dealt its last ready tasks again.
+                self._hand_back(tenant, lane, n)
                 continue
             lane_no = entry.lanes.index(lane)  # request ids stay printable and unique
             request = LeaseRequest(

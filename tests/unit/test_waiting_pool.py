@@ -12,9 +12,9 @@ poll that claimed it was answered.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
@@ -47,16 +47,19 @@ class HeldLog(MemoryLog):
         self._gate = asyncio.Event()
         self.waiting = 0
 
-    def release(self) -> None:
-        self.held.clear()
-        self._gate.set()
+    def release(self, *partitions: int) -> None:
+        """Let the held appends to ``partitions`` through (all of them: every partition)."""
+        self.held.difference_update(partitions or set(self.held))
+        gate, self._gate = self._gate, asyncio.Event()
+        gate.set()
 
     async def append(
         self, partition: int, records: Sequence[bytes], epoch: int | None = None
     ) -> list[int]:
         if partition in self.held:
             self.waiting += 1
-            await self._gate.wait()
+            while partition in self.held:
+                await self._gate.wait()
         return await super().append(partition, records, epoch)
 
 
@@ -262,5 +265,53 @@ def test_a_poll_keeps_headroom_from_the_heaviest_tenant_while_another_is_active(
             c.clock.advance(pool.ACTIVE_MS + 1)
             (a_lease,) = await c.poll(capacity=1, slots=4, wait_ms=100)
             assert a_lease.tenant == "A"
+
+    run(body)
+
+
+def test_slots_dealt_to_a_poll_that_closes_with_a_grant_in_flight_are_dealt_again() -> None:
+    """A poll that times out while a grant of it is in flight closes and waits for that grant
+    (``pool._close``). A slot dealt to it on a partition whose dispatcher had not proposed it
+    yet (here: busy writing another grant) must go back to that partition's ready count, like
+    the slots of an answered poll. Dropped, the partition counted those ready tasks as taken:
+    no later poll was dealt them, and with no more events there they never ran (``conveyor
+    bench fanout`` hung in CI with 200 spilled children ENQUEUED and counted 0)."""
+
+    async def body() -> None:
+        async with cluster() as c:
+            mine = await c.enqueue(0, tenant="t")
+            other, stranded = await c.enqueue(1, tenant="x"), await c.enqueue(1, tenant="y")
+            c.log.held.update({0, 1})
+
+            def poll(
+                agent: str, tenants: list[str], capacity: int, wait_ms: float
+            ) -> Coroutine[Any, Any, list[Lease]]:
+                return c.pool.poll(
+                    agent_id=agent,
+                    app="app",
+                    tenants=tenants,
+                    queues=[],
+                    capacity=capacity,
+                    lease_ms=LEASE_MS,
+                    wait_ms=wait_ms,
+                )
+
+            # F's grant keeps partition 1's dispatcher busy.
+            first = asyncio.create_task(poll("f", ["x"], 1, 5_000))
+            await until(lambda: c.log.waiting == 1, "F's grant to be written")
+            # E is dealt t's task on partition 0 (its grant is written at once, and held) and
+            # y's on partition 1 (dealt, waiting for the busy dispatcher).
+            closing = asyncio.create_task(poll("e", [], 2, 100))
+            await until(lambda: c.log.waiting == 2, "E's grant on partition 0 to be written")
+            (entry,) = [e for e in c.pool.entries.values() if e.agent_id == "e"]
+            await until(lambda: entry.closed, "E to time out, its grant still in flight")
+            c.log.release(1)  # partition 1's dispatcher is free while E waits for its grant
+            assert [lease.task_id for lease in await first] == [other]
+            c.log.release(0)
+            assert [lease.task_id for lease in await closing] == [mine]
+            # y's task is ready on partition 1: the next poll gets it.
+            got = await poll("g", [], 1, 1_000)
+            assert [lease.task_id for lease in got] == [stranded]
+            assert c.status(stranded) == TaskStatus.LEASED
 
     run(body)
