@@ -180,10 +180,15 @@ class Dispatcher:
             self._pool.deal()
 
     def _release(self, requests: list[LeaseRequest]) -> None:
-        """Claims whose GrantLeases was never written: their slots go back to the entries."""
+        """Claims whose GrantLeases was never written: their slots go back to the entries,
+        and their ready tasks back to the count (``_hand_back``). Left off it, a partition
+        with no more events never dealt them again. Not on a halted partition (its record
+        may be written but is never applied): it would only draw more slots to grant none."""
         for request in requests:
             claim = self._claims.pop(request.request_id, None)
             if claim is not None:
+                if self._p.halted is None:
+                    self._hand_back(request.tenants[0], request.app, request.capacity)
                 self._pool.settled(claim[0], request.capacity, [])
 
     def _requests(self) -> list[LeaseRequest]:

@@ -27,6 +27,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.clock import FakeClock
+from conveyor.streams.log.local import LogFull
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.processor import pool
 from conveyor.streams.processor.loop import PartitionProcessor
@@ -39,13 +40,16 @@ LEASE_MS = 30_000
 
 
 class HeldLog(MemoryLog):
-    """A memory log whose appends to the partitions in ``held`` wait for ``release()``."""
+    """A memory log whose appends to the partitions in ``held`` wait for ``release()``, and
+    whose next append to a partition in ``full`` fails like a full disk's (writes nothing)."""
 
     def __init__(self, partitions: int) -> None:
         super().__init__(partitions)
         self.held: set[int] = set()
         self._gate = asyncio.Event()
         self.waiting = 0
+        self.full: set[int] = set()
+        self.failed = 0
 
     def release(self, *partitions: int) -> None:
         """Let the held appends to ``partitions`` through (all of them: every partition)."""
@@ -56,6 +60,10 @@ class HeldLog(MemoryLog):
     async def append(
         self, partition: int, records: Sequence[bytes], epoch: int | None = None
     ) -> list[int]:
+        if partition in self.full:
+            self.full.discard(partition)
+            self.failed += 1
+            raise LogFull(f"partition {partition}: no space left on device")
         if partition in self.held:
             self.waiting += 1
             while partition in self.held:
@@ -313,5 +321,25 @@ def test_slots_dealt_to_a_poll_that_closes_with_a_grant_in_flight_are_dealt_agai
             got = await poll("g", [], 1, 1_000)
             assert [lease.task_id for lease in got] == [stranded]
             assert c.status(stranded) == TaskStatus.LEASED
+
+    run(body)
+
+
+def test_slots_of_a_grant_that_could_not_be_written_are_dealt_again() -> None:
+    """A GrantLeases whose append fails (a full disk: ``LogFull``, nothing written) gives its
+    slots back to the poll, and its ready tasks back to the partition's ready count: dealing
+    took them off it, and no grant will bring a recount. Left off the count, the task stayed
+    unleased with a poll waiting for it until some other event on its partition."""
+
+    async def body() -> None:
+        async with cluster() as c:
+            task_id = await c.enqueue(0)
+            c.log.full.add(0)
+            poll = asyncio.create_task(c.poll(capacity=1, wait_ms=1_000))
+            await until(lambda: c.log.failed == 1, "the grant's append to fail")
+            # The dispatcher backs off for the LogFull's retry_after_ms, then deals again.
+            c.clock.advance(LogFull("").retry_after_ms)
+            assert [lease.task_id for lease in await poll] == [task_id]
+            assert c.status(task_id) == TaskStatus.LEASED
 
     run(body)
