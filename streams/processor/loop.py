@@ -345,6 +345,9 @@ class PartitionProcessor:
         events: list[TaskEvent] = []
         steps: list[StepEvent] = []
         schedules: list[ScheduleEvent] = []
+        # Events committed before a scan (below): _after_commit wakes the outbox and the
+        # dispatcher for them too, or a task enqueued there waits uncounted.
+        flushed: list[TaskEvent] = []
         for item in batch:
             appended = self._appended.pop(item.data, None) or self._decode(item)
             if appended is None:
@@ -353,6 +356,7 @@ class PartitionProcessor:
             if isinstance(record, (GrantLeases, RetryFailed)) and self.tables.dirty:
                 # Scans are cheapest over committed state: flush the batch so far first.
                 self._commit(item.offset - 1, events, steps, schedules)
+                flushed.extend(events)
                 events, steps, schedules = [], [], []
             meta = Meta(
                 partition=self.partition,
@@ -371,7 +375,7 @@ class PartitionProcessor:
         self.records_applied += len(batch)
         if self.leader and current_epoch(self.reader()) > self.epoch:
             self.step_down(f"a newer epoch {current_epoch(self.reader())} was announced")
-        self._after_commit(actions, events, live=live)
+        self._after_commit(actions, flushed + events, live=live)
 
     def _decode(self, item: LogRecord) -> _Appended | None:
         """The record at ``item``, or None: it does not decode, and is quarantined."""

@@ -21,6 +21,7 @@ from conveyor.schemas.types import (
     CompleteAttempts,
     Completion,
     EnqueueTasks,
+    GrantLeases,
     Outcome,
     TaskSpec,
     TaskStatus,
@@ -341,5 +342,28 @@ def test_slots_of_a_grant_that_could_not_be_written_are_dealt_again() -> None:
             c.clock.advance(LogFull("").retry_after_ms)
             assert [lease.task_id for lease in await poll] == [task_id]
             assert c.status(task_id) == TaskStatus.LEASED
+
+    run(body)
+
+
+def test_a_task_enqueued_in_the_read_batch_of_a_grant_that_grants_nothing_is_dealt() -> None:
+    """A GrantLeases (or RetryFailed) in a read batch first commits the records before it
+    (``loop._apply_batch``); the events committed there still wake the dispatcher after the
+    batch. Dropped, a TaskEnqueued followed by a grant that grants nothing (no TaskLeased)
+    left the new task off the ready count, with a poll waiting, until another event."""
+
+    async def body() -> None:
+        async with cluster() as c:
+            poll = asyncio.create_task(c.poll(capacity=1, wait_ms=1_000))
+            await until(lambda: len(c.pool.entries) == 1, "the poll to wait")
+            spec = TaskSpec(task_id=mint_task_id(0), tenant="t", app="app", task_type="job")
+            now, epoch = c.clock.now_ms(), c.procs[0].epoch
+            enqueue = EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec)])
+            records = [
+                codec.encode_record(enqueue, epoch=0, ts_ms=now, key=spec.task_id),
+                codec.encode_record(GrantLeases(requests=[]), epoch=epoch, ts_ms=now, key="l"),
+            ]
+            await c.log.append(0, records, epoch=epoch)  # one append: one read batch
+            assert [lease.task_id for lease in await poll] == [spec.task_id]
 
     run(body)
