@@ -80,7 +80,7 @@ PrefetchOpt = Annotated[
         "--prefetch",
         min=0,
         help="Leases held beyond --concurrency, ready to run [default: adapted to the pace, "
-        "about 100 ms of work, at least --concurrency]",
+        "about 0.5 s of work, at least --concurrency]",
         show_default=False,
     ),
 ]
