@@ -51,16 +51,22 @@ class Rig:
     log_dir: Path
 
     async def enqueue(self, task: Any, payload: Any = None, **opts: Any) -> str:
-        body = enqueue_body(Enqueue(task, payload, **opts), None)
-        spec = spec_from_body(
-            body,
-            tenant=TENANT,
-            partitions=self.node.partitions,
-            now_ms=self.node.clock.now_ms(),
-            known=self.api.known,
-        )
-        (reply,) = await self.node.enqueue([spec])
-        return reply.task_id
+        (task_id,) = await self.enqueue_many([(task, payload)], **opts)
+        return task_id
+
+    async def enqueue_many(self, items: list[tuple[Any, Any]], **opts: Any) -> list[str]:
+        """One append for all of ``items`` (task, payload)."""
+        specs = [
+            spec_from_body(
+                enqueue_body(Enqueue(task, payload, **opts), None),
+                tenant=TENANT,
+                partitions=self.node.partitions,
+                now_ms=self.node.clock.now_ms(),
+                known=self.api.known,
+            )
+            for task, payload in items
+        ]
+        return [reply.task_id for reply in await self.node.enqueue(specs)]
 
     def task(self, task_id: str) -> Task:
         return self.node.get(TENANT, task_id)

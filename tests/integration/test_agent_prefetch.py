@@ -9,6 +9,7 @@ from pathlib import Path
 
 import agent_app
 import pytest
+from test_agent import rig
 
 from conveyor.agents.host import HostAgent
 from conveyor.streams.node import Node
@@ -101,51 +102,18 @@ def test_an_adapted_prefetch_grows_past_the_guests_for_fast_work_and_holds_every
     leases than a fixed prefetch of its floor ever would, and every one of them succeeds."""
 
     async def main() -> None:
-        node = Node.in_memory(2)
-        await node.start()
-        api = NodeWorkerAPI(node, tenant=TENANT)
-        agent = HostAgent(
-            api,
-            "agent_app:app",
-            concurrency=2,
-            prefetch=None,
-            heartbeat_s=0.2,
-            poll_wait_s=1.0,
-            log_dir=tmp_path / "logs",
-        )
-        floor = agent.prefetch.floor
-        running = asyncio.create_task(agent.run())
-        peak = 0
-        try:
-            await until("the agent to register", lambda: agent_app.app.name in api.known)
-            specs = [
-                spec_from_body(
-                    enqueue_body(Enqueue(agent_app.echo, i), None),
-                    tenant=TENANT,
-                    partitions=node.partitions,
-                    now_ms=node.clock.now_ms(),
-                    known=api.known,
-                )
-                for i in range(3_000)
-            ]
-            ids = [reply.task_id for reply in await node.enqueue(specs)]
+        async with rig(tmp_path, concurrency=2, prefetch=None) as r:
+            assert r.agent.prefetch.floor == 2
+            ids = await r.enqueue_many([(agent_app.echo, i) for i in range(3_000)])
+            peak = 0
 
             def ended() -> bool:
                 nonlocal peak
-                peak = max(peak, len(agent.running))
-                return all(node.get(TENANT, t).finished_ms is not None for t in ids[-10:])
+                peak = max(peak, len(r.agent.running))
+                return all(r.task(t).finished_ms is not None for t in ids)
 
-            await until("the last tasks to end", ended)
-            await until(
-                "every task to end",
-                lambda: all(node.get(TENANT, t).finished_ms is not None for t in ids),
-            )
-            assert {node.get(TENANT, t).status for t in ids} == {"SUCCEEDED"}
-        finally:
-            agent.stop()
-            await asyncio.wait_for(running, DEADLINE_S)
-            await node.stop()
-        assert floor == 2
-        assert peak > agent.concurrency + floor  # past what a fixed prefetch of 2 holds
+            await until("every task to end", ended)
+            assert {r.task(t).status for t in ids} == {"SUCCEEDED"}
+            assert peak > 2 + 2  # past what a fixed prefetch of 2 holds beside 2 guests
 
     asyncio.run(main())
