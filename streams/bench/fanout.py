@@ -14,7 +14,7 @@ A run takes about a second. One that passes DEADLINE_S has lost a step (a grant,
 between partitions, the fan-in, the resume): it raises ``FanoutStuck`` with the state that
 tells which, taken while the agents still poll, instead of polling forever with nothing to
 show (CI once killed a run after 150 s of silence: ready tasks a dispatcher no longer counted,
-``processor/dispatch.py`` ``_requests``).
+``processor/pool.py`` ``_close``).
 """
 
 from __future__ import annotations

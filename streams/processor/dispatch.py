@@ -193,14 +193,8 @@ class Dispatcher:
 
     def _requests(self) -> list[LeaseRequest]:
         requests = []
+        # No entry here is closed or answered: pool._close and pool._answer unclaim first.
         for (entry_id, tenant, lane), (entry, n) in self._dealt.items():
-            if entry.closed or entry.answered:
-                # A poll that timed out with a grant in flight closes but is not answered
-                # yet (pool._close), so nothing unclaimed its slots here. Dropped without
-                # this, they stayed off the count: a partition with no more events never
-                # dealt its last ready tasks again.
-                self._hand_back(tenant, lane, n)
-                continue
             lane_no = entry.lanes.index(lane)  # request ids stay printable and unique
             request = LeaseRequest(
                 request_id=f"{entry_id}/{tenant}/{lane_no}/{self._p.partition}/{self._p.applied}",

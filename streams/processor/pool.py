@@ -212,6 +212,9 @@ class WaitingPool:
             return
         if not entry.closed and entry.claimed and not entry.leases:
             entry.closed = True  # no new slots; the claim in flight settles it (_settle)
+            # Slots dealt but not proposed yet will never be: free again, as in _answer.
+            for dispatcher in self.dispatchers:
+                dispatcher.unclaim(entry.entry_id)
             asyncio.get_running_loop().call_later(CLOSE_GRACE_MS / 1000, self._close, entry)
             return
         entry.closed = True
