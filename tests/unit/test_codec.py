@@ -491,6 +491,26 @@ def test_the_flat_writer_refuses_a_long_out_of_range() -> None:
         codec.TASK.encode_state(task)
 
 
+@given(numbers=st.lists(I64, min_size=1, max_size=50))
+def test_longs_written_from_the_table_of_known_ones_are_fastavros(numbers: list[int]) -> None:
+    schema = parse_schema({"type": "array", "items": "long"})
+    for _ in range(2):  # the second time, every large number comes from the table
+        buf = io.BytesIO()
+        schemaless_writer(buf, schema, numbers)
+        assert (
+            b"".join([codec._write_long(len(numbers)), *map(codec._write_long, numbers)])
+            + (b"\x00")
+            == buf.getvalue()
+        )
+
+
+def test_the_table_of_known_longs_is_bounded() -> None:
+    for n in range(2**40, 2**40 + 3 * codec._KNOWN_MAX):
+        codec._write_long(n)
+        assert len(codec._KNOWN) <= codec._KNOWN_MAX
+    assert codec._write_long(2**40) == codec._zigzag_varint(2**40)
+
+
 @settings(max_examples=100)
 @given(
     events=st.lists(
