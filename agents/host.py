@@ -290,12 +290,25 @@ class HostAgent:
             grace_ms=grace_ms,
             step_writer=self._write_step,
         )
+        self._drop_stale(offer)
         self.running[offer.task_id] = run
         task = asyncio.create_task(self._attempt(run))
         self._attempts.add(task)
         task.add_done_callback(self._attempts.discard)
         if offer.start_to_close_ms is not None:
             self._dl_wake.set()
+
+    def _drop_stale(self, offer: LeaseOffer) -> None:
+        """A new lease of a task still running here: the node granted it again because the
+        old lease lapsed (say, heartbeats failed for a while), so the old attempt is lost."""
+        old = self.running.get(offer.task_id)
+        if old is None or old.offer.lease_id == offer.lease_id:
+            return
+        log.info(
+            "task %s: lease %d replaced by %d", offer.task_id, old.offer.lease_id, offer.lease_id
+        )
+        old.lost = True
+        old.kill("the lease was lost")
 
     async def _attempt(self, run: Running) -> None:
         offer = run.offer
@@ -314,7 +327,9 @@ class HostAgent:
             async with self._guests:
                 result = await self._execute(run, job)
         finally:
-            self.running.pop(offer.task_id, None)
+            # Only its own entry: a newer lease of the same task may hold the id by now.
+            if self.running.get(offer.task_id) is run:
+                del self.running[offer.task_id]
             self.prefetch.ended(self.clock.monotonic_ms())
             self._slot.set()
         if run.lost:
@@ -386,14 +401,18 @@ class HostAgent:
             await self._hb_wake.wait(self.clock, self.heartbeat_ms)
             try:
                 await self._flush_checkpoints()
-                live = [(t, r.offer.lease_id) for t, r in self.running.items() if not r.lost]
-                actions = await self.api.heartbeat(live) if live else {}
+            except ConveyorError as exc:  # one refused checkpoint must not lapse every lease
+                log.warning("saving checkpoints failed: %s", exc)
+            try:
+                live = {t: r.offer.lease_id for t, r in self.running.items() if not r.lost}
+                actions = await self.api.heartbeat(list(live.items())) if live else {}
             except ConveyorError as exc:
                 log.warning("heartbeat round failed: %s", exc)
                 continue
             for task_id, action in actions.items():
                 run = self.running.get(task_id)
-                if run is None:
+                # The reply is about the lease sent: the task may hold a newer one by now.
+                if run is None or run.offer.lease_id != live.get(task_id):
                     continue
                 if action == LOST:
                     run.lost = True
