@@ -161,6 +161,26 @@ def _write_long(n: int) -> bytes:
     return known
 
 
+# The same for short strings: a batch's rows and events name the same few tenants, apps, task
+# types, queues and statuses again and again. Only short ones, so the table stays small.
+_KNOWN_TEXT: dict[str, bytes] = {}
+_KNOWN_TEXT_LEN_MAX = 64
+
+
+def _write_string(s: str) -> bytes:
+    """The Avro encoding of a string: its UTF-8 length, then its UTF-8 bytes."""
+    known = _KNOWN_TEXT.get(s)
+    if known is not None:
+        return known
+    raw = s.encode()
+    written = _write_long(len(raw)) + raw
+    if len(s) <= _KNOWN_TEXT_LEN_MAX:
+        if len(_KNOWN_TEXT) >= _KNOWN_MAX:
+            _KNOWN_TEXT.clear()
+        _KNOWN_TEXT[s] = written
+    return written
+
+
 def _zigzag_varint(n: int) -> bytes:
     if not -(2**63) <= n < 2**63:
         raise OverflowError(f"{n} does not fit an Avro long")
@@ -186,6 +206,8 @@ _SCOPE: dict[str, Any] = {
     "_L": _LAST,
     "_wl": _write_long,
     "_K": _KNOWN,
+    "_KT": _KNOWN_TEXT,
+    "_ws": _write_string,
     "_pd": struct.Struct("<d").pack,
     "_pf": struct.Struct("<f").pack,
 }
@@ -206,7 +228,7 @@ _PRIMITIVE_EXPRS: dict[str, Callable[[str, Iterator[str]], str]] = {
     "null": lambda x, temps: 'b""',
     "int": _long_expr,
     "long": _long_expr,
-    "string": lambda x, temps: _sized_expr(f"({x}).encode()", temps),
+    "string": lambda x, temps: f"(_KT.get({x}) or _ws({x}))",
     "bytes": _sized_expr,
     "boolean": lambda x, temps: f'(b"\\x01" if {x} else b"\\x00")',
     "double": lambda x, temps: f"_pd({x})",

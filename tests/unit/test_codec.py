@@ -504,6 +504,22 @@ def test_longs_written_from_the_table_of_known_ones_are_fastavros(numbers: list[
         )
 
 
+@given(texts=st.lists(st.text(max_size=80), min_size=1, max_size=20))
+def test_strings_written_from_the_table_of_known_ones_are_fastavros(texts: list[str]) -> None:
+    for _ in range(2):  # the second time, every short string comes from the table
+        for text in texts:
+            buf = io.BytesIO()
+            schemaless_writer(buf, parse_schema("string"), text)
+            assert codec._write_string(text) == buf.getvalue()
+    assert all(len(text) <= codec._KNOWN_TEXT_LEN_MAX for text in codec._KNOWN_TEXT)
+
+
+def test_the_table_of_known_strings_is_bounded() -> None:
+    for n in range(3 * codec._KNOWN_MAX):
+        codec._write_string(f"tenant-{n}")
+        assert len(codec._KNOWN_TEXT) <= codec._KNOWN_MAX
+
+
 def test_the_table_of_known_longs_is_bounded() -> None:
     for n in range(2**40, 2**40 + 3 * codec._KNOWN_MAX):
         codec._write_long(n)
