@@ -48,14 +48,18 @@ ERROR_KINDS = frozenset(
     }
 )
 READY_KINDS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued})
-# Events that end the attempt under way, and the outcome they give it.
+# Events that end the attempt under way, and the outcome they give it (the machine's
+# record_attempt outcome where it writes one).
 ATTEMPT_ENDS = {
     EventKind.TaskSucceeded: "SUCCEEDED",
     EventKind.TaskRetryScheduled: "FAILED",
     EventKind.TaskFailed: "FAILED",
     EventKind.TaskCanceled: "CANCELED",
     EventKind.TaskExpired: "EXPIRED",
+    EventKind.TaskSleeping: "SLEPT",
 }
+# Ends emitted after the machine counted the next attempt: they end the previous one.
+ENDS_AFTER_COUNTING = frozenset({EventKind.TaskRetryScheduled, EventKind.TaskSleeping})
 
 
 @dataclass(slots=True)
@@ -140,8 +144,9 @@ class Fold:
         outcome = ATTEMPT_ENDS.get(event.kind)
         if outcome is None:
             return
-        # A retry has already counted the next attempt; the one that ended is the previous.
-        number = event.attempt - 1 if event.kind == EventKind.TaskRetryScheduled else event.attempt
+        # A retry or a sleep has already counted the next attempt; the one that ended is the
+        # previous.
+        number = event.attempt - 1 if event.kind in ENDS_AFTER_COUNTING else event.attempt
         row = self.attempts.setdefault((event.task_id, number), AttemptRow(event.task_id, number))
         if row.finished_ms is None:
             row.finished_ms, row.outcome = event.ts_ms, outcome
@@ -210,7 +215,10 @@ _TASK_COLUMNS = (
 _NAMES = ", ".join(name for name, _ in _TASK_COLUMNS)
 _UNNEST = ", ".join(f"${i}::{kind}[]" for i, (_, kind) in enumerate(_TASK_COLUMNS, 1))
 # created_ms is NOT NULL: a row first seen without its TaskEnqueued (its events log prefix was
-# trimmed) takes the first time we saw it.
+# trimmed) takes the time we first saw it. Once stored it never changes: TaskEnqueued is a
+# task's first event, so a later chunk has nothing to correct it with; and records carry the
+# leader's wall clock, which may step back, so its other stamps (EXCLUDED.created_ms is
+# COALESCEd to updated_ms) must not pull it earlier.
 UPSERT_TASKS = f"""
 INSERT INTO tasks AS t ({_NAMES})
 SELECT task_id, tenant, app, task_type, queue, partition, status, attempt,
@@ -221,7 +229,6 @@ ON CONFLICT (task_id) DO UPDATE SET
     status = EXCLUDED.status,
     attempt = EXCLUDED.attempt,
     updated_ms = EXCLUDED.updated_ms,
-    created_ms = LEAST(t.created_ms, EXCLUDED.created_ms),
     finished_ms = COALESCE(t.finished_ms, EXCLUDED.finished_ms),
     ready_ms = COALESCE(EXCLUDED.ready_ms, t.ready_ms),
     leased_ms = COALESCE(EXCLUDED.leased_ms, t.leased_ms),
