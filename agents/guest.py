@@ -58,7 +58,8 @@ class Inbox:
     The reading thread files each frame: a "run" joins ``jobs`` (the agent may hand a busy
     guest a few jobs to start next); a "cancel" reaches the current attempt's context, or marks
     its queued job, which then never starts; a "withdraw" takes a queued job back (answered
-    "withdrawn"; a job already started is not answered: its "done" will come); a "step_ack"
+    "withdrawn"; a job already started is not answered: the agent learns it started from the
+    "done" before it, see ``Guest.run``); a "step_ack"
     goes to the current attempt's channel; "exit" or EOF or a broken frame closes the inbox."""
 
     def __init__(self, frames: BlockingFrames) -> None:
@@ -239,9 +240,7 @@ class Guest:
     def serve(self) -> None:
         inbox = self.inbox
         while True:
-            if inbox.jobs:  # queued while the last one ran: its cancel may be here since
-                inbox.poll(now_or_never=True)
-            else:
+            if not inbox.jobs:
                 inbox.wait(lambda: bool(inbox.jobs))
             if inbox.closed:
                 return
@@ -279,6 +278,10 @@ class Guest:
         self._log_end = _log_size()
         log_range = [start, self._log_end]
         self.inbox.end()
+        # File the frames that came meanwhile (jobs queued behind this one, their cancels and
+        # withdraws) before this report: the agent takes a job it withdrew that is still in
+        # line after a "done" as started, and kills this guest for it.
+        self.inbox.poll(now_or_never=True)
         # After a MemoryError the heap may be half-built: do not run anything else here.
         reuse = result.error_class != "MemoryError"
         done = {"op": "done", "task_id": task_id, "reuse": reuse, "log_range": log_range}

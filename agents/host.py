@@ -18,6 +18,11 @@ Loops, all on one event loop:
 - deadlines:  the local start_to_close (ask the handler to stop, kill after the grace) and
               the kills due at the end of a grace.
 - complete:   ``completer.Completer``: batched completions, checkpoints first.
+
+The loops retry what the platform refuses or fails (``ConveyorError``); any other error stops
+the agent as a whole, and ``run`` raises it: an agent with a dead loop would go on half alive
+(say, heartbeating leases it never completes, or holding guests it never fills), where a
+stopped one is restarted by its supervisor and its leases are retried.
 """
 
 from __future__ import annotations
@@ -191,7 +196,8 @@ class HostAgent:
 
     async def run(self, *, drain_s: float = 0.0) -> None:
         """Run until ``stop()``; then stop claiming, let attempts finish for up to ``drain_s``,
-        kill the rest (reported as failed attempts, so they retry at once), flush, close."""
+        kill the rest (reported as failed attempts, so they retry at once), flush, close. A loop
+        that fails stops it at once (its leases lapse and are retried), raising its error."""
         await self.executor.start()
         loops: list[asyncio.Task[None]] = []
         try:
@@ -202,20 +208,37 @@ class HostAgent:
                 task_types=sorted(self.app.tasks),
                 pinned=sorted(n for n, t in self.app.tasks.items() if t.options.resume == "pinned"),
             )
-            for loop in (
-                self._heartbeats(),
-                self._deadlines(),
-                self.completer.run(),
-                self._polls(),
+            for name, loop in (
+                ("heartbeat", self._heartbeats()),
+                ("deadlines", self._deadlines()),
+                ("complete", self.completer.run()),
+                ("poll", self._polls()),
             ):
-                loops.append(asyncio.create_task(loop))
+                loops.append(asyncio.create_task(loop, name=name))
             self.started.set()
             log.info("agent %s serving %s (%d slots)", self.agent_id, self.app, self.concurrency)
-            await self._stop.wait()
+            failed = await self._until_stopped(loops)
+            if failed is not None:
+                failed.result()  # raises the loop's error (the loops never return)
             loops[-1].cancel()
             await self._drain(drain_s)
         finally:
             await self._shutdown(loops)
+
+    async def _until_stopped(self, loops: list[asyncio.Task[None]]) -> asyncio.Task[None] | None:
+        """Wait for ``stop()``, or for a loop to fail: then the loop, else None."""
+        stopped = asyncio.create_task(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        failed = next((loop for loop in loops if loop in done), None)
+        if failed is not None:
+            why = failed.exception()
+            log.error(
+                "agent %s: %s loop failed (%r); stopping", self.agent_id, failed.get_name(), why
+            )
+        return failed
 
     async def _drain(self, drain_s: float) -> None:
         if self._attempts and drain_s > 0:

@@ -19,7 +19,9 @@ e2e``: guests 0.25 -> 0.13 ms and agent 0.16 -> 0.11 ms of CPU per task with 3 q
 guest full, or still starting, waits for room. Only the running job (the first handed and not
 done) may report. A queued job
 - canceled: the guest never starts it and reports CANCELED;
-- killed (the cancel grace, a lost lease): the agent withdraws it; the guest is not killed;
+- killed (the cancel grace, a lost lease): the agent withdraws it; the guest is not killed,
+  unless the withdraw crossed the "done" of the job ahead: then the guest may have started it,
+  and it is killed as for a running attempt (a guest is idle only when it runs nothing);
 - waiting ``WITHDRAW_AFTER_S`` or more when another guest finishes a job: withdrawn and
   handed to a guest with room (so a slow job does not hold it back while others move on);
 - on a guest that dies: fails as ``GuestCrashed`` ("before it started"), not counted as a
@@ -221,9 +223,10 @@ class GuestSandbox:
         self.stopping = True
         if self.queued or self not in self.guest.attempts:
             # Not started (queued, or moving to another guest): take it back, spare the guest.
-            if self in self.guest.attempts:
-                self.guest.attempts.remove(self)
-                self._send({"op": "withdraw", "task_id": self.job.task_id})
+            # A queued one stays in its guest's line until the guest gives it back, for the
+            # guest may start it before the withdraw gets there (``GuestPool.release``).
+            if self.queued:
+                self.withdraw()
             self._started = False
             self._done.set_result(None)
             return
@@ -464,7 +467,14 @@ class GuestPool:
         return found
 
     def release(self, guest: GuestProcess, *, reuse: bool) -> None:
+        """``guest`` reported a job done, or gave back the last one in its line."""
         self._room.set()
+        if guest.attempts and guest.attempts[0].done:
+            # Its next job was killed while queued and is not given back: the withdraw crossed
+            # this "done" (the guest answers the ones it got before it reports), so the guest
+            # may be running it. Nothing is to run it any more: kill the guest.
+            guest.kill()
+            reuse = False
         keep = reuse and not self.fresh_process and not self._closing and guest.alive
         if keep and guest.attempts:
             self._rebalance()  # it starts its queued job now, and has room for another
@@ -483,6 +493,8 @@ class GuestPool:
 
     def moved(self, sandbox: GuestSandbox, old: GuestProcess) -> None:
         """``sandbox``'s job left ``old`` before it started: hand it to another guest."""
+        if sandbox.done:  # killed while queued: it runs nowhere
+            return
         task = asyncio.get_running_loop().create_task(self._place(sandbox, old))
         self._moving.add(task)  # the loop holds tasks weakly
         task.add_done_callback(self._moving.discard)

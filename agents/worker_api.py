@@ -11,15 +11,18 @@ Rule 2: every call here is safe to resend. Poll is at-most-once by construction 
 a request whose reply is lost lapse and are retried by the platform), heartbeats and checkpoints
 are idempotent, and a completion is fenced by its lease id, so a resent completion is rejected
 as stale rather than applied twice. ``HttpWorkerAPI`` therefore retries transport errors and 503.
+Rule 3: a call fails only with a ``ConveyorError``, which the agent's loops retry; a 2xx reply
+that is not what the protocol says is a ``TransientError`` too. Anything else is a bug of the
+agent, which stops it (``HostAgent.run``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from conveyor.agents.sandbox import read_log_tail
 from conveyor.ahttp import TRANSPORT_ERRORS, Session
@@ -29,6 +32,8 @@ from conveyor.frozen import frozen
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, WORKER_ITEMS_MAX
 
 log = logging.getLogger("conveyor.agent")
+
+T = TypeVar("T")
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
 
@@ -193,6 +198,18 @@ def offer_from_json(data: dict[str, Any]) -> LeaseOffer:
     )
 
 
+def offers_from_json(reply: dict[str, Any]) -> list[LeaseOffer]:
+    return [offer_from_json(item) for item in reply.get("leases", [])]
+
+
+def actions_from_json(reply: dict[str, Any]) -> dict[str, str]:
+    return {str(a["task_id"]): str(a["action"]) for a in reply.get("actions", [])}
+
+
+def warnings_from_json(reply: dict[str, Any]) -> list[str]:
+    return [str(warning) for warning in reply.get("warnings", [])]
+
+
 def results_from_json(reply: dict[str, Any]) -> list[ItemResult]:
     return [
         ItemResult(task_id=str(r["task_id"]), ok=bool(r.get("ok")), reason=r.get("reason"))
@@ -220,7 +237,13 @@ class HttpWorkerAPI:
         self.retry_for_s = retry_for_s
         self._http = Session(url, {"Authorization": f"Bearer {api_key}"}, timeout)
 
-    async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+    async def _post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        decode: Callable[[Any], T],
+        timeout: float | None = None,
+    ) -> T:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.retry_for_s
         attempt = 0
@@ -228,7 +251,7 @@ class HttpWorkerAPI:
             try:
                 reply = await self._http.request("POST", path, body=body, timeout=timeout)
                 if reply.status != 503:
-                    return parse(reply.status, reply.content, reply.headers)
+                    return _decoded(path, decode, parse(reply.status, reply.content, reply.headers))
                 delay, why = backoff_s(attempt, retry_after_ms(reply.headers)), "503"
             except TRANSPORT_ERRORS as exc:
                 delay, why = backoff_s(attempt), repr(exc)
@@ -254,8 +277,7 @@ class HttpWorkerAPI:
             "task_types": [*task_types],
             "pinned": [*pinned],
         }
-        reply = await self._post("/worker/register", body)
-        for warning in reply.get("warnings", []):
+        for warning in await self._post("/worker/register", body, warnings_from_json):
             log.warning("registering %s: %s", app, warning)  # a deploy removed handlers
 
     async def poll(
@@ -278,30 +300,36 @@ class HttpWorkerAPI:
             "wait_ms": wait_ms,
             "lease_ms": lease_ms,
         }
-        reply = await self._post("/worker/poll", body, timeout=wait_ms / 1000 + self._http.timeout)
-        return [offer_from_json(item) for item in reply.get("leases", [])]
+        timeout = wait_ms / 1000 + self._http.timeout
+        return await self._post("/worker/poll", body, offers_from_json, timeout=timeout)
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
         rows = [{"task_id": t, "lease_id": lease} for t, lease in leases]
-        replies = await self._post_items("/worker/heartbeat", "leases", rows)
-        return {str(a["task_id"]): str(a["action"]) for r in replies for a in r.get("actions", [])}
+        replies = await self._post_items("/worker/heartbeat", "leases", rows, actions_from_json)
+        return {task_id: action for reply in replies for task_id, action in reply.items()}
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
         rows = [item.to_json() for item in items]
-        return _results(await self._post_items("/worker/complete", "completions", rows))
+        return _results(
+            await self._post_items("/worker/complete", "completions", rows, results_from_json)
+        )
 
     async def checkpoint(self, items: Sequence[CheckpointItem]) -> list[ItemResult]:
         rows = [{"task_id": i.task_id, "lease_id": i.lease_id, "value": i.value} for i in items]
-        return _results(await self._post_items("/worker/checkpoint", "checkpoints", rows))
+        return _results(
+            await self._post_items("/worker/checkpoint", "checkpoints", rows, results_from_json)
+        )
 
     async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
         rows = [item.to_json() for item in items]
-        return _results(await self._post_items("/worker/steps", "steps", rows))
+        return _results(await self._post_items("/worker/steps", "steps", rows, results_from_json))
 
-    async def _post_items(self, path: str, name: str, rows: list[dict[str, Any]]) -> list[Any]:
+    async def _post_items(
+        self, path: str, name: str, rows: list[dict[str, Any]], decode: Callable[[Any], T]
+    ) -> list[T]:
         """POST ``{name: rows}`` in parts the gateway takes (rule 1); the replies, in order."""
         return [
-            await self._post(path, {name: rows[lo : lo + WORKER_ITEMS_MAX]})
+            await self._post(path, {name: rows[lo : lo + WORKER_ITEMS_MAX]}, decode)
             for lo in range(0, len(rows), WORKER_ITEMS_MAX)
         ]
 
@@ -309,5 +337,14 @@ class HttpWorkerAPI:
         await self._http.close()
 
 
-def _results(replies: list[Any]) -> list[ItemResult]:
-    return [result for reply in replies for result in results_from_json(reply)]
+def _decoded(path: str, decode: Callable[[Any], T], body: Any) -> T:
+    """A 2xx reply that is not what the protocol says (a proxy's page, a gateway of another
+    version) fails the call as a transport error would (rule 3): the agent retries it later."""
+    try:
+        return decode(body)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise TransientError(f"POST {path}: unexpected reply: {exc!r}") from exc
+
+
+def _results(replies: list[list[ItemResult]]) -> list[ItemResult]:
+    return [result for reply in replies for result in reply]

@@ -125,6 +125,13 @@ async def async_step_then_die(ctx: conveyor.Context, payload: dict[str, Any]) ->
     return f"memo {done!r} in attempt {ctx.attempt}"
 
 
+@app.task
+def mark_then_step(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    """Marks that it started, then records a durable step: it waits for the agent's ack."""
+    mark(payload, "started")
+    return ctx.step.run("once", lambda: "stepped")
+
+
 @app.task(retry=conveyor.Retry(attempts=500, base="10ms", cap="20ms"))
 def many_steps(ctx: conveyor.Context, payload: dict[str, Any]) -> int:
     """``payload["steps"]`` durable steps. Each body marks ``start i pid`` before it returns;
