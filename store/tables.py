@@ -388,15 +388,22 @@ class Tables:
 
     # -- leased index, dead letters, meta -----------------------------------------------------
 
-    def set_leased(self, task_id: str, lease_id: int) -> None:
-        self._put(keys.leased(task_id), keys.u64(lease_id))
+    def set_leased(self, task_id: str, lease_id: int, lease_ms: int) -> None:
+        """Index a task's lease: its id and the interval its agent asked for. Heartbeat
+        deadlines live in the leader's memory only, so a new leader restarts every running
+        lease from this row; with the node's default interval instead, a lease heartbeated on
+        time inside a longer one would lapse."""
+        self._put(keys.leased(task_id), keys.u64(lease_id) + keys.u64(lease_ms))
 
     def clear_leased(self, task_id: str) -> None:
         self._put(keys.leased(task_id), None)
 
-    def leased(self) -> Iterator[tuple[str, int]]:
+    def leased(self) -> Iterator[tuple[str, int, int | None]]:
+        """(task id, lease id, interval) of every live lease; the interval is None in a row
+        written before rows kept it."""
         for key, value in self.scan(keys.LEASED):
-            yield key[1:].decode(), keys.read_u64(value)
+            lease_ms = keys.read_u64(value, 8) if len(value) >= 16 else None
+            yield key[1:].decode(), keys.read_u64(value), lease_ms
 
     def add_dead(self, tenant: str, task_id: str) -> None:
         self._put(keys.dead(tenant, task_id), b"")

@@ -55,9 +55,10 @@ class LeaseTracker:
         self.running[live.tenant] += 1
 
     def take_over(self, tables: Tables) -> None:
+        """Every running lease restarts with its own interval (the one its agent asked for)."""
         now = self._p.clock.monotonic_ms()
-        lease_ms = self._p.settings.lease_ms
-        for task_id, lease_id in tables.leased():
+        for task_id, lease_id, interval in tables.leased():
+            lease_ms = interval or self._p.settings.lease_ms
             task = tables.task(task_id)
             cancel = task is not None and task.cancel_cause is not None
             tenant = task.tenant if task is not None else ""

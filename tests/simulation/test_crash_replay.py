@@ -246,7 +246,7 @@ class Workload:
         """One or a few records; ``tables`` is committed state as a proposer would see it."""
         rng = self.rng
         known = [key[1:].decode() for key, _ in tables.scan(keys.TASKS)]
-        leased = list(tables.leased())
+        leased = [(task_id, lease_id) for task_id, lease_id, _ in tables.leased()]
         for pair in leased:
             if pair not in self.leases:
                 self.leases.append(pair)
@@ -479,7 +479,7 @@ def check_indexes(kv: KV) -> None:
     """The secondary indexes agree with the task rows (what the machine keeps in step)."""
     tables = Tables(kv)
     tasks = {t.task_id: t for t in tables.tasks()}
-    leased = dict(tables.leased())
+    leased = {task_id: lease_id for task_id, lease_id, _ in tables.leased()}
     assert leased == {t.task_id: t.lease_id for t in tasks.values() if t.status == "LEASED"}
     ready = sorted(v.decode() for _, v in kv.scan(keys.READY))
     assert ready == sorted(
@@ -782,7 +782,7 @@ def test_restarted_processor_finishes_every_acknowledged_task(seed: int) -> None
         # I1 + I10: every acknowledged task finished; nothing is still leased.
         tables = Tables(cluster.store.kv)
         assert all(tables.task(t).status in TERMINAL for t in acked)  # type: ignore[union-attr]
-        assert dict(tables.leased()) == {}
+        assert list(tables.leased()) == []
         # I3: no task completed twice, and the events stream shows one terminal state each.
         assert [t for t, n in succeeded.items() if n > 1] == []
         for t in succeeded:

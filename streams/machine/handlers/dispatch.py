@@ -81,7 +81,7 @@ def _lease(tables: Tables, task_id: str, request: LeaseRequest, meta: Meta, out:
     if task.app_version is None:
         task.app_version = request.app_version
     touch(task, meta)
-    tables.set_leased(task_id, task.lease_id)
+    tables.set_leased(task_id, task.lease_id, request.lease_ms)
     timer = start_to_close_timer(task)
     if timer is not None:
         tables.add_timer(timer)

@@ -294,7 +294,7 @@ class Harness:
         return [v.decode() for _, v in self.kv.scan(keys.READY)]
 
     def leased(self) -> dict[str, int]:
-        return dict(self.committed().leased())
+        return {task_id: lease_id for task_id, lease_id, _ in self.committed().leased()}
 
     def dead(self, tenant: str = "t1") -> list[str]:
         return list(self.committed().dead(tenant))

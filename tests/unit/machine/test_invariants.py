@@ -495,7 +495,7 @@ class MachineModel(RuleBasedStateMachine):
             else:
                 assert task_id not in self.finished
         # (f) the leased index is exactly the LEASED tasks, at their current lease
-        leased = dict(fresh.leased())
+        leased = {task_id: lease_id for task_id, lease_id, _ in fresh.leased()}
         assert leased == {
             t.task_id: t.lease_id for t in tasks.values() if t.status == TaskStatus.LEASED
         }
