@@ -384,7 +384,7 @@ def projection_rebuild(
         try:
             snapshot = await Snapshot.open(root, events, dsn=dsn)
             try:
-                return await snapshot.projector.rebuild()
+                return await snapshot.rebuild()
             finally:
                 await snapshot.close()
         finally:

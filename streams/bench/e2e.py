@@ -230,16 +230,16 @@ class Cluster:
                 print(f"{name} (pid {proc.pid}) ignored SIGTERM; killed", file=sys.stderr)
 
     def usage(self) -> dict[str, float]:
-        """CPU seconds and RSS (MiB) of the node (and its snapshot's PostgreSQL, a daemon
-        rather than a child), the agents, their guests, and this process: the client."""
+        """CPU seconds and RSS (MiB) of the node, its projector process and its snapshot's
+        PostgreSQL (a daemon rather than a child), the agents, their guests, and this process:
+        the client."""
         out: dict[str, float] = {}
         for name, popen in self.procs.items():
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(popen.pid)
                 _add(out, "node" if name == "node" else "agent", proc)
-                if name != "node":
-                    for guest in proc.children(recursive=True):
-                        _add(out, "guests", guest)
+                for child in proc.children(recursive=True):
+                    _add(out, "node_projector" if name == "node" else "guests", child)
         postmaster = _postmaster(self.node_home)
         if postmaster is not None:
             for backend in (postmaster, *postmaster.children(recursive=True)):

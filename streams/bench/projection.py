@@ -122,7 +122,7 @@ async def bench_projection(
     lag_tasks: int = 10_000,
     rate: float = 25_000.0,
 ) -> dict[str, Any]:
-    Node.tune_gc()  # as `conveyor node` runs: the projector lives in the node process
+    Node.tune_gc()  # as `conveyor node` runs (its projector process too)
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-projection-") as tmp:
         home = Path(tmp)
         events_log = await LocalLog.open(home / "events", partitions)
@@ -131,7 +131,7 @@ async def bench_projection(
             snapshot = await Snapshot.open(home, events_log, dsn=dsn)
             try:
                 started = time.perf_counter()
-                projected = await snapshot.projector.catch_up()
+                projected = await snapshot.catch_up()
                 elapsed = time.perf_counter() - started
                 rows = await snapshot.pool.fetchval("SELECT count(*) FROM tasks")
                 lag = await _paced(snapshot, events_log, lag_tasks, rate)

@@ -15,9 +15,10 @@ Rules, and why:
 3. Batched: readers decode while the previous transaction is in flight; the writer folds all
    that is queued (up to ``CHUNK_EVENTS_MAX``) into one row per task and writes it at once. A
    small chunk lingers up to ``LINGER_MS`` for more: a trickle of single enqueues then costs a
-   transaction per linger instead of one per event, and the node's event loop, which it shares
-   with every enqueue, stays free for them (400 sequential enqueues to an idle node: p99
-   7.3 -> 5.6-6.4 ms). The snapshot lags by at most that much more.
+   transaction per linger instead of one per event (400 sequential enqueues to an idle node,
+   when the projector still shared the node's event loop: p99 7.3 -> 5.6-6.4 ms). The
+   snapshot lags by at most that much more. A node runs it in a process of its own
+   (``projector_process.py``); tools that catch up or rebuild run it in theirs.
 4. The projector never blocks the processors: it only reads the events log. If Postgres is
    down it retries with a backoff, and the lag metrics show how far behind it is.
 5. A row whose newest event is TaskLeased is held back up to ``HOLD_LEASED_MS`` (with its
@@ -34,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
 
 import asyncpg
 
@@ -43,7 +45,7 @@ from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.schemas.types import EventBatch, EventKind
 from conveyor.store.postgres import projection, queries
 from conveyor.streams.clock import Clock, SystemClock
-from conveyor.streams.log.api import Log
+from conveyor.streams.log.api import LogRecord
 from conveyor.streams.sinks.metrics import Metrics
 
 log = logging.getLogger("conveyor.projector")
@@ -90,10 +92,28 @@ _Item = _Read | _Failed | None  # None: a reader reached the end (catch-up only)
 _LEASED = EventKind.TaskLeased.value
 
 
-class Projector:
+class Events(Protocol):
+    """What a projector reads of the events log: a ``Log``, or what the node ships to a
+    projector process (``projector_process.ShippedLog``)."""
+
+    @property
+    def partitions(self) -> int: ...
+
+    def end_offset(self, partition: int) -> int: ...
+
+    def read(
+        self, partition: int, from_offset: int, *, follow: bool = False, max_batch: int = 1024
+    ) -> AsyncIterator[list[LogRecord]]: ...
+
+
+class Progress:
+    """How far a projection has come, and the gauges that show it: per events partition the
+    next offset to project, the events projected, and the stamp of the newest one. The
+    projector keeps it; so does the node for a projector in a process of its own."""
+
     def __init__(
         self,
-        events: Log,
+        events: Events,
         pool: asyncpg.Pool,
         *,
         metrics: Metrics | None = None,
@@ -104,13 +124,8 @@ class Projector:
         self.metrics = metrics
         self.clock = clock or SystemClock()
         self.next_offsets: dict[int, int] = {}
-        self._read_to: dict[int, int] = {}  # per partition, the offset after the last read
-        self._held = projection.Fold.empty()  # rule 5: rows not written yet...
-        self._held_at: dict[str, _Held] = {}  # ...and since when, from which read
         self.events_projected = 0
         self.last_event_ms: int | None = None
-
-    # -- lag --------------------------------------------------------------------------------
 
     def lag_records(self) -> dict[int, int]:
         """Per partition, events-log records not yet projected."""
@@ -127,6 +142,47 @@ class Projector:
         if self.last_event_ms is None:
             return 0.0
         return max(0.0, (self.clock.now_ms() - self.last_event_ms) / 1000)
+
+    def update_lag_gauges(self) -> None:
+        if self.metrics is None:
+            return
+        for p, lag in self.lag_records().items():
+            self.metrics.projection_lag_records.labels(str(p)).set(lag)
+        self.metrics.projection_lag.set(self.lag_s())
+
+    async def refresh_gauges(self) -> None:
+        """Forever: the lag gauges, and now and then the tasks-by-state counts."""
+        assert self.metrics is not None
+        count_at = self.clock.monotonic_ms()
+        while True:
+            started = self.clock.monotonic_ms()
+            if started >= count_at:
+                try:
+                    async with self.pool.acquire() as conn:
+                        self.metrics.set_task_counts(await queries.tasks_by_state(conn))
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("tasks-by-state refresh failed: %s", exc)
+                took = self.clock.monotonic_ms() - started
+                count_at = started + max(GAUGE_REFRESH_MS, took / COUNT_SHARE_MAX)
+            self.update_lag_gauges()
+            await self.clock.sleep_ms(GAUGE_REFRESH_MS)
+
+
+class Projector(Progress):
+    def __init__(
+        self,
+        events: Events,
+        pool: asyncpg.Pool,
+        *,
+        metrics: Metrics | None = None,
+        clock: Clock | None = None,
+        on_write: Callable[[float], None] | None = None,
+    ) -> None:
+        super().__init__(events, pool, metrics=metrics, clock=clock)
+        self.on_write = on_write  # called after each write with its seconds
+        self._read_to: dict[int, int] = {}  # per partition, the offset after the last read
+        self._held = projection.Fold.empty()  # rule 5: rows not written yet...
+        self._held_at: dict[str, _Held] = {}  # ...and since when, from which read
 
     # -- running ------------------------------------------------------------------------------
 
@@ -156,7 +212,7 @@ class Projector:
             asyncio.create_task(self._read(p, queue, follow), name=f"project-read-{p}")
             for p in range(self.events.partitions)
         ]
-        side = [asyncio.create_task(self._refresh_gauges())] if follow and self.metrics else []
+        side = [asyncio.create_task(self.refresh_gauges())] if follow and self.metrics else []
         try:
             await self._write_loop(queue, len(readers), hold=follow)
             for reader in readers:
@@ -268,33 +324,12 @@ class Projector:
                 if self.metrics is not None:
                     self.metrics.observe_events(r.partition, batch.events)
         self.events_projected += count
+        if self.on_write is not None:
+            self.on_write(write_s)
         if self.metrics is not None:
             self.metrics.projected_events.inc(count)
             self.metrics.projection_batch.observe(write_s)
             self.update_lag_gauges()
-
-    def update_lag_gauges(self) -> None:
-        if self.metrics is None:
-            return
-        for p, lag in self.lag_records().items():
-            self.metrics.projection_lag_records.labels(str(p)).set(lag)
-        self.metrics.projection_lag.set(self.lag_s())
-
-    async def _refresh_gauges(self) -> None:
-        assert self.metrics is not None
-        count_at = self.clock.monotonic_ms()
-        while True:
-            started = self.clock.monotonic_ms()
-            if started >= count_at:
-                try:
-                    async with self.pool.acquire() as conn:
-                        self.metrics.set_task_counts(await queries.tasks_by_state(conn))
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                    log.warning("tasks-by-state refresh failed: %s", exc)
-                took = self.clock.monotonic_ms() - started
-                count_at = started + max(GAUGE_REFRESH_MS, took / COUNT_SHARE_MAX)
-            self.update_lag_gauges()
-            await self.clock.sleep_ms(GAUGE_REFRESH_MS)
 
 
 def _fold(reads: Sequence[_Read], held: projection.Fold) -> projection.Fold:

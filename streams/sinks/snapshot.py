@@ -1,5 +1,6 @@
 """The query snapshot as a node runs it: PostgreSQL (embedded or external), a connection pool
-with the schema migrated, and the projector following the events stream as an asyncio task.
+with the schema migrated, and the projector following the events stream in a process of its
+own (``projector_process.py``), supervised by an asyncio task.
 
 A projector failure never stops the node: the processors do not depend on it. It is logged and
 the projector restarts from its watermark after ``RESTART_MS``; meanwhile listing serves a
@@ -20,6 +21,7 @@ from conveyor.store.postgres.server import configured_dsn
 from conveyor.streams.log.api import Log
 from conveyor.streams.sinks.metrics import Metrics
 from conveyor.streams.sinks.projector import Projector
+from conveyor.streams.sinks.projector_process import ProjectorProcess
 
 log = logging.getLogger("conveyor.projector")
 
@@ -29,8 +31,13 @@ EMBEDDED_DIR = "postgres"
 
 class Snapshot:
     def __init__(
-        self, pool: asyncpg.Pool, projector: Projector, embedded: EmbeddedPostgres | None
+        self,
+        events: Log,
+        pool: asyncpg.Pool,
+        projector: ProjectorProcess,
+        embedded: EmbeddedPostgres | None,
     ) -> None:
+        self.events = events
         self.pool = pool
         self.projector = projector
         self.embedded = embedded
@@ -53,7 +60,7 @@ class Snapshot:
             if embedded is not None:
                 await embedded.stop()
             raise
-        return cls(pool, Projector(events, pool, metrics=metrics), embedded)
+        return cls(events, pool, ProjectorProcess(events, pool, target, metrics=metrics), embedded)
 
     def start(self) -> None:
         """Follow the events stream in the background until ``close``."""
@@ -69,6 +76,15 @@ class Snapshot:
             except Exception:
                 log.exception("projector failed; restarting from the watermark")
             await self.projector.clock.sleep_ms(RESTART_MS)
+
+    async def catch_up(self) -> int:
+        """Project everything in the events log now, in this process (a tool's, or a bench's,
+        with the follower not started); the number of events projected."""
+        return await Projector(self.events, self.pool).catch_up()
+
+    async def rebuild(self) -> int:
+        """Truncate the snapshot and project the whole events log again (node stopped)."""
+        return await Projector(self.events, self.pool).rebuild()
 
     async def wait_caught_up(self, timeout_s: float = 30.0) -> None:
         """Until every event appended so far is projected (for tests and benches)."""

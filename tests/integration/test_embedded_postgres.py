@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import asyncpg
+import psutil
 import pytest
 from test_gateway import KEY_A, NodeProcess, call, stop_orphaned_postgres, write_keys
 
@@ -152,8 +153,11 @@ def test_kill_9_of_the_node_leaves_a_postgres_the_next_node_joins_and_stops(
         marks = caught_up(first.base, home)
         server = postmaster_pid(home)
         assert server is not None and alive(server)
+        assert first.proc is not None
+        (projector,) = psutil.Process(first.proc.pid).children()
         assert first.stop(signal.SIGKILL) == -signal.SIGKILL
         assert alive(server), "pgserver runs PostgreSQL as a daemon: it outlives the node"
+        assert wait_gone(projector.pid), "the projector process must end with its node"
 
         second = start(home)
         assert postmaster_pid(home) == server  # joined, not restarted

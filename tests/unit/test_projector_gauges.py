@@ -42,7 +42,7 @@ def test_a_slow_count_is_redone_at_most_at_one_percent_of_the_time(
         counted: list[float] = []
         monkeypatch.setattr(queries, "tasks_by_state", _counts(clock, took_ms, counted))
         p = projector.Projector(MemoryLog(1), _Pool(), metrics=Metrics(), clock=clock)  # type: ignore[arg-type]
-        task = asyncio.create_task(p._refresh_gauges())
+        task = asyncio.create_task(p.refresh_gauges())
         for _ in range(40):  # 600 s in steps of the refresh interval
             await asyncio.sleep(0)
             clock.advance(projector.GAUGE_REFRESH_MS)
