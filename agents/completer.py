@@ -29,10 +29,13 @@ class Completer:
         self.completed = 0  # completions the platform accepted
         self.dropped = 0  # completions rejected as stale
         self.unacked = 0  # completions queued or being sent
+        # Their leases, by task id: the agent heartbeats them until the report is through.
+        self.unreported: dict[str, int] = {}
         self._queue: asyncio.Queue[tuple[CompletionItem, CheckpointItem | None]] = asyncio.Queue()
 
     async def put(self, item: CompletionItem, checkpoint: CheckpointItem | None) -> None:
         self.unacked += 1
+        self.unreported[item.task_id] = item.lease_id
         await self._queue.put((item, checkpoint))
 
     async def flushed(self) -> None:
@@ -48,7 +51,9 @@ class Completer:
                 await self._send(batch)
             finally:
                 self.unacked -= len(batch)
-                for _ in batch:
+                for item, _ in batch:
+                    if self.unreported.get(item.task_id) == item.lease_id:
+                        del self.unreported[item.task_id]
                     self._queue.task_done()
 
     async def _send(self, batch: list[tuple[CompletionItem, CheckpointItem | None]]) -> None:

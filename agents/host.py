@@ -427,7 +427,10 @@ class HostAgent:
             except ConveyorError as exc:  # one refused checkpoint must not lapse every lease
                 log.warning("saving checkpoints failed: %s", exc)
             try:
-                live = {t: r.offer.lease_id for t, r in self.running.items() if not r.lost}
+                # Ended attempts whose report is not through yet hold their leases too: let
+                # them lapse and a slow completion makes the platform run the work again.
+                live = dict(self.completer.unreported)
+                live.update((t, r.offer.lease_id) for t, r in self.running.items() if not r.lost)
                 actions = await self.api.heartbeat(list(live.items())) if live else {}
             except ConveyorError as exc:
                 log.warning("heartbeat round failed: %s", exc)

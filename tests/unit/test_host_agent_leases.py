@@ -48,6 +48,8 @@ class FakeAPI:
         self.completed: list[CompletionItem] = []
         self.checkpoints: list[list[CheckpointItem]] = []
         self.checkpoint_error: Exception | None = None
+        self.complete_open = asyncio.Event()  # completions answer once it is set
+        self.complete_open.set()
 
     async def register(self, **_: Any) -> None:
         return None
@@ -61,6 +63,7 @@ class FakeAPI:
         return {t: self.replies.get(t, "CONTINUE") for t, _ in leases}
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
+        await self.complete_open.wait()
         self.completed.extend(items)
         return [ItemResult(task_id=i.task_id, ok=True) for i in items]
 
@@ -251,5 +254,28 @@ def test_a_checkpoint_the_platform_refuses_does_not_stop_the_heartbeats() -> Non
                 f"{len(api.heartbeats)} heartbeat calls in 3 rounds: every lease of the agent "
                 "goes unheartbeated while one attempt's checkpoint is refused"
             )
+
+    asyncio.run(main())
+
+
+def test_an_ended_attempt_s_lease_is_heartbeated_until_its_report_is_through() -> None:
+    """The node is slow to take completions (a backlog, retries after errors): the attempt has
+    ended, and its lease must not lapse meanwhile, or the platform runs the work again."""
+
+    async def main() -> None:
+        api, executor = FakeAPI(), FakeExecutor()
+        api.complete_open.clear()
+        async with agent_of(api, executor) as agent:
+            api.offers.put_nowait([offer("t", 1, 1)])
+            await until("the attempt to start", lambda: ("t", 1) in executor.launched)
+            executor.launched[("t", 1)].finish()
+            await until("the attempt to end", lambda: not agent.running)
+            leases = await heartbeat_round(agent, api)
+            assert ("t", 1) in leases, f"the unreported attempt's lease lapses: {leases}"
+            api.offers.put_nowait([offer("u", 1, 1)])
+            await until("another attempt to start", lambda: ("u", 1) in executor.launched)
+            api.complete_open.set()
+            await until("the report", lambda: [i.task_id for i in api.completed] == ["t"])
+            assert await heartbeat_round(agent, api) == [("u", 1)], "reported: no more beats"
 
     asyncio.run(main())
