@@ -447,20 +447,42 @@ class HostAgent:
                     self._request_stop(run, "CANCEL")
 
     async def _flush_checkpoints(self) -> None:
+        """Send the newest checkpoint of each running attempt. If they fail to go out, each
+        goes again with the next round, unless its handler saved a newer one meanwhile."""
         async with self.completer.checkpoint_lock:
-            items = []
-            for run in self.running.values():
-                if run.checkpoint is not NOTHING and not run.lost:
-                    items.append(
-                        CheckpointItem(
-                            task_id=run.offer.task_id,
-                            lease_id=run.offer.lease_id,
-                            value=run.checkpoint,
-                        )
-                    )
-                    run.checkpoint = NOTHING
-            if items:
-                await self.api.checkpoint(items)
+            sent = [
+                (run, run.checkpoint)
+                for run in self.running.values()
+                if run.checkpoint is not NOTHING and not run.lost
+            ]
+            for run, _ in sent:
+                run.checkpoint = NOTHING
+            if not sent:
+                return
+            items = [
+                CheckpointItem(task_id=run.offer.task_id, lease_id=run.offer.lease_id, value=v)
+                for run, v in sent
+            ]
+            try:
+                await self._save_checkpoints(items)
+            except ConveyorError:
+                for run, value in sent:
+                    if run.checkpoint is NOTHING:
+                        run.checkpoint = value
+                raise
+
+    async def _save_checkpoints(self, items: list[CheckpointItem]) -> None:
+        """The platform refuses a whole request for one bad item (say, a value too large):
+        then each goes alone, so the others are saved and only the bad one is dropped."""
+        try:
+            await self.api.checkpoint(items)
+            return
+        except ContractError as exc:
+            if len(items) == 1:
+                log.error("checkpoint of %s refused, dropped: %s", items[0].task_id, exc)
+                return
+        for item in items:
+            await self._save_checkpoints([item])
 
     def _request_stop(self, run: Running, reason: str) -> None:
         if run.stop(reason, self.clock.monotonic_ms()):

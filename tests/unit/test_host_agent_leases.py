@@ -21,11 +21,12 @@ from conveyor.agents.worker_api import (
     LeaseOffer,
     StepItem,
 )
-from conveyor.errors import ContractError
+from conveyor.errors import ContractError, TransientError
 
 pytestmark = pytest.mark.timeout(30)
 
 DEADLINE_S = 5.0
+TOO_LARGE = "a checkpoint value the platform refuses"
 
 app = conveyor.App("review-host")
 
@@ -48,6 +49,7 @@ class FakeAPI:
         self.completed: list[CompletionItem] = []
         self.checkpoints: list[list[CheckpointItem]] = []
         self.checkpoint_error: Exception | None = None
+        self.saved: list[CheckpointItem] = []  # checkpoints the platform took
         self.complete_open = asyncio.Event()  # completions answer once it is set
         self.complete_open.set()
 
@@ -71,6 +73,9 @@ class FakeAPI:
         self.checkpoints.append(list(items))
         if self.checkpoint_error is not None:
             raise self.checkpoint_error
+        if any(i.value == TOO_LARGE for i in items):  # one bad item refuses the request
+            raise ContractError("checkpoints[0].value: too large")
+        self.saved.extend(items)
         return [ItemResult(task_id=i.task_id, ok=True) for i in items]
 
     async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
@@ -277,5 +282,37 @@ def test_an_ended_attempt_s_lease_is_heartbeated_until_its_report_is_through() -
             api.complete_open.set()
             await until("the report", lambda: [i.task_id for i in api.completed] == ["t"])
             assert await heartbeat_round(agent, api) == [("u", 1)], "reported: no more beats"
+
+    asyncio.run(main())
+
+
+def test_a_checkpoint_that_failed_to_go_out_goes_with_the_next_round() -> None:
+    async def main() -> None:
+        api, executor = FakeAPI(), FakeExecutor()
+        async with agent_of(api, executor) as agent:
+            api.offers.put_nowait([offer("t", 1, 1)])
+            await until("the attempt to start", lambda: ("t", 1) in executor.launched)
+            executor.launched[("t", 1)].hooks.on_checkpoint({"cursor": 7})
+            api.checkpoint_error = TransientError("the node is restarting")
+            await heartbeat_round(agent, api)
+            api.checkpoint_error = None
+            await heartbeat_round(agent, api)  # the handler saved nothing new meanwhile
+            assert [i.value for i in api.saved] == [{"cursor": 7}], "the cursor was lost"
+
+    asyncio.run(main())
+
+
+def test_a_refused_checkpoint_does_not_take_the_others_of_its_round_with_it() -> None:
+    async def main() -> None:
+        api, executor = FakeAPI(), FakeExecutor()
+        async with agent_of(api, executor) as agent:
+            api.offers.put_nowait([offer("big", 1, 1), offer("small", 2, 1)])
+            await until("both attempts to start", lambda: len(executor.launched) == 2)
+            executor.launched[("big", 1)].hooks.on_checkpoint(TOO_LARGE)
+            executor.launched[("small", 1)].hooks.on_checkpoint({"cursor": 3})
+            await heartbeat_round(agent, api)
+            assert [(i.task_id, i.value) for i in api.saved] == [("small", {"cursor": 3})]
+            await heartbeat_round(agent, api)
+            assert len(api.checkpoints) == 3, "the refused one is dropped, not sent every round"
 
     asyncio.run(main())
