@@ -1,25 +1,19 @@
 """A job queued in a guest and killed just as the guest starts it (``conveyor.agents.pool``):
 the withdraw crosses the "done" of the job ahead. The guest must not be taken for idle while it
 runs the killed job, which waits for acks the agent no longer sends. The agent takes a killed
-job still in line after a "done" as one the guest may have started, and kills the guest: so the
-guest answers a withdraw that reached it while the job ahead ran before that job's "done"."""
+job still in line after a "done" as one the guest may have started, and kills the guest (the
+guest's side, which answers a withdraw that came while the job ahead ran before that job's
+"done": tests/unit/test_guest_serve.py)."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import agent_app
 from test_agent import alive, lines, rig, run, until
 from test_agent_pipeline import pool_of
-
-import conveyor
-from conveyor.agents.frames import BlockingFrames
-from conveyor.agents.guest import Guest
 
 WEDGED_S = 10.0  # an echo takes milliseconds; a wedged guest never runs it
 
@@ -69,49 +63,3 @@ def test_a_queued_job_killed_as_its_guest_starts_it_does_not_wedge_the_guest(
             )
 
     run(main)
-
-
-guest_app = conveyor.App("guest-withdraw")
-
-
-@guest_app.task
-def sleepy(ctx: conveyor.Context, seconds: float) -> str:
-    time.sleep(seconds)  # reads no frame meanwhile: they wait in the socket
-    return "slept"
-
-
-@guest_app.task
-def echo(ctx: conveyor.Context, payload: Any) -> Any:
-    return payload
-
-
-def run_frame(task_id: str, task_type: str, payload: Any) -> dict[str, Any]:
-    return {"op": "run", "task_id": task_id, "task_type": task_type, "attempt": 1,
-            "payload": payload}  # fmt: skip
-
-
-def test_a_withdraw_that_came_while_the_job_ahead_ran_is_answered_before_its_done() -> None:
-    agent_end, guest_end = socket.socketpair()
-    agent_end.settimeout(5.0)  # a guest that ended answers nothing: fail, do not hang
-    agent = BlockingFrames(agent_end)
-    serving = threading.Thread(
-        target=Guest(guest_app, BlockingFrames(guest_end)).serve, daemon=True
-    )
-    serving.start()
-    try:
-        agent.send(run_frame("a" * 32, "sleepy", 0.5))
-        agent.send(run_frame("b" * 32, "echo", "queued"))  # queued behind the sleeper
-        time.sleep(0.1)  # the sleeper runs
-        agent.send({"op": "withdraw", "task_id": "b" * 32})
-        replies = [agent.recv() or {}, agent.recv() or {}]
-        ops = [(r.get("op"), r.get("task_id")) for r in replies]
-        assert ops == [("withdrawn", "b" * 32), ("done", "a" * 32)], (
-            f"the guest answered {ops}: the agent, reading the done first, would take the "
-            "withdrawn job for started"
-        )
-        agent.send({"op": "exit"})
-        serving.join(timeout=5)
-        assert not serving.is_alive()
-    finally:
-        agent_end.close()
-        guest_end.close()

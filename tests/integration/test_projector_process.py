@@ -6,9 +6,11 @@ that restart, and closing the snapshot ends the process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,20 @@ async def _append_lives(
     return ids
 
 
+@contextlib.asynccontextmanager
+async def _following(dsn: str, home: Path) -> AsyncIterator[tuple[LocalLog, Snapshot, Metrics]]:
+    """An events log, and a snapshot (a fresh database) whose projector process follows it."""
+    events = await LocalLog.open(home / "events", PARTITIONS)
+    metrics = Metrics()
+    snap = await Snapshot.open(home, events, dsn=await _database(dsn), metrics=metrics)
+    try:
+        snap.start()
+        yield events, snap, metrics
+    finally:
+        await snap.close()
+        await events.close()
+
+
 def test_a_killed_projector_process_is_started_again_and_resumes_from_its_watermark(
     pg_server: Any,  # noqa: F811
     tmp_path: Path,
@@ -86,12 +102,7 @@ def test_a_killed_projector_process_is_started_again_and_resumes_from_its_waterm
     monkeypatch.setattr(snapshot_module, "RESTART_MS", 50)
 
     async def main() -> None:
-        dsn = await _database(pg_server.get_uri())
-        events = await LocalLog.open(tmp_path / "events", PARTITIONS)
-        metrics = Metrics()
-        snap = await Snapshot.open(tmp_path, events, dsn=dsn, metrics=metrics)
-        try:
-            snap.start()
+        async with _following(pg_server.get_uri(), tmp_path) as (events, snap, metrics):
             await _append_lives(events, 0)
             await snap.wait_caught_up()
             first = snap.projector.pid
@@ -111,9 +122,6 @@ def test_a_killed_projector_process_is_started_again_and_resumes_from_its_waterm
             projected = metrics.registry.get_sample_value("conveyor_projection_events_total")
             assert snap.projector.events_projected == projected == 8 * TASKS
             last = snap.projector.pid
-        finally:
-            await snap.close()
-            await events.close()
         assert last is not None and not alive(last), "closing the snapshot ends the process"
 
     asyncio.run(main())
@@ -130,12 +138,7 @@ def test_events_shipped_again_to_a_new_projector_process_are_observed_once(
     monkeypatch.setattr(snapshot_module, "RESTART_MS", 50)
 
     async def main() -> None:
-        dsn = await _database(pg_server.get_uri())
-        events = await LocalLog.open(tmp_path / "events", PARTITIONS)
-        metrics = Metrics()
-        snap = await Snapshot.open(tmp_path, events, dsn=dsn, metrics=metrics)
-        try:
-            snap.start()
+        async with _following(pg_server.get_uri(), tmp_path) as (events, snap, metrics):
             ids = await _append_lives(events, 0, (ENQUEUED, LEASED))
             ends = {p: events.end_offset(p) for p in range(PARTITIONS)}
             async with asyncio.timeout(30):  # shipped: the leased rows are held now
@@ -153,8 +156,5 @@ def test_events_shipped_again_to_a_new_projector_process_are_observed_once(
             assert dispatched == PARTITIONS * TASKS
             counts = await snap.pool.fetch("SELECT status, count(*) AS n FROM tasks GROUP BY 1")
             assert [(r["status"], r["n"]) for r in counts] == [("SUCCEEDED", PARTITIONS * TASKS)]
-        finally:
-            await snap.close()
-            await events.close()
 
     asyncio.run(main())

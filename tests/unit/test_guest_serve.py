@@ -56,3 +56,28 @@ def test_a_withdrawn_queued_job_does_not_end_the_guest() -> None:
     assert not serving.is_alive()
     agent_end.close()
     guest_end.close()
+
+
+def test_a_withdraw_that_came_while_the_job_ahead_ran_is_answered_before_its_done() -> None:
+    agent_end, guest_end = socket.socketpair()
+    agent_end.settimeout(5.0)  # a guest that ended answers nothing: fail, do not hang
+    agent = BlockingFrames(agent_end)
+    serving = threading.Thread(target=Guest(app, BlockingFrames(guest_end)).serve, daemon=True)
+    serving.start()
+    try:
+        agent.send(run_frame("a" * 32, "sleepy", 0.5))
+        agent.send(run_frame("b" * 32, "echo", "queued"))  # queued behind the sleeper
+        time.sleep(0.1)  # the sleeper runs
+        agent.send({"op": "withdraw", "task_id": "b" * 32})
+        replies = [agent.recv() or {}, agent.recv() or {}]
+        ops = [(r.get("op"), r.get("task_id")) for r in replies]
+        assert ops == [("withdrawn", "b" * 32), ("done", "a" * 32)], (
+            f"the guest answered {ops}: the agent, reading the done first, would take the "
+            "withdrawn job for started"
+        )
+        agent.send({"op": "exit"})
+        serving.join(timeout=5)
+        assert not serving.is_alive()
+    finally:
+        agent_end.close()
+        guest_end.close()
