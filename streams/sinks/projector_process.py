@@ -43,7 +43,7 @@ from typing import Any
 import asyncpg
 
 from conveyor.schemas.codec import EVENT_BATCH
-from conveyor.store.postgres import connect_pool
+from conveyor.store.postgres import connect_pool, projection
 from conveyor.store.postgres.server import DSN_ENV
 from conveyor.streams.clock import Clock
 from conveyor.streams.log.api import LogRecord
@@ -114,6 +114,8 @@ class ProjectorProcess(Progress):
         self._child_projected = 0  # events the running child reported projected
 
     async def run(self) -> None:
+        async with self.pool.acquire() as conn:  # where the child will start: the lag until
+            self.next_offsets = await projection.watermarks(conn)  # its first write
         mine, theirs = socket.socketpair()
         reader, writer = await asyncio.open_unix_connection(sock=mine)
         proc = None

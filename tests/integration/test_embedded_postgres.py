@@ -14,13 +14,12 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import asyncpg
 import psutil
 import pytest
-from test_gateway import KEY_A, NodeProcess, call, stop_orphaned_postgres, write_keys
+from test_gateway import KEY_A, NodeProcess, call, gauge, stop_orphaned_postgres, write_keys
 
 from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.streams.log.local import LocalLog
@@ -78,15 +77,6 @@ def listed(base: str, want: int, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"listed {total}, expected {want}")
-
-
-def gauge(base: str, name: str) -> float:
-    """The sum of a metric's samples in the node's /metrics."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    samples = [line.split()[-1] for line in text.splitlines() if line.startswith(name)]
-    assert samples, f"no {name}"
-    return sum(float(v) for v in samples)
 
 
 def projected_events(base: str) -> float:

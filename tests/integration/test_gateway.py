@@ -175,15 +175,25 @@ def stop_orphaned_postgres(home: Path) -> None:
             os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
 
 
+def gauge(base: str, name: str) -> float:
+    """The sum of a metric's samples in the node's /metrics."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = [line.split()[-1] for line in text.splitlines() if line.startswith(name)]
+    assert samples, f"no {name}"
+    return sum(float(v) for v in samples)
+
+
 def settled_count(base: str, timeout_s: float = 15.0) -> int:
-    """The listing's task count once it stops changing: listing reads the Postgres snapshot,
-    which trails the processors by the projection lag (tens of milliseconds)."""
+    """The listing's task count once the projection has caught up and it stops changing:
+    listing reads the Postgres snapshot, which trails the processors by the projection lag
+    (tens of milliseconds; about a second after a start, while the projector process starts)."""
     deadline = time.monotonic() + timeout_s
     last = count_tasks(base)
     while time.monotonic() < deadline:
         time.sleep(0.2)
         now = count_tasks(base)
-        if now == last:
+        if now == last and gauge(base, "conveyor_projection_lag_records") == 0:
             return now
         last = now
     raise AssertionError("the task listing never settled")
