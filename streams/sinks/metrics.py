@@ -16,7 +16,7 @@ import time
 from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -87,17 +87,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
-        self.projection_lag_records = Gauge(
-            "conveyor_projection_lag_records",
-            "Events-log records not yet projected, per partition",
-            ["partition"],
-            registry=r,
-        )
-        self.projection_lag = Gauge(
-            "conveyor_projection_lag_seconds",
-            "Age of the newest projected event while records wait (0 when caught up)",
-            registry=r,
-        )
+        # The projection's lag, read from it when scraped (``ProjectionCollector``).
+        self.projection: ProjectionLag | None = None
+        r.register(ProjectionCollector(self))
         self.tasks = Gauge(
             "conveyor_tasks", "Tasks by queue and state (from the snapshot)", ["queue", "status"],
             registry=r,
@@ -195,6 +187,38 @@ class DispatchWindow:
             if bucket >= first:
                 total.update(tally)
         return total
+
+
+class ProjectionLag(Protocol):
+    def lag_records(self) -> dict[int, int]: ...
+
+    def lag_s(self) -> float: ...
+
+
+class ProjectionCollector(Collector):
+    """The projection's lag behind the events log, read from the projector when scraped (so
+    it is current between its writes); nothing while none runs."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        projection = self._metrics.projection
+        if projection is None:
+            return
+        records = GaugeMetricFamily(
+            "conveyor_projection_lag_records",
+            "Events-log records not yet projected, per partition",
+            labels=["partition"],
+        )
+        for p, lag in projection.lag_records().items():
+            records.add_metric([str(p)], lag)
+        yield records
+        yield GaugeMetricFamily(
+            "conveyor_projection_lag_seconds",
+            "Age of the newest projected event while records wait (0 when caught up)",
+            value=projection.lag_s(),
+        )
 
 
 class NodeCollector(Collector):

@@ -57,7 +57,7 @@ LINGER_EVENTS = 256  # a chunk smaller than this waits for more (rule 3)...
 LINGER_MS = 25.0  # ...this long at most
 HOLD_LEASED_MS = 500.0  # rule 5
 RETRY_MS = 1_000.0  # pause after a failed transaction
-GAUGE_REFRESH_MS = 15_000.0  # how often the gauges are refreshed...
+GAUGE_REFRESH_MS = 15_000.0  # how often the tasks-by-state gauge may be refreshed...
 # ...but the tasks-by-state count scans every task row (seconds at 10^7 rows): it is redone
 # only when its last run is at most this share of the time since.
 COUNT_SHARE_MAX = 0.01
@@ -126,6 +126,8 @@ class Progress:
         self.next_offsets: dict[int, int] = {}
         self.events_projected = 0
         self.last_event_ms: int | None = None
+        if metrics is not None:
+            metrics.projection = self  # its lag gauges read this one
 
     def lag_records(self) -> dict[int, int]:
         """Per partition, events-log records not yet projected."""
@@ -143,15 +145,8 @@ class Progress:
             return 0.0
         return max(0.0, (self.clock.now_ms() - self.last_event_ms) / 1000)
 
-    def update_lag_gauges(self) -> None:
-        if self.metrics is None:
-            return
-        for p, lag in self.lag_records().items():
-            self.metrics.projection_lag_records.labels(str(p)).set(lag)
-        self.metrics.projection_lag.set(self.lag_s())
-
     async def refresh_gauges(self) -> None:
-        """Forever: the lag gauges, and now and then the tasks-by-state counts."""
+        """Forever: now and then, the tasks-by-state counts."""
         assert self.metrics is not None
         count_at = self.clock.monotonic_ms()
         while True:
@@ -164,7 +159,6 @@ class Progress:
                     log.warning("tasks-by-state refresh failed: %s", exc)
                 took = self.clock.monotonic_ms() - started
                 count_at = started + max(GAUGE_REFRESH_MS, took / COUNT_SHARE_MAX)
-            self.update_lag_gauges()
             await self.clock.sleep_ms(GAUGE_REFRESH_MS)
 
 
@@ -329,7 +323,6 @@ class Projector(Progress):
         if self.metrics is not None:
             self.metrics.projected_events.inc(count)
             self.metrics.projection_batch.observe(write_s)
-            self.update_lag_gauges()
 
 
 def _fold(reads: Sequence[_Read], held: projection.Fold) -> projection.Fold:

@@ -203,7 +203,6 @@ class ProjectorProcess(Progress):
             self.metrics.projected_events.inc(new)
             for write_s in report["write_s"]:
                 self.metrics.projection_batch.observe(write_s)
-            self.update_lag_gauges()
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:

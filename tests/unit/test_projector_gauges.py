@@ -1,5 +1,6 @@
-"""The tasks-by-state gauge: recounted every 15 s, unless a count takes long (it scans every
-task row), then only when its last run is at most 1% of the time since."""
+"""The projection's gauges. Tasks by state: recounted every 15 s, unless a count takes long (it
+scans every task row), then only when its last run is at most 1% of the time since. The lag:
+read from the projector when scraped, so it is current between its writes."""
 
 from __future__ import annotations
 
@@ -55,3 +56,22 @@ def test_a_slow_count_is_redone_at_most_at_one_percent_of_the_time(
     counted = asyncio.run(main())
     gaps = [b - a for a, b in itertools.pairwise(counted)]
     assert gaps and all(every_ms <= gap < every_ms + projector.GAUGE_REFRESH_MS for gap in gaps)
+
+
+def test_the_projection_lag_is_read_when_scraped() -> None:
+    async def main() -> None:
+        metrics = Metrics()
+        assert b"conveyor_projection_lag" not in metrics.exposition()  # no projector yet
+        events = MemoryLog(2)
+        p = projector.Projector(events, _Pool(), metrics=metrics, clock=FakeClock())
+        p.next_offsets = {0: 1, 1: 0}
+        await events.append(0, [b"a", b"b", b"c"])
+        text = metrics.exposition().decode()
+        assert 'conveyor_projection_lag_records{partition="0"} 2.0' in text
+        assert 'conveyor_projection_lag_records{partition="1"} 0.0' in text
+        p.next_offsets = {0: 3}
+        text = metrics.exposition().decode()
+        assert 'conveyor_projection_lag_records{partition="0"} 0.0' in text
+        assert "conveyor_projection_lag_seconds 0.0" in text
+
+    asyncio.run(main())
