@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import struct
 import sys
@@ -318,6 +319,10 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--partitions", type=int, required=True)
     args = parser.parse_args()
+    # Its life is the node's (rule 4): a Ctrl-C or a SIGTERM sent to the node's process group
+    # is for the node, which closes the socket once it has stopped using the projection.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="projector: %(levelname)s %(message)s")
     Node.tune_gc()  # as in the node, where the projector ran before: folds hold no cycles
     asyncio.run(_serve_child(args.fd, args.partitions))
