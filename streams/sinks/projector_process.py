@@ -24,6 +24,13 @@ asyncpg); here it runs on the other core. Rules, and why:
 5. Bounded: the child stops reading its socket while a partition has ``SHIPPED_MAX`` read
    batches waiting, and the node's sends wait for the socket, so a projector that is behind
    holds a few batches in memory, not the events log.
+6. A trickle is shipped every ``SHIP_LINGER_S`` at most, per partition: each send wakes the
+   child, which competes for the same two cores with the node serving single enqueues (their
+   p99 was ~30% worse with a send per record). The projector lingers longer for a small chunk
+   anyway (``LINGER_MS``), so the snapshot hardly lags more.
+7. The projection is background work: the child runs at a lower priority (``NICE``), so on
+   a busy machine the node answering enqueues and polls, the agent and its guests come first,
+   and the snapshot lags instead (bounded by rule 5).
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ READ, RECORDS, FAILED, PROGRESS = 1, 2, 3, 4
 STOP_TIMEOUT_S = 10.0  # for the child to exit once its socket is closed
 CHILD_POOL_SIZE = 2  # the projector writes one chunk at a time
 SHIPPED_MAX = 4  # read batches waiting in the child per partition (rule 5)
+SHIP_LINGER_S = 0.02  # rule 6
+NICE = 10  # rule 7
 
 
 def _frame(kind: int, partition: int, offset: int, body: bytes = b"") -> bytes:
@@ -175,6 +184,8 @@ class ProjectorProcess(Progress):
                 self._observe(partition, records)
                 writer.write(_frame(RECORDS, partition, records[0].offset, _pack_records(records)))
                 await writer.drain()
+                if len(records) < READ_BATCH:  # rule 6: a trickle goes in fewer, larger sends
+                    await asyncio.sleep(SHIP_LINGER_S)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:  # the child's reader raises it: its projector stops
@@ -323,6 +334,7 @@ def main() -> None:
     # is for the node, which closes the socket once it has stopped using the projection.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(NICE)  # rule 7
     logging.basicConfig(level=logging.WARNING, format="projector: %(levelname)s %(message)s")
     Node.tune_gc()  # as in the node, where the projector ran before: folds hold no cycles
     asyncio.run(_serve_child(args.fd, args.partitions))
