@@ -53,7 +53,8 @@ def conveyor(args: argparse.Namespace) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"conveyor bench e2e failed ({done.returncode}):\n{done.stderr}")
     result: dict = json.loads(done.stdout.strip().splitlines()[-1])
-    # node, its snapshot's PostgreSQL, agent, guests and client: every process of the run
+    # node, its projector process and its snapshot's PostgreSQL, agent, guests and client:
+    # every process of the run
     cpu = sum(v for k, v in result.items() if k.endswith("_cpu_s"))
     result["cpu_ms_per_task"] = round(cpu * 1000 / args.tasks, 3)
     return result
