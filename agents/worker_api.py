@@ -199,7 +199,16 @@ def offer_from_json(data: dict[str, Any]) -> LeaseOffer:
 
 
 def offers_from_json(reply: dict[str, Any]) -> list[LeaseOffer]:
-    return [offer_from_json(item) for item in reply.get("leases", [])]
+    """The offers of a poll reply. One this agent cannot read is left to lapse (and logged):
+    the others run, rather than all of them lapsing with it and coming back a lease later."""
+    offers = []
+    for item in reply.get("leases", []):
+        try:
+            offers.append(offer_from_json(item))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            task_id = item.get("task_id") if isinstance(item, dict) else None
+            log.error("a lease offer of task %s this agent cannot read lapses: %r", task_id, exc)
+    return offers
 
 
 def actions_from_json(reply: dict[str, Any]) -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,22 +75,37 @@ def test_an_unexpected_error_in_the_complete_loop_stops_the_agent() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("content", [b"<html>a proxy's page</html>", b'{"leases": [{}]}'])
-def test_a_poll_reply_that_is_not_what_the_protocol_says_is_a_transient_error(
-    content: bytes,
-) -> None:
-    """Retried by the poll loop like a failed call (the leases it granted lapse and are
-    retried), not a bug that stops the agent."""
+def _poll_answered(content: bytes) -> Any:
+    """``HttpWorkerAPI.poll`` against a gateway that answers 200 with ``content``."""
 
-    async def main() -> None:
+    async def main() -> Any:
         api = HttpWorkerAPI("http://gateway.invalid", "key")
 
         async def request(*args: Any, **kwargs: Any) -> Reply:
             return Reply(200, content, {})
 
         api._http.request = request  # type: ignore[method-assign]
-        with pytest.raises(TransientError, match="/worker/poll: unexpected reply"):
-            await api.poll(agent_id="a", app="x", queues=[], capacity=1, wait_ms=0, lease_ms=1)
-        await api.close()
+        try:
+            return await api.poll(
+                agent_id="a", app="x", queues=[], capacity=2, wait_ms=0, lease_ms=1
+            )
+        finally:
+            await api.close()
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("content", [b"<html>a proxy's page</html>", b'{"leases": 7}'])
+def test_a_poll_reply_that_is_not_what_the_protocol_says_is_a_transient_error(
+    content: bytes,
+) -> None:
+    """Retried by the poll loop like a failed call (the leases it granted lapse and are
+    retried), not a bug that stops the agent."""
+    with pytest.raises(TransientError, match="/worker/poll: unexpected reply"):
+        _poll_answered(content)
+
+
+def test_an_offer_the_agent_cannot_read_lapses_alone() -> None:
+    good = {"task_id": "t2", "lease_id": 3, "attempt": 1, "task_type": "work"}
+    offers = _poll_answered(json.dumps({"leases": [{"task_id": "t1"}, good]}).encode())
+    assert [(o.task_id, o.lease_id) for o in offers] == [("t2", 3)]
