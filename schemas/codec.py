@@ -146,6 +146,7 @@ _MORE = tuple(bytes((lo | 0x80, hi | 0x80)) for hi in range(0x80) for lo in rang
 # costs a seventh of working one out; cleared when full, so it holds at most ``_KNOWN_MAX``.
 _KNOWN: dict[int, bytes] = {}
 _KNOWN_MAX = 1 << 14
+Key = TypeVar("Key", int, str)
 
 
 def _write_long(n: int) -> bytes:
@@ -153,12 +154,15 @@ def _write_long(n: int) -> bytes:
     if 0 <= n < 0x2000:  # counts, attempts, lengths: the zigzag of n is 2n
         return _LAST[n << 1]
     known = _KNOWN.get(n)
-    if known is not None:
-        return known
-    if len(_KNOWN) >= _KNOWN_MAX:
-        _KNOWN.clear()
-    known = _KNOWN[n] = _zigzag_varint(n)
-    return known
+    return known if known is not None else _keep(_KNOWN, n, _zigzag_varint(n))
+
+
+def _keep(table: dict[Key, bytes], key: Key, written: bytes) -> bytes:
+    """``written``, kept in ``table`` under ``key``; a full table starts empty again."""
+    if len(table) >= _KNOWN_MAX:
+        table.clear()
+    table[key] = written
+    return written
 
 
 # The same for short strings: a batch's rows and events name the same few tenants, apps, task
@@ -174,11 +178,7 @@ def _write_string(s: str) -> bytes:
         return known
     raw = s.encode()
     written = _write_long(len(raw)) + raw
-    if len(s) <= _KNOWN_TEXT_LEN_MAX:
-        if len(_KNOWN_TEXT) >= _KNOWN_MAX:
-            _KNOWN_TEXT.clear()
-        _KNOWN_TEXT[s] = written
-    return written
+    return _keep(_KNOWN_TEXT, s, written) if len(s) <= _KNOWN_TEXT_LEN_MAX else written
 
 
 def _zigzag_varint(n: int) -> bytes:
