@@ -169,10 +169,7 @@ class ProjectorProcess(Progress):
     ) -> None:
         while (frame := await _read_frame(reader)) is not None:
             kind, partition, offset, body = frame
-            if kind == READ:
-                old = ships.pop(partition, None)
-                if old is not None:
-                    old.cancel()
+            if kind == READ:  # once per partition and child (``ShippedLog.read``)
                 ships[partition] = asyncio.create_task(self._ship(partition, offset, writer))
             elif kind == PROGRESS:
                 self._progress(json.loads(body))
