@@ -249,6 +249,9 @@ class PartitionProcessor:
             return []
         future = self._replies.get(offset)
         if future is None:
+            # A partition that halted while this record was being appended failed every
+            # waiter it had; a waiter made after that would wait forever.
+            self._check_alive()
             future = self._replies[offset] = asyncio.get_running_loop().create_future()
         return await future
 
