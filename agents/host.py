@@ -45,7 +45,7 @@ from conveyor.agents.pool import GuestPool
 from conveyor.agents.prefetch import Prefetch
 from conveyor.agents.runner import app_ref_of, load_app
 from conveyor.agents.running import NOTHING, Running, final_result
-from conveyor.agents.sandbox import AttemptResult, Executor, Job, crashed
+from conveyor.agents.sandbox import AttemptResult, Executor, Job, crashed, never_started
 from conveyor.agents.worker_api import (
     CANCEL,
     LOST,
@@ -241,6 +241,11 @@ class HostAgent:
         return failed
 
     async def _drain(self, drain_s: float) -> None:
+        # Leases not started yet go back at once (RELEASED: ready for another agent, no
+        # attempt spent); the attempts under way get up to ``drain_s`` to finish.
+        for run in list(self.running.values()):
+            if not run.started:
+                run.kill("the agent is stopping")
         if self._attempts and drain_s > 0:
             await asyncio.wait(set(self._attempts), timeout=drain_s)
         for run in list(self.running.values()):
@@ -359,12 +364,13 @@ class HostAgent:
             log.info("task %s: lease %d lost; dropped", offer.task_id, offer.lease_id)
             return
         final = final_result(run, result)
-        self._breakers.record(
-            offer.task_type,
-            crashed=final.crashed,
-            why=final.error_message or "",
-            now_ms=self.clock.monotonic_ms(),
-        )
+        if final.outcome != "RELEASED":  # a task that never ran says nothing of its health
+            self._breakers.record(
+                offer.task_type,
+                crashed=final.crashed,
+                why=final.error_message or "",
+                now_ms=self.clock.monotonic_ms(),
+            )
         checkpoint = None
         if run.checkpoint is not NOTHING:
             checkpoint = CheckpointItem(
@@ -376,10 +382,7 @@ class HostAgent:
         if run.stop_reason is not None or run.kill_reason is not None:
             # Canceled, timed out, lost or killed while waiting for a guest (prefetch): never
             # start it. ``final_result`` turns a stop reason into the outcome to report.
-            why = run.kill_reason or run.stop_reason
-            return AttemptResult(
-                outcome="FAILED", error_class="Killed", error_message=f"{why}; never started"
-            )
+            return never_started(run.kill_reason or run.stop_reason or "")
         try:
             run.attach(await self.executor.launch(job, run))
         except Exception as exc:  # e.g. the guest could not import the app

@@ -52,6 +52,7 @@ class _LoopChannel:
 
 class InlineSandbox:
     pid: int | None = None
+    queued = False  # a thread of its own from the start
 
     def __init__(self, app: App, job: Job, hooks: Hooks, threads: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()

@@ -43,7 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agents.frames import AsyncFrames, FrameError
-from conveyor.agents.sandbox import GUEST_CRASHED, AttemptResult, Hooks, Job, crashed
+from conveyor.agents.sandbox import (
+    GUEST_CRASHED,
+    AttemptResult,
+    Hooks,
+    Job,
+    crashed,
+    never_started,
+)
 
 log = logging.getLogger("conveyor.agent.pool")
 
@@ -202,8 +209,7 @@ class GuestSandbox:
         if frame is not None:
             return self._result(frame)
         if self._killed is not None and not self._started:
-            why = f"{self._killed}; never started"
-            return AttemptResult(outcome="FAILED", error_class="Killed", error_message=why)
+            return never_started(self._killed)
         broken = self.guest.frames.broken if self.guest.frames is not None else None
         if broken is not None:
             self.guest.kill()

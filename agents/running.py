@@ -86,6 +86,11 @@ class Running:
         elif self.stop_reason is not None:
             sandbox.cancel()
 
+    @property
+    def started(self) -> bool:
+        """Its handler may be running: a sandbox took it, with no attempt ahead of it."""
+        return self.sandbox is not None and not self.sandbox.queued
+
     def stop(self, reason: str, now_ms: float) -> bool:
         """Ask the handler to stop; the kill comes after the grace. False if already asked."""
         if self.stop_reason is not None or self.kill_reason is not None:

@@ -31,7 +31,7 @@ class Job:
 
 @frozen(kw_only=True)
 class AttemptResult:
-    outcome: str  # SUCCEEDED | FAILED | FATAL | CANCELED
+    outcome: str  # SUCCEEDED | FAILED | FATAL | CANCELED | ... | RELEASED (never_started)
     result: Any = None
     error_class: str | None = None
     error_message: str | None = None
@@ -74,6 +74,15 @@ def read_log_tail(log_ref: str, bytes_max: int | None) -> str:
     return TRUNCATED + body[len(body) - (bytes_max - len(TRUNCATED)) :].decode(errors="ignore")
 
 
+def never_started(why: str) -> AttemptResult:
+    """An attempt taken back before its handler started (the agent is stopping, the lease
+    was lost, or it was canceled while waiting): the node puts the task back in its queue
+    without counting an attempt. A stop reason, if any, still decides (``final_result``)."""
+    return AttemptResult(
+        outcome="RELEASED", error_class="Killed", error_message=f"{why}; never started"
+    )
+
+
 def crashed(message: str, log_ref: str | None = None) -> AttemptResult:
     return AttemptResult(
         outcome="FAILED",
@@ -98,6 +107,11 @@ class Hooks(Protocol):
 
 class Sandbox(Protocol):
     pid: int | None
+
+    @property
+    def queued(self) -> bool:
+        """Taken, but not started: it waits behind another attempt in the same process."""
+        ...
 
     async def wait(self) -> AttemptResult:
         """The attempt's result. After ``kill`` it still returns (a crashed result)."""

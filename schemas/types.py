@@ -94,6 +94,9 @@ class Outcome(StrEnum):
     SLEEP = "SLEEP"  # a durable sleep ended the attempt; the retry budget is untouched
     FAN_OUT = "FAN_OUT"  # ctx.parallel: enqueue the children, wait in WAITING for them all
     WAIT_EVENT = "WAIT_EVENT"  # ctx.wait_for_event: wait in WAITING for the named event
+    # Handed back before it started (its agent is stopping): ready again at once, the attempt
+    # not counted. Only an agent reports it; a guest cannot.
+    RELEASED = "RELEASED"
 
 
 @frozen(kw_only=True)
@@ -529,6 +532,11 @@ class EventKind(StrEnum):
     TaskRequeued = "TaskRequeued"
     TaskSleeping = "TaskSleeping"
     TaskWaiting = "TaskWaiting"
+
+
+# The error class of the TaskRequeued of an attempt handed back before it started (Outcome
+# RELEASED): that attempt did not happen.
+RELEASED_CLASS = "Released"
 
 
 @frozen(kw_only=True)

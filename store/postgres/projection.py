@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from conveyor.schemas.types import (
+    RELEASED_CLASS,
     TERMINAL,
     EventKind,
     ScheduleEvent,
@@ -108,10 +109,13 @@ class Fold:
     attempts: dict[tuple[str, int], AttemptRow]
     steps: dict[tuple[str, str], StepEvent]
     schedules: dict[tuple[str, str], ScheduleEvent]
+    # Attempts handed back before they started: an open row of theirs is deleted (before
+    # this chunk's starts are written: the same attempt number may be leased again).
+    released: set[tuple[str, int]]
 
     @classmethod
     def empty(cls) -> Fold:
-        return cls({}, {}, {}, {})
+        return cls({}, {}, {}, {}, set())
 
     def add_step(self, event: StepEvent) -> None:
         key = (event.task_id, event.identity)
@@ -136,6 +140,11 @@ class Fold:
         self._attempt(event)
 
     def _attempt(self, event: TaskEvent) -> None:
+        if event.kind == EventKind.TaskRequeued and event.error_class == RELEASED_CLASS:
+            key = (event.task_id, event.attempt)
+            self.attempts.pop(key, None)
+            self.released.add(key)
+            return
         if event.kind == EventKind.TaskLeased:
             key = (event.task_id, event.attempt)
             row = self.attempts.setdefault(key, AttemptRow(event.task_id, event.attempt))
@@ -261,6 +270,10 @@ ON CONFLICT (task_id, attempt) DO UPDATE SET
     error_message = CASE WHEN a.finished_ms IS NULL THEN EXCLUDED.error_message
                          ELSE a.error_message END
 """
+DELETE_RELEASED = """
+DELETE FROM attempts AS a USING unnest($1::text[], $2::int4[]) AS u(task_id, attempt)
+WHERE a.task_id = u.task_id AND a.attempt = u.attempt AND a.finished_ms IS NULL
+"""
 END_ATTEMPTS = f"""
 UPDATE attempts AS a SET finished_ms = u.finished_ms, outcome = u.outcome,
     error_class = u.error_class, error_message = u.error_message
@@ -360,6 +373,9 @@ async def write(conn: asyncpg.Connection, fold: Fold, marks: Mapping[int, int]) 
         if fold.tasks:
             names = [name for name, _ in _TASK_COLUMNS]
             await conn.execute(UPSERT_TASKS, *_columns(fold.tasks.values(), names))
+        if fold.released:
+            task_ids, numbers = zip(*fold.released, strict=True)
+            await conn.execute(DELETE_RELEASED, list(task_ids), list(numbers))
         starts = [a for a in fold.attempts.values() if a.started_ms is not None]
         ends = [a for a in fold.attempts.values() if a.started_ms is None]
         for sql, rows in ((START_ATTEMPTS, starts), (END_ATTEMPTS, ends)):

@@ -24,10 +24,11 @@ TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
     (E, X): "schedule_to_start or schedule_to_close passed",
     (L, S): "attempt succeeded",
     (L, R): "attempt failed or lease expired, attempts left",
-    # A canceled workflow with compensations gets one more attempt that runs them
-    # (lifecycle.begin_compensation); the other waiting states reach it through their own
-    # edge to ENQUEUED.
-    (L, E): "canceled, with compensations to run (compensating)",
+    # An attempt its agent hands back before it started is not an attempt: ready again
+    # (handlers/complete.py). A canceled workflow with compensations gets one more attempt
+    # that runs them (lifecycle.begin_compensation); the other waiting states reach it
+    # through their own edge to ENQUEUED.
+    (L, E): "handed back unstarted (its agent stopping); or canceled, compensations to run",
     (L, F): "fatal error or attempts exhausted",
     (L, C): "cancel grace over, or the handler stopped on cancel",
     (L, X): "schedule_to_close passed while running",

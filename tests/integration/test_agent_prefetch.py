@@ -13,6 +13,7 @@ from test_agent import rig
 
 from conveyor.agents.host import HostAgent
 from conveyor.streams.node import Node
+from conveyor.streams.routing import partition_of
 from conveyor.testing_node import NodeWorkerAPI, spec_from_body
 from conveyor.wire import Enqueue, enqueue_body
 
@@ -115,5 +116,63 @@ def test_an_adapted_prefetch_grows_past_the_guests_for_fast_work_and_holds_every
             await until("every task to end", ended)
             assert {r.task(t).status for t in ids} == {"SUCCEEDED"}
             assert peak > 2 + 2  # past what a fixed prefetch of 2 holds beside 2 guests
+
+    asyncio.run(main())
+
+
+def test_a_stopping_agent_hands_back_the_leases_it_never_started_without_spending_attempts(
+    tmp_path: Path,
+) -> None:
+    """Held (prefetched) leases are released when the agent stops: their tasks are ready again
+    at once under attempt 1 with no attempt recorded, instead of failing an attempt they never
+    ran (with ``attempts=1`` that was a FAILED task)."""
+    markers = [tmp_path / f"wait_cancel_{i}" for i in range(3)]
+
+    async def main() -> None:
+        node = Node.in_memory(2)
+        await node.start()
+        api = NodeWorkerAPI(node, tenant=TENANT)
+        agent = HostAgent(
+            api,
+            "agent_app:app",
+            concurrency=1,
+            prefetch=2,
+            heartbeat_s=0.2,
+            poll_wait_s=1.0,
+            log_dir=tmp_path / "logs",
+        )
+        running = asyncio.create_task(agent.run(drain_s=0.0))
+        try:
+            await until("the agent to register", lambda: agent_app.app.name in api.known)
+            ids = []
+            for marker in markers:
+                body = enqueue_body(Enqueue(agent_app.wait_cancel, {"marker": str(marker)}), None)
+                spec = spec_from_body(
+                    body,
+                    tenant=TENANT,
+                    partitions=node.partitions,
+                    now_ms=node.clock.now_ms(),
+                    known=api.known,
+                )
+                ids.append((await node.enqueue([spec]))[0].task_id)
+            await until("three leases held", lambda: len(agent.running) == 3)
+            await until("one handler to start", lambda: any(lines(m) for m in markers))
+            (started,) = [t for t, m in zip(ids, markers, strict=True) if lines(m)]
+            agent.stop()
+            await asyncio.wait_for(running, DEADLINE_S)
+            for task_id in ids:
+                info = node.get(TENANT, task_id)
+                if task_id == started:  # killed while running: a failed attempt, retried
+                    assert info.status == "RETRY_WAIT" and info.attempt == 2, info
+                    continue
+                assert info.status == "ENQUEUED" and info.attempt == 1, info
+                assert info.error_class is None, info
+                tables = node.tables(partition_of(task_id, node.partitions))
+                assert tables.attempts(task_id) == []
+            assert sum(bool(lines(m)) for m in markers) == 1  # the held two never started
+        finally:
+            agent.stop()
+            await asyncio.wait_for(running, DEADLINE_S)
+            await node.stop()
 
     asyncio.run(main())

@@ -626,3 +626,59 @@ async def _held_lease(node: Node, pool: Any) -> None:
     written = await pool.fetch("SELECT status FROM written WHERE task_id = $1", third.task_id)
     assert [w["status"] for w in written] == ["ENQUEUED", "SUCCEEDED"]  # one version less
     await _stop(running)
+
+
+def test_an_attempt_handed_back_unstarted_leaves_no_attempt_row(env: tuple[Path, str]) -> None:
+    """A RELEASED attempt did not happen: its open row goes, the task row is ENQUEUED under
+    the same attempt, and the next lease of that attempt number writes a row of its own."""
+    asyncio.run(_run(env, _released))
+
+
+async def _released(node: Node, pool: Any) -> None:
+    from conveyor.streams.routing import mint_task_id
+    from conveyor.streams.sinks.projector import Projector
+
+    spec = TaskSpec(task_id=mint_task_id(0), tenant="alpha", app="shop", task_type="email")
+
+    async def lease() -> Any:
+        (got,) = await node.poll(
+            agent_id="a", app="shop", tenants=[], queues=[], capacity=1, wait_ms=2_000
+        )
+        assert got.task_id == spec.task_id
+        return got
+
+    async def projected(status: str) -> tuple[Any, ...]:
+        """Once the events shipped so far show ``status``: (status, attempt), attempt rows."""
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            await Projector(node.events, pool).catch_up()
+            task = await pool.fetchrow(
+                "SELECT status, attempt FROM tasks WHERE task_id = $1", spec.task_id
+            )
+            if task is not None and task["status"] == status:
+                break
+            assert asyncio.get_running_loop().time() < deadline, task
+            await asyncio.sleep(0.01)
+        attempts = await pool.fetch(
+            "SELECT attempt, started_ms, outcome FROM attempts WHERE task_id = $1",
+            spec.task_id,
+        )
+        return tuple(task), [tuple(a) for a in attempts]
+
+    await node.enqueue([spec])
+    first = await lease()
+    (_, [(number, started_ms, outcome)]) = await projected("LEASED")
+    assert (number, outcome) == (1, None)
+    (reply,) = await node.complete(
+        [Completion(task_id=spec.task_id, lease_id=first.lease_id, outcome=Outcome.RELEASED)]
+    )
+    assert reply.ok
+    assert await projected("ENQUEUED") == (("ENQUEUED", 1), [])
+    await asyncio.sleep(0.01)  # the next lease starts later than the first
+    second = await lease()
+    await node.complete(
+        [Completion(task_id=spec.task_id, lease_id=second.lease_id, outcome=Outcome.SUCCEEDED)]
+    )
+    task, [(number, started_again, outcome)] = await projected("SUCCEEDED")
+    assert task == ("SUCCEEDED", 1) and (number, outcome) == (1, "SUCCEEDED")
+    assert started_again > started_ms

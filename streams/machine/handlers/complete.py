@@ -7,6 +7,7 @@ changes nothing. That is what keeps a paused zombie agent from completing a task
 from __future__ import annotations
 
 from conveyor.schemas.types import (
+    RELEASED_CLASS,
     CancelCause,
     CompleteAttempts,
     Completion,
@@ -27,13 +28,16 @@ from conveyor.streams.machine.lifecycle import (
     attempt_failed,
     cancel_now,
     emit,
+    end_lease,
     end_stopped,
     finish,
     holder,
+    make_ready,
     record_attempt,
     touch,
 )
 from conveyor.streams.machine.outcome import Meta, Outcome, Reply
+from conveyor.streams.machine.transitions import move
 
 
 def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Outcome) -> None:
@@ -44,7 +48,7 @@ def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Ou
                 Reply(offset=meta.offset, index=index, ok=False, task_id=item.task_id, reason=task)
             )
             continue
-        _complete(tables, task, item, meta, out)
+        _complete(tables, task, item, meta, out, index)
         out.actions.append(
             Reply(
                 offset=meta.offset, index=index, ok=True, task_id=item.task_id, status=task.status
@@ -52,8 +56,12 @@ def apply_complete(tables: Tables, record: CompleteAttempts, meta: Meta, out: Ou
         )
 
 
-def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome) -> None:
+def _complete(
+    tables: Tables, task: Task, item: Completion, meta: Meta, out: Outcome, index: int
+) -> None:
     match item.outcome:
+        case AttemptOutcome.RELEASED if task.cancel_cause is None:
+            _release(tables, task, meta, out, index, item.error_message)
         case AttemptOutcome.SUCCEEDED | AttemptOutcome.CANCELED if (
             task.compensating and task.cancel_cause is None
         ):
@@ -70,8 +78,11 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
             fan_out_attempt(tables, task, item, meta, out)
         case AttemptOutcome.WAIT_EVENT:
             wait_attempt(tables, task, item, meta, out)
-        case AttemptOutcome.CANCELED if task.cancel_cause == CancelCause.START_TO_CLOSE:
-            # The handler obeyed the timeout's stop: the attempt failed; retry per policy.
+        case AttemptOutcome.CANCELED | AttemptOutcome.RELEASED if (
+            task.cancel_cause == CancelCause.START_TO_CLOSE
+        ):
+            # The handler obeyed the timeout's stop (or never started before it came): the
+            # attempt failed; retry per policy.
             task.cancel_cause = None
             attempt_failed(
                 tables,
@@ -81,8 +92,9 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
                 error_class="StartToCloseTimeout",
                 error_message="the attempt ran past start_to_close",
             )
-        case AttemptOutcome.CANCELED if task.cancel_cause is not None:
-            # The handler stopped on request: where the grace would have sent it.
+        case AttemptOutcome.CANCELED | AttemptOutcome.RELEASED if task.cancel_cause is not None:
+            # The handler stopped on request (or never started): where the grace would have
+            # sent it.
             record_attempt(tables, task, meta, "CANCELED", "Canceled", item.error_message)
             end_stopped(tables, task, meta, out, expired=task.cancel_reason or "")
         case AttemptOutcome.FAILED | AttemptOutcome.FATAL | AttemptOutcome.CANCELED:
@@ -97,6 +109,20 @@ def _complete(tables: Tables, task: Task, item: Completion, meta: Meta, out: Out
                 fatal=item.outcome == AttemptOutcome.FATAL,
                 retry_after_ms=item.retry_after_ms,
             )
+
+
+def _release(
+    tables: Tables, task: Task, meta: Meta, out: Outcome, index: int, why: str | None
+) -> None:
+    """A LEASED attempt handed back before it started: ready again at once, at the back of
+    its queue, under the same attempt number and with the retry budget untouched (no attempt
+    ran, so none is recorded). A compensating task stays compensating."""
+    end_lease(tables, task, out)
+    move(task, TaskStatus.ENQUEUED)
+    touch(task, meta)
+    make_ready(tables, task, meta, index)
+    tables.put_task(task)
+    emit(out, EventKind.TaskRequeued, task, meta, error_class=RELEASED_CLASS, error_message=why)
 
 
 def apply_checkpoints(tables: Tables, record: SaveCheckpoints, meta: Meta, out: Outcome) -> None:

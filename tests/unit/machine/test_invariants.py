@@ -271,7 +271,7 @@ class MachineModel(RuleBasedStateMachine):
     @rule(
         index=pick,
         stale=st.sampled_from([0, 0, 0, 1, 2]),
-        outcome=st.sampled_from(["SUCCEEDED", "FAILED", "FAILED", "FATAL", "CANCELED"]),
+        outcome=st.sampled_from(["SUCCEEDED", "FAILED", "FAILED", "FATAL", "CANCELED", "RELEASED"]),
         error_class=st.sampled_from(["Boom", "Boom", "Permanent"]),
         retry_after_ms=st.sampled_from([None, None, 0, 3 * S]),
     )

@@ -8,8 +8,11 @@ minus the applied offset, which every record moves (the processor writes it with
 from __future__ import annotations
 
 from conveyor.schemas.types import (
+    RELEASED_CLASS,
     CancelCause,
+    Completion,
     EventKind,
+    Outcome,
     TaskStatus,
     TimerKind,
     TimerRef,
@@ -25,6 +28,20 @@ from conveyor.streams.machine.lifecycle import backoff_ms
 from conveyor.streams.processor.loop import PartitionProcessor
 
 from .harness import Harness, actions_of, grants
+
+
+def released(h: Harness, task_id: str, lease_id: int):  # type: ignore[no-untyped-def]
+    """The agent hands the attempt back before it started (it is stopping)."""
+    return h.report(
+        Completion(
+            task_id=task_id,
+            lease_id=lease_id,
+            outcome=Outcome.RELEASED,
+            error_class="Killed",
+            error_message="the agent is stopping; never started",
+        )
+    )
+
 
 S = 1_000  # one second in ms
 
@@ -625,6 +642,56 @@ def test_canceled_outcome_without_cancel_request_counts_as_failure() -> None:
     out = h.canceled(spec.task_id, g.lease_id)
     assert kinds(out) == [EventKind.TaskRetryScheduled]
     assert h.task(spec.task_id).status == TaskStatus.RETRY_WAIT
+
+
+# -- released (handed back before it started) ---------------------------------------------------
+
+
+def test_a_released_attempt_is_ready_again_at_once_and_spends_no_attempt() -> None:
+    h = Harness()
+    spec = h.spec(attempts_max=1, start_to_close_ms=60 * S)
+    h.enqueue(spec)
+    for _ in range(3):  # with one attempt allowed, a counted release would have FAILED it
+        g = h.lease_one(spec.task_id, agent_id="a1")
+        out = released(h, spec.task_id, g.lease_id)
+        assert replies(out)[0].ok and replies(out)[0].status == TaskStatus.ENQUEUED
+        assert kinds(out) == [EventKind.TaskRequeued]
+        assert out.events[0].error_class == RELEASED_CLASS
+        assert LeaseEnded(task_id=spec.task_id, lease_id=g.lease_id) in out.actions
+        task = h.task(spec.task_id)
+        assert task.status == TaskStatus.ENQUEUED and task.attempt == 1
+        assert h.ready_ids() == [spec.task_id] and h.leased() == {}
+        assert h.timers_of(spec.task_id) == []  # its start_to_close timer went with the lease
+        assert h.committed().attempts(spec.task_id) == []  # nothing ran: no attempt row
+    g = h.lease_one(spec.task_id)
+    assert g.attempt == 1 and g.lease_id == 4
+    # The old lease is fenced like any stale one.
+    before = h.dump(applied=False)
+    assert replies(released(h, spec.task_id, 3))[0].ok is False
+    assert h.dump(applied=False) == before
+    h.complete(spec.task_id, g.lease_id)
+    assert h.task(spec.task_id).status == TaskStatus.SUCCEEDED
+
+
+def test_a_release_after_a_cancel_request_cancels() -> None:
+    h = Harness()
+    task_id, lease_id = _leased_then_cancel(h)
+    out = released(h, task_id, lease_id)
+    assert kinds(out) == [EventKind.TaskCanceled]
+    assert h.task(task_id).status == TaskStatus.CANCELED
+    assert h.ready_ids() == [] and h.timers() == [] and h.leased() == {}
+
+
+def test_a_release_after_start_to_close_fired_fails_the_attempt() -> None:
+    h = Harness()
+    spec = h.spec(start_to_close_ms=60 * S, cancel_grace_ms=5 * S)
+    h.enqueue(spec)
+    g = h.lease_one(spec.task_id)
+    h.fire_due(h.now_ms + 60 * S)
+    out = released(h, spec.task_id, g.lease_id)
+    assert kinds(out) == [EventKind.TaskRetryScheduled]
+    task = h.task(spec.task_id)
+    assert task.status == TaskStatus.RETRY_WAIT and task.error_class == "StartToCloseTimeout"
 
 
 # -- timeouts -----------------------------------------------------------------------------------
