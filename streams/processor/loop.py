@@ -14,6 +14,10 @@ bytes, not decoded back from the log (decoding was a seventh of the apply loop's
 objects are what decoding the bytes gives (``tests/unit/test_codec.py`` holds the round trips),
 so this is a memo of the decoder and changes no outcome; a replay, and any record appended
 elsewhere, is decoded.
+Rule 6: leader duties are supervised. One that fails on an error none of them expects (a bug)
+ends them all, and after a pause (doubling, at most ``RELEAD_MAX_MS``) this processor leads
+again as a new leader would: a fresh epoch, the running leases taken over. Left dead, the
+partition would take work and never dispatch it, with nothing said.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ QUARANTINE = b"q"  # q u64:offset -> reason: records that could not be decoded
 # Replies of offsets nobody waits for yet: a submitter registers right after its append
 # returns, so a short window suffices. Kept in offset (= insertion) order.
 EARLY_KEEP = 16_384
+RELEAD_MIN_MS, RELEAD_MAX_MS = 1_000, 30_000  # rule 6: the pause before leading again
 APPENDED_KEEP = 4_096  # records appended here and not yet applied, kept decoded (rule 5)
 READY_EVENTS = frozenset({EventKind.TaskEnqueued, EventKind.TaskRequeued, EventKind.TaskLeased})
 
@@ -138,6 +143,8 @@ class PartitionProcessor:
         self.outbox = OutboxShipper(self, events_log)
         self.messages = MessageShipper(self)
         self._tasks: list[asyncio.Task[None]] = []
+        self._duties: list[asyncio.Task[None]] = []  # the leader's (rule 6)
+        self.duty_failures = 0
         self._failed: BaseException | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -152,6 +159,9 @@ class PartitionProcessor:
         self._tasks.append(asyncio.create_task(self._apply_loop(), name=f"apply-{self.partition}"))
         if lead:
             await self._become_leader()
+            self._tasks.append(
+                asyncio.create_task(self._supervise(), name=f"lead-{self.partition}")
+            )
 
     async def _replay(self) -> None:
         end = self.log.end_offset(self.partition)
@@ -173,9 +183,43 @@ class PartitionProcessor:
             self.outbox.run(),
             self.messages.run(),
         )
-        for duty in duties:
-            self._tasks.append(asyncio.create_task(duty))
+        self._duties = [asyncio.create_task(duty) for duty in duties]
+        self.dispatch.poke()  # polls that waited through a change of leader: count for them
         log.info("partition %d: leader at epoch %d", self.partition, self.epoch)
+
+    async def _supervise(self) -> None:
+        """Rule 6."""
+        pause_ms = RELEAD_MIN_MS
+        while self._duties:
+            done, _ = await asyncio.wait(self._duties, return_when=asyncio.FIRST_COMPLETED)
+            failed = next((t for t in done if not t.cancelled() and t.exception()), None)
+            await self._end_duties()
+            if failed is None or not self.leader:
+                return  # stepped down (fenced): the duties ended with the leadership
+            self.duty_failures += 1
+            log.error(
+                "partition %d: a leader duty failed; leading again in %d ms",
+                self.partition,
+                pause_ms,
+                exc_info=failed.exception(),
+            )
+            self.step_down("a leader duty failed")
+            while not self._duties:
+                await self.clock.sleep_ms(pause_ms)
+                pause_ms = min(2 * pause_ms, RELEAD_MAX_MS)
+                if self._failed is not None:
+                    return  # halted: nothing to lead
+                try:
+                    await self._become_leader()
+                except (LogSealed, TransientError) as exc:
+                    log.warning("partition %d: leading again failed: %s", self.partition, exc)
+                    self.step_down("leading again failed")
+
+    async def _end_duties(self) -> None:
+        duties, self._duties = self._duties, []
+        for task in duties:
+            task.cancel()
+        await asyncio.gather(*duties, return_exceptions=True)
 
     def step_down(self, why: str, *, expected: bool = False) -> None:
         """``clear``: fenced or stopping; drop every leader duty and in-memory lease."""
@@ -195,6 +239,7 @@ class PartitionProcessor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        await self._end_duties()
 
     # -- proposing and submitting -------------------------------------------------------------
 

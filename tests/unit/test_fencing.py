@@ -93,6 +93,7 @@ def test_straggler_leader_is_fenced_by_the_log_and_by_the_machine() -> None:
             # 1. A leads at epoch 1 and grants a lease through the log.
             await a.start()
             assert (a.epoch, a.leader, log.fence(0)) == (1, True, 1)
+            duties = {t.get_coro().__qualname__: t for t in a._duties}  # type: ignore[union-attr]
             await a.submit(EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec(1))]), "k")
             (lease,) = await poll(pool_a)
             assert lease.lease_id == 1  # type: ignore[attr-defined]
@@ -119,7 +120,6 @@ def test_straggler_leader_is_fenced_by_the_log_and_by_the_machine() -> None:
             assert all(entry.claimed == 0 for entry in pool_a.entries.values())
             assert await waiting == []  # the poll is answered (empty) and never hangs
             clock.advance(2_000)  # the duties' next tick: they see they no longer lead
-            duties = {t.get_coro().__qualname__: t for t in a._tasks[1:]}  # type: ignore[union-attr]
             for name in ("LeaseTracker.run", "TimerScanner.run", "OutboxShipper.run"):
                 await until(duties[name].done, f"A's {name} to return")
             assert not a._tasks[0].done(), "A keeps applying the log as a follower"
