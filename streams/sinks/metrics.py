@@ -247,13 +247,19 @@ class NodeCollector(Collector):
         applied = CounterMetricFamily(
             "conveyor_processor_applied_records", "Records applied", labels=["partition"]
         )
+        duty_failures = CounterMetricFamily(
+            "conveyor_processor_duty_failures",
+            "Leader duties that failed on an unexpected error (the processor led again)",
+            labels=["partition"],
+        )
         for proc in node.processors:
             p = str(proc.partition)
             lag.add_metric([p], proc.lag_records())
             lag_s.add_metric([p], proc.lag_s())
             timer.add_metric([p], proc.timers.lag_ms / 1000)
             applied.add_metric([p], proc.records_applied)
-        yield from (lag, lag_s, timer, applied)
+            duty_failures.add_metric([p], proc.duty_failures)
+        yield from (lag, lag_s, timer, applied, duty_failures)
         yield from _log_counters([("records", node.log), ("events", node.events)])
 
 

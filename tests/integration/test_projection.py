@@ -487,6 +487,8 @@ async def _metrics_checks(node: Node, pool: Any, url: str, projector: Any) -> No
         "conveyor_lease_expired",
     ):
         assert name in text, name
+    for p in range(node.partitions):  # no duty failed here
+        assert f'conveyor_processor_duty_failures_total{{partition="{p}"}} 0.0' in text
     assert 'conveyor_dispatched_total{tenant="alpha"}' in text
     assert 'conveyor_log_append_seconds_count{log="records"}' in text
 
