@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
+TICK_MAX_MS = 1_000.0  # the longest the duty sleeps between looks for lapsed leases
 
 
 @dataclass(slots=True)
@@ -46,6 +47,8 @@ class LeaseTracker:
         now = self._p.clock.monotonic_ms()
         for g in grants:
             self._add(g.task_id, Live(g.lease_id, g.lease_ms, now + g.lease_ms, tenant))
+        if any(g.lease_ms < TICK_MAX_MS for g in grants):
+            self._poke.poke()  # it may sleep past this lease's end: plan the wake again
 
     def _add(self, task_id: str, live: Live) -> None:
         old = self.live.get(task_id)
@@ -117,6 +120,6 @@ class LeaseTracker:
 
     def _tick_ms(self) -> float:
         if not self.live:
-            return 1_000.0
+            return TICK_MAX_MS
         soonest = min(live.deadline_ms for live in self.live.values())
-        return max(10.0, min(1_000.0, soonest - self._p.clock.monotonic_ms()))
+        return max(10.0, min(TICK_MAX_MS, soonest - self._p.clock.monotonic_ms()))

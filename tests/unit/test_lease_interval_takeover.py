@@ -1,4 +1,5 @@
-"""A lease keeps the interval its agent asked for across a leader change.
+"""A lease keeps the interval its agent asked for across a leader change, and a short one lapses
+on time.
 
 An agent polls with its own ``lease_ms`` (the worker API allows up to an hour) and heartbeats
 well inside it. A new leader gives every running lease "a fresh lease interval from takeover"
@@ -78,5 +79,40 @@ def test_a_heartbeated_lease_with_its_own_interval_survives_a_takeover() -> None
                 assert b.leases.heartbeat(lease.task_id, lease.lease_id) == CONTINUE
         finally:
             await b.stop()
+
+    run(body)
+
+
+def test_a_short_lease_lapses_on_time_though_the_duty_was_asleep_when_it_was_granted() -> None:
+    """The lease duty sleeps up to a second when it holds no lease; a lease of 100 ms granted
+    meanwhile must not wait for that second to end before it lapses."""
+
+    async def body() -> None:
+        clock = FakeClock()
+        p = PartitionProcessor(0, MemoryLog(1), MemoryKV(), clock=clock, pool=WaitingPool(clock))
+        await p.start()
+        try:
+            await settle()  # the duty is asleep: no lease yet
+            await p.submit(EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec())]), "k")
+            (lease,) = await p.pool.poll(
+                agent_id="agent",
+                app="app",
+                tenants=[],
+                queues=[],
+                capacity=1,
+                lease_ms=100,
+                wait_ms=5_000,
+            )
+            await settle()
+            clock.advance(150)
+            for _ in range(20):
+                await settle()
+                task = p.read_task(lease.task_id)
+                assert task is not None
+                if task.status != TaskStatus.LEASED:
+                    break
+            assert task.status == TaskStatus.RETRY_WAIT, "a 100 ms lease still held after 150 ms"
+        finally:
+            await p.stop()
 
     run(body)
