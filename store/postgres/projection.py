@@ -58,9 +58,14 @@ ATTEMPT_ENDS = {
     EventKind.TaskCanceled: "CANCELED",
     EventKind.TaskExpired: "EXPIRED",
     EventKind.TaskSleeping: "SLEPT",
+    # A fan-out (the machine's FANNED_OUT) or a wait for an event (WAITED): the event does not
+    # say which, the task's steps do.
+    EventKind.TaskWaiting: "PARKED",
 }
 # Ends emitted after the machine counted the next attempt: they end the previous one.
-ENDS_AFTER_COUNTING = frozenset({EventKind.TaskRetryScheduled, EventKind.TaskSleeping})
+ENDS_AFTER_COUNTING = frozenset(
+    {EventKind.TaskRetryScheduled, EventKind.TaskSleeping, EventKind.TaskWaiting}
+)
 
 
 @dataclass(slots=True)

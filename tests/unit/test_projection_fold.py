@@ -79,3 +79,19 @@ def test_schedule_fold_keeps_the_newest_row_and_a_deletion_wins_over_older_event
         fold.add_schedule(e)
     (only,) = fold.schedules.values()
     assert (only.version, only.deleted) == (9, True)
+
+
+def test_an_attempt_that_parks_the_workflow_is_closed_and_the_next_one_opens() -> None:
+    """TaskWaiting (a fan-out, or a wait for an event) ends the attempt under way, like a
+    sleep: the machine has already counted the next one."""
+    fold = Fold.empty()
+    for e in (
+        event(EventKind.TaskLeased, "LEASED", 1, 1, agent_id="ag"),
+        event(EventKind.TaskWaiting, "WAITING", 2, 2),
+        event(EventKind.TaskRequeued, "ENQUEUED", 2, 3),
+        event(EventKind.TaskLeased, "LEASED", 2, 4, agent_id="ag"),
+    ):
+        fold.add(0, e)
+    first, second = fold.attempts[("t1", 1)], fold.attempts[("t1", 2)]
+    assert (first.started_ms, first.finished_ms, first.outcome) == (1001, 1002, "PARKED")
+    assert (second.started_ms, second.finished_ms) == (1004, None)
