@@ -537,6 +537,9 @@ class EventKind(StrEnum):
 # The error class of the TaskRequeued of an attempt handed back before it started (Outcome
 # RELEASED): that attempt did not happen.
 RELEASED_CLASS = "Released"
+# The error class of the TaskRequeued that begins a canceled workflow's compensations: it ends
+# the attempt under way, if there was one (the machine counted the next).
+COMPENSATING_CLASS = "Compensating"
 
 
 @frozen(kw_only=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from conveyor.schemas.types import (
+    COMPENSATING_CLASS,
     RELEASED_CLASS,
     TERMINAL,
     EventKind,
@@ -156,11 +157,17 @@ class Fold:
             row.agent_id, row.started_ms = _text(event.agent_id), event.ts_ms
             return
         outcome = ATTEMPT_ENDS.get(event.kind)
+        compensating = event.kind == EventKind.TaskRequeued and (
+            event.error_class == COMPENSATING_CLASS
+        )
+        if compensating:
+            outcome = "CANCELED"
         if outcome is None:
             return
-        # A retry or a sleep has already counted the next attempt; the one that ended is the
-        # previous.
-        number = event.attempt - 1 if event.kind in ENDS_AFTER_COUNTING else event.attempt
+        # A retry, a sleep, a wait or a cancel into compensations has already counted the next
+        # attempt; the one that ended is the previous (an end of one that had ended: no-op).
+        after = compensating or event.kind in ENDS_AFTER_COUNTING
+        number = event.attempt - 1 if after else event.attempt
         row = self.attempts.setdefault((event.task_id, number), AttemptRow(event.task_id, number))
         if row.finished_ms is None:
             row.finished_ms, row.outcome = event.ts_ms, outcome

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 from conveyor.schemas.types import (
+    COMPENSATING_CLASS,
     Attempt,
     CancelCause,
     EventKind,
@@ -266,7 +267,14 @@ def begin_compensation(
         make_ready(tables, task, meta, spare_index(out))
     touch(task, meta)
     tables.put_task(task)
-    emit(out, EventKind.TaskRequeued, task, meta, error_class="Compensating", error_message=reason)
+    emit(
+        out,
+        EventKind.TaskRequeued,
+        task,
+        meta,
+        error_class=COMPENSATING_CLASS,
+        error_message=reason,
+    )
     out.compensating.append(task.task_id)
 
 

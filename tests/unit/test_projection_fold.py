@@ -95,3 +95,24 @@ def test_an_attempt_that_parks_the_workflow_is_closed_and_the_next_one_opens() -
     first, second = fold.attempts[("t1", 1)], fold.attempts[("t1", 2)]
     assert (first.started_ms, first.finished_ms, first.outcome) == (1001, 1002, "PARKED")
     assert (second.started_ms, second.finished_ms) == (1004, None)
+
+
+def test_a_cancel_into_compensations_closes_the_attempt_it_ended() -> None:
+    fold = Fold.empty()
+    for e in (
+        event(EventKind.TaskLeased, "LEASED", 1, 1, agent_id="ag"),
+        event(EventKind.TaskRequeued, "ENQUEUED", 2, 2, error_class="Compensating"),
+    ):
+        fold.add(0, e)
+    first = fold.attempts[("t1", 1)]
+    assert (first.finished_ms, first.outcome, first.error_class) == (
+        1002,
+        "CANCELED",
+        "Compensating",
+    )
+    # A compensation that began from a wait ends nothing: the attempt before had ended.
+    fold = Fold.empty()
+    fold.add(0, event(EventKind.TaskLeased, "LEASED", 1, 1, agent_id="ag"))
+    fold.add(0, event(EventKind.TaskRetryScheduled, "RETRY_WAIT", 2, 2, error_class="E"))
+    fold.add(0, event(EventKind.TaskRequeued, "ENQUEUED", 2, 3, error_class="Compensating"))
+    assert fold.attempts[("t1", 1)].outcome == "FAILED"
