@@ -38,6 +38,7 @@ from conveyor.schemas.types import (
     SendEvents,
     StepWrite,
     Task,
+    TaskEvent,
     TaskSpec,
     UpsertSchedule,
     WorkflowEvent,
@@ -125,6 +126,12 @@ class Node:
 
     async def start(self) -> None:
         await asyncio.gather(*(p.start() for p in self.processors))
+
+    def on_events(self, observe: Callable[[int, Sequence[TaskEvent]], None]) -> None:
+        """``observe(partition, events)`` with the events of each batch a processor commits
+        while running (not those of a replay at start: they were seen before, if ever)."""
+        for processor in self.processors:
+            processor.observers.append(observe)
 
     @staticmethod
     def tune_gc() -> None:

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from conveyor.errors import TransientError
@@ -146,6 +146,8 @@ class PartitionProcessor:
         self._duties: list[asyncio.Task[None]] = []  # the leader's (rule 6)
         self.duty_failures = 0
         self._failed: BaseException | None = None
+        # Called with (partition, events) after each live batch (``Node.on_events``).
+        self.observers: list[Callable[[int, Sequence[TaskEvent]], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -498,6 +500,8 @@ class PartitionProcessor:
             self.pool.deal()
         if events:
             self.outbox.poke()
+            if live:
+                self._observe(events)
             if self.leader and any(e.kind in READY_EVENTS for e in events):
                 self.dispatch.poke()
         if self.tables.messages_written:  # committed: ship them to their partitions
@@ -509,6 +513,13 @@ class PartitionProcessor:
         if armed is not None:
             self.tables.earliest_timer_ms = None
             self.timers.armed(armed)
+
+    def _observe(self, events: list[TaskEvent]) -> None:
+        for observe in self.observers:
+            try:
+                observe(self.partition, events)
+            except Exception:  # a metric must never halt the partition
+                log.exception("partition %d: an events observer failed", self.partition)
 
     def _wake_applied(self) -> None:
         if not self._applied_waiters:

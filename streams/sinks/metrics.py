@@ -98,8 +98,10 @@ class Metrics:
         self.dispatch_window = DispatchWindow()
 
     def watch(self, node: Node) -> None:
-        """Expose the node's own figures, read at scrape time."""
+        """Expose the node's own figures, read at scrape time, and the event-derived ones, fed
+        by its processors as they commit (once per event, none decoded again)."""
         self.registry.register(NodeCollector(node))
+        node.on_events(self.observe_events)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

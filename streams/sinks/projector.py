@@ -315,8 +315,6 @@ class Projector(Progress):
                 count += len(batch.events)
                 if batch.events:
                     self.last_event_ms = max(self.last_event_ms or 0, batch.events[-1].ts_ms)
-                if self.metrics is not None:
-                    self.metrics.observe_events(r.partition, batch.events)
         self.events_projected += count
         if self.on_write is not None:
             self.on_write(write_s)

@@ -16,8 +16,8 @@ asyncpg); here it runs on the other core. Rules, and why:
 2. The child is the same ``Projector``: every rule of ``projector.py`` holds unchanged.
 3. The node keeps the progress the child reports (PROGRESS after each write): the lag gauges,
    ``wait_caught_up`` and the projected-events counter read it as they read an in-process
-   projector's. The event-derived metrics (``Metrics.observe_events``) are the node's, counted
-   once per event as it ships them, whatever restarts the child goes through.
+   projector's. The event-derived metrics are not the projector's: the node's processors feed
+   them as they commit (``Metrics.watch``).
 4. Either side ending ends the other: the child exits when its socket closes (the node
    stopped or died), and ``run`` returns the child's failure when it exits, for the snapshot's
    supervisor to restart it from its watermark (rule 1 of ``projector.py``).
@@ -51,7 +51,6 @@ from typing import Any
 
 import asyncpg
 
-from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.store.postgres import connect_pool, projection
 from conveyor.store.postgres.server import DSN_ENV
 from conveyor.streams.clock import Clock
@@ -121,7 +120,7 @@ class ProjectorProcess(Progress):
         super().__init__(events, pool, metrics=metrics, clock=clock)
         self.dsn = dsn
         self.pid: int | None = None
-        self._observed: dict[int, int] = {}  # per partition, the offset after the last observed
+        self._shipped: dict[int, int] = {}  # per partition, the offset after the last shipped
         self._child_projected = 0  # events the running child reported projected
 
     async def run(self) -> None:
@@ -179,7 +178,8 @@ class ProjectorProcess(Progress):
             async for records in self.events.read(
                 partition, start, follow=True, max_batch=READ_BATCH
             ):
-                self._observe(partition, records)
+                end = records[-1].offset + 1  # a restarted child reads again from before
+                self._shipped[partition] = max(self._shipped.get(partition, 0), end)
                 writer.write(_frame(RECORDS, partition, records[0].offset, _pack_records(records)))
                 await writer.drain()
                 if len(records) < READ_BATCH:  # rule 6: a trickle goes in fewer, larger sends
@@ -190,18 +190,8 @@ class ProjectorProcess(Progress):
             writer.write(_frame(FAILED, partition, start, repr(exc).encode()))
 
     def shipped_to(self, partition: int) -> int:
-        """The offset after the last record shipped (and observed) of ``partition``."""
-        return self._observed.get(partition, 0)
-
-    def _observe(self, partition: int, records: Sequence[LogRecord]) -> None:
-        """Rule 3: events into the event-derived metrics, once each."""
-        seen = self._observed.get(partition, 0)
-        if self.metrics is not None:
-            for record in records:
-                if record.offset >= seen:
-                    events = EVENT_BATCH.decode(record.data).events
-                    self.metrics.observe_events(partition, events)
-        self._observed[partition] = max(seen, records[-1].offset + 1)
+        """The offset after the last record shipped of ``partition``."""
+        return self._shipped.get(partition, 0)
 
     def _progress(self, report: dict[str, Any]) -> None:
         self.next_offsets = {int(p): int(o) for p, o in report["next_offsets"].items()}
