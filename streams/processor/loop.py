@@ -213,7 +213,9 @@ class PartitionProcessor:
                     return  # halted: nothing to lead
                 try:
                     await self._become_leader()
-                except (LogSealed, TransientError) as exc:
+                except LogSealed:
+                    return  # another leader took over meanwhile: it leads
+                except TransientError as exc:
                     log.warning("partition %d: leading again failed: %s", self.partition, exc)
                     self.step_down("leading again failed")
 
@@ -224,7 +226,8 @@ class PartitionProcessor:
         await asyncio.gather(*duties, return_exceptions=True)
 
     def step_down(self, why: str, *, expected: bool = False) -> None:
-        """``clear``: fenced or stopping; drop every leader duty and in-memory lease."""
+        """Fenced, halted or stopping: end every leader duty, drop every in-memory lease (a
+        heartbeat answers LOST from now on)."""
         if not self.leader:
             return
         level = logging.INFO if expected else logging.WARNING
@@ -232,6 +235,8 @@ class PartitionProcessor:
         self.leader = False
         self.dispatch.clear()
         self.leases.clear()
+        for duty in self._duties:  # a duty waiting for a poke would wait on for nothing
+            duty.cancel()
 
     async def stop(self) -> None:
         self.step_down("stopping", expected=True)
@@ -386,6 +391,9 @@ class PartitionProcessor:
             self._failed = exc
             log.exception("partition %d halted", self.partition)
             self._fail_waiters(exc)
+            # Nothing it proposes would be applied: no grants, timers or expiries piling up
+            # in the log, and agents learn their leases here are lost.
+            self.step_down(f"the partition halted ({exc!r})")
             raise
 
     def _apply_batch(self, batch: list[LogRecord], *, live: bool = True) -> None:
