@@ -3,7 +3,9 @@
 Rule: a task's checkpoint goes out before its completion, and every checkpoint send holds
 ``checkpoint_lock``, so sends never overtake each other and the newest value is the one the
 next attempt sees. A completion the platform calls stale is dropped (it already moved on); a
-batch it refuses is split so one bad report cannot strand the others' leases.
+batch it refuses is split so one bad report cannot strand the others' leases. One it cannot
+take for now (``retry_after_ms``: say, its partition halted) goes back in line after that
+pause, with its checkpoint, while later batches go on; its lease is heartbeated meanwhile.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class Completer:
         self.unacked = 0  # completions queued or being sent
         # Their leases, by task id: the agent heartbeats them until the report is through.
         self.unreported: dict[str, int] = {}
-        self._queue: asyncio.Queue[tuple[CompletionItem, CheckpointItem | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Entry] = asyncio.Queue()
+        self._later: set[asyncio.Task[None]] = set()  # entries waiting to go back in line
 
     async def put(self, item: CompletionItem, checkpoint: CheckpointItem | None) -> None:
         self.unacked += 1
@@ -39,7 +42,11 @@ class Completer:
         await self._queue.put((item, checkpoint))
 
     async def flushed(self) -> None:
-        await self._queue.join()
+        while True:
+            await self._queue.join()
+            if not self._later:
+                return
+            await asyncio.wait(set(self._later))  # they go back in line, then join again
 
     async def run(self) -> None:
         while True:
@@ -47,16 +54,33 @@ class Completer:
             await asyncio.sleep(self.window_ms / 1000)  # let a batch gather
             while not self._queue.empty() and len(batch) < WORKER_ITEMS_MAX:
                 batch.append(self._queue.get_nowait())
+            again: dict[str, int] = {}  # task id -> pause, for the items to send again
             try:
-                await self._send(batch)
+                again = await self._send(batch)
             finally:
-                self.unacked -= len(batch)
+                later = [entry for entry in batch if entry[0].task_id in again]
+                if later:
+                    self._send_later(later, max(again.values()))
+                self.unacked -= len(batch) - len(later)
                 for item, _ in batch:
-                    if self.unreported.get(item.task_id) == item.lease_id:
+                    sent = item.task_id not in again
+                    if sent and self.unreported.get(item.task_id) == item.lease_id:
                         del self.unreported[item.task_id]
                     self._queue.task_done()
 
-    async def _send(self, batch: list[tuple[CompletionItem, CheckpointItem | None]]) -> None:
+    def _send_later(self, entries: list[_Entry], pause_ms: int) -> None:
+        async def back_in_line() -> None:
+            await asyncio.sleep(pause_ms / 1000)
+            for entry in entries:
+                self._queue.put_nowait(entry)
+
+        log.info("%d completions refused for now; sending again in %d ms", len(entries), pause_ms)
+        task = asyncio.create_task(back_in_line())
+        self._later.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(self._later.discard)
+
+    async def _send(self, batch: list[_Entry]) -> dict[str, int]:
+        """Send ``batch``; the task ids to send again, with their pauses."""
         checkpoints = [cp for _, cp in batch if cp is not None]
         if checkpoints:
             try:
@@ -64,35 +88,37 @@ class Completer:
                     await self.api.checkpoint(checkpoints)
             except ConveyorError as exc:  # the attempts still end; only the cursor is older
                 log.warning("saving %d checkpoints failed: %s", len(checkpoints), exc)
-        await self._complete([item for item, _ in batch])
+        return await self._complete([item for item, _ in batch])
 
-    async def _complete(self, items: list[CompletionItem]) -> None:
+    async def _complete(self, items: list[CompletionItem]) -> dict[str, int]:
         for attempt in range(TRIES_MAX):
             try:
                 results = await self.api.complete(items)
                 break
             except ContractError as exc:
-                await self._complete_one_by_one(items, exc)
-                return
+                return await self._complete_one_by_one(items, exc)
             except ConveyorError as exc:
                 log.warning("completing %d attempts failed (%s); try %d", len(items), exc, attempt)
                 await asyncio.sleep(RETRY_PAUSE_S * 2**attempt)
         else:
             log.error("gave up completing %d attempts; their leases will lapse", len(items))
-            return
-        self._count(results)
+            return {}
+        return self._count(results)
 
-    async def _complete_one_by_one(self, items: list[CompletionItem], exc: ContractError) -> None:
+    async def _complete_one_by_one(
+        self, items: list[CompletionItem], exc: ContractError
+    ) -> dict[str, int]:
         """The platform refused a batch (say, a result too large): isolate the culprit, and
         report it as a failed attempt rather than leave its lease to lapse."""
         if len(items) > 1:
+            again: dict[str, int] = {}
             for item in items:
-                await self._complete([item])
-            return
+                again.update(await self._complete([item]))
+            return again
         item = items[0]
         if item.error_class == "CompletionRejected":
             log.error("completion of %s rejected: %s", item.task_id, exc)
-            return
+            return {}
         log.warning("completion of %s rejected (%s); reporting a failed attempt", item.task_id, exc)
         rejected = CompletionItem(
             task_id=item.task_id,
@@ -102,12 +128,19 @@ class Completer:
             error_message=f"the platform rejected the attempt's report: {exc}"[:4000],
             log_ref=item.log_ref,
         )
-        await self._complete([rejected])
+        return await self._complete([rejected])
 
-    def _count(self, results: list[ItemResult]) -> None:
+    def _count(self, results: list[ItemResult]) -> dict[str, int]:
+        again: dict[str, int] = {}
         for r in results:
             if r.ok:
                 self.completed += 1
+            elif r.retry_after_ms is not None:
+                again[r.task_id] = r.retry_after_ms
             else:
                 self.dropped += 1
                 log.info("completion of %s dropped: %s", r.task_id, r.reason)
+        return again
+
+
+_Entry = tuple[CompletionItem, CheckpointItem | None]

@@ -36,6 +36,7 @@ log = logging.getLogger("conveyor.agent")
 T = TypeVar("T")
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
+RETRY_AFTER_MAX_MS = 60_000  # a reply's retry_after_ms is capped at this
 
 
 @frozen(kw_only=True)
@@ -132,6 +133,7 @@ class ItemResult:
     task_id: str
     ok: bool
     reason: str | None = None
+    retry_after_ms: int | None = None  # not ok for now: send it again after this long
 
 
 class WorkerAPI(Protocol):
@@ -219,9 +221,20 @@ def warnings_from_json(reply: dict[str, Any]) -> list[str]:
     return [str(warning) for warning in reply.get("warnings", [])]
 
 
+def _retry_after(value: Any) -> int | None:
+    if value is None:
+        return None
+    return min(max(0, int(value)), RETRY_AFTER_MAX_MS)
+
+
 def results_from_json(reply: dict[str, Any]) -> list[ItemResult]:
     return [
-        ItemResult(task_id=str(r["task_id"]), ok=bool(r.get("ok")), reason=r.get("reason"))
+        ItemResult(
+            task_id=str(r["task_id"]),
+            ok=bool(r.get("ok")),
+            reason=r.get("reason"),
+            retry_after_ms=_retry_after(r.get("retry_after_ms")),
+        )
         for r in reply.get("results", [])
     ]
 

@@ -275,7 +275,7 @@ class NodeWorkerAPI:
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
         replies = await self.node.complete([self._completion(i) for i in items])
-        return [ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason) for r in replies]
+        return [_item_result(r) for r in replies]
 
     def _completion(self, i: CompletionItem) -> Completion:
         completion = Completion(
@@ -328,7 +328,7 @@ class NodeWorkerAPI:
                 for i in items
             ]
         )
-        return [ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason) for r in replies]
+        return [_item_result(r) for r in replies]
 
     async def steps(self, items: Sequence[StepItem]) -> list[ItemResult]:
         writes = [
@@ -343,7 +343,16 @@ class NodeWorkerAPI:
             for i in items
         ]
         replies = await self.node.steps(writes)
-        return [ItemResult(task_id=r.task_id, ok=r.ok, reason=r.reason) for r in replies]
+        return [_item_result(r) for r in replies]
 
     async def close(self) -> None:
         return None
+
+
+def _item_result(reply: Reply) -> ItemResult:
+    return ItemResult(
+        task_id=reply.task_id,
+        ok=reply.ok,
+        reason=reply.reason,
+        retry_after_ms=reply.retry_after_ms,
+    )

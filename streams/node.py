@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from conveyor.errors import ContractError, NotFound
+from conveyor.errors import ContractError, NotFound, TransientError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     CancelTasks,
@@ -170,11 +170,15 @@ class Node:
         task_id: Callable[[T], str],
         record: Callable[[list[T]], Record],
         specs: Sequence[TaskSpec] | None = None,
+        isolate: bool = False,
     ) -> list[Reply]:
         """One record per partition, appended concurrently; one reply per item, in the order
         of ``items`` (the machine answers item i of a record with ``Reply.index == i``).
         ``specs``: the items, when they are the specs an EnqueueTasks encodes (its processor
-        applies them as they are, ``processor/loop.py`` rule 5)."""
+        applies them as they are, ``processor/loop.py`` rule 5). ``isolate``: a partition that
+        refuses its record for now (``TransientError``) answers its own items with
+        ``retry_after_ms`` instead of failing the whole call, so one halted partition does not
+        hold back the reports of every other."""
         positions: dict[int, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
             positions[self.partition_of(task_id(item))].append(i)
@@ -182,9 +186,17 @@ class Node:
         async def one(p: int, ix: list[int]) -> list[tuple[int, Reply]]:
             batch = [items[i] for i in ix]
             decoded = None if specs is None else [specs[i] for i in ix]
-            replies = await self.processors[p].submit(
-                record(batch), task_id(batch[0]), specs=decoded
-            )
+            try:
+                replies = await self.processors[p].submit(
+                    record(batch), task_id(batch[0]), specs=decoded
+                )
+            except TransientError as exc:
+                if not isolate:
+                    raise
+                return [
+                    (i, _later(task_id(items[i]), k, str(exc), exc.retry_after_ms))
+                    for k, i in enumerate(ix)
+                ]
             return [(ix[r.index], r) for r in replies]
 
         if len(positions) == 1:  # no gather: its tasks would add loop steps to every call
@@ -332,8 +344,11 @@ class Node:
         return self.processors[self.partition_of(task_id)].leases.heartbeat(task_id, lease_id)
 
     async def complete(self, items: Sequence[Completion]) -> list[Reply]:
-        """Report attempt outcomes. Stale leases are rejected."""
-        return await self._fan_out(items, _task_id, lambda b: CompleteAttempts(items=b))
+        """Report attempt outcomes. Stale leases are rejected; the items of a partition that
+        cannot take them now answer ``retry_after_ms``."""
+        return await self._fan_out(
+            items, _task_id, lambda b: CompleteAttempts(items=b), isolate=True
+        )
 
     async def steps(self, items: Sequence[StepWrite]) -> list[Reply]:
         """Record step claims and commits, fenced by lease. The replies come once the records
@@ -341,11 +356,19 @@ class Node:
         return await self._fan_out(items, _task_id, lambda b: RecordSteps(items=b))
 
     async def checkpoint(self, items: Sequence[Checkpoint]) -> list[Reply]:
-        return await self._fan_out(items, _task_id, lambda b: SaveCheckpoints(items=b))
+        return await self._fan_out(
+            items, _task_id, lambda b: SaveCheckpoints(items=b), isolate=True
+        )
 
 
 def _task_id(item: TaskSpec | Completion | StepWrite | Checkpoint) -> str:
     return item.task_id
+
+
+def _later(task_id: str, index: int, why: str, retry_after_ms: int) -> Reply:
+    return Reply(
+        offset=-1, index=index, ok=False, task_id=task_id, reason=why, retry_after_ms=retry_after_ms
+    )
 
 
 def _partition_count(home: Path, asked: int | None) -> int:

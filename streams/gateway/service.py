@@ -528,7 +528,10 @@ def _rejected(task_id: str, reason: str = UNKNOWN_TASK) -> dict[str, Any]:
 
 
 def _result(reply: Reply) -> dict[str, Any]:
-    return {"task_id": reply.task_id, "ok": reply.ok, "reason": reply.reason}
+    result = {"task_id": reply.task_id, "ok": reply.ok, "reason": reply.reason}
+    if reply.retry_after_ms is not None:
+        result["retry_after_ms"] = reply.retry_after_ms
+    return result
 
 
 def _completion(item: CompletionRequest, result: bytes | None) -> Completion:

@@ -30,6 +30,9 @@ class Reply:
     created: bool = False
     status: TaskStatus | None = None
     reason: str | None = None
+    # Refused for now (its partition could not take it: halted, disk full): nothing of it was
+    # applied; send it again after this long. Set by the node, never by the machine.
+    retry_after_ms: int | None = None
 
 
 @frozen(kw_only=True)

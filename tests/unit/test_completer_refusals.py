@@ -1,0 +1,109 @@
+"""Completions a partition cannot take for now (it halted, its disk is full) answer
+``retry_after_ms``: the node answers them alone, the other partitions' items are applied, and
+the agent's completer sends them again after the pause without holding back later batches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from conveyor.agents.completer import Completer
+from conveyor.agents.worker_api import CompletionItem, ItemResult
+from conveyor.schemas.types import Completion, Outcome, TaskSpec
+from conveyor.store.memory import MemoryKV
+from conveyor.streams.log.api import LogRecord
+from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.node import Node
+from conveyor.streams.routing import mint_task_id
+
+
+class HaltingLog(MemoryLog):
+    """Partition 1's reads fail from the first record appended after ``broken`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.broken = False
+
+    async def read(
+        self, partition: int, from_offset: int, *, follow: bool = False, max_batch: int = 1024
+    ) -> AsyncIterator[list[LogRecord]]:
+        async for batch in super().read(partition, from_offset, follow=follow, max_batch=max_batch):
+            if self.broken and partition == 1:
+                raise OSError(5, "Input/output error")
+            yield batch
+
+
+def test_a_halted_partition_answers_its_completions_alone_and_the_others_are_applied() -> None:
+    async def main() -> None:
+        log = HaltingLog()
+        node = Node(log, MemoryLog(2), [MemoryKV(), MemoryKV()])
+        await node.start()
+        try:
+            specs = [
+                TaskSpec(task_id=mint_task_id(p), tenant="t", app="shop", task_type="email")
+                for p in (0, 1)
+            ]
+            await node.enqueue(specs)
+            leases = []
+            while len(leases) < 2:
+                leases += await node.poll(
+                    agent_id="a", app="shop", tenants=[], queues=[], capacity=2, wait_ms=2_000
+                )
+            log.broken = True
+            done = [
+                Completion(task_id=x.task_id, lease_id=x.lease_id, outcome=Outcome.SUCCEEDED)
+                for x in sorted(leases, key=lambda x: x.task_id)
+            ]
+            first, second = await node.complete(done)
+            assert first.ok and first.retry_after_ms is None
+            assert node.get("t", specs[0].task_id).status == "SUCCEEDED"
+            assert not second.ok and second.retry_after_ms is not None, second
+            assert "partition 1 halted" in (second.reason or "")
+        finally:
+            await node.stop()
+
+    asyncio.run(main())
+
+
+class RefusingAPI:
+    """Answers the first completion of ``refused`` with retry_after_ms, everything else ok."""
+
+    def __init__(self, refused: str) -> None:
+        self.refused = refused
+        self.calls: list[list[str]] = []
+
+    async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
+        self.calls.append([i.task_id for i in items])
+        first = sum(self.refused in call for call in self.calls) == 1
+        return [
+            ItemResult(task_id=i.task_id, ok=False, reason="halted", retry_after_ms=50)
+            if i.task_id == self.refused and first
+            else ItemResult(task_id=i.task_id, ok=True)
+            for i in items
+        ]
+
+
+def item(task_id: str) -> CompletionItem:
+    return CompletionItem(task_id=task_id, lease_id=1, outcome="SUCCEEDED")
+
+
+def test_the_completer_sends_a_refused_completion_again_without_holding_back_the_next() -> None:
+    async def main() -> None:
+        api = RefusingAPI("b")
+        completer = Completer(api, window_ms=1)  # type: ignore[arg-type]
+        running = asyncio.create_task(completer.run())
+        try:
+            await completer.put(item("a"), None)
+            await completer.put(item("b"), None)
+            while not api.calls:
+                await asyncio.sleep(0.001)
+            await completer.put(item("c"), None)
+            assert completer.unreported == {"b": 1, "c": 1}  # b's lease is heartbeated on
+            await asyncio.wait_for(completer.flushed(), 5)
+            assert api.calls == [["a", "b"], ["c"], ["b"]]  # c did not wait behind b
+            assert (completer.completed, completer.dropped, completer.unacked) == (3, 0, 0)
+            assert completer.unreported == {}
+        finally:
+            running.cancel()
+
+    asyncio.run(main())
