@@ -4,7 +4,8 @@ canceled while it waits ends CANCELED without ever starting (real guests, in-pro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import agent_app
@@ -35,41 +36,54 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@contextlib.asynccontextmanager
+async def three_held(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Node, HostAgent, list[str], list[Path]]]:
+    """An agent with one guest and two leases held beyond it, holding three ``wait_cancel``
+    tasks, one of them started: (node, agent, task ids, their markers). Stops both after."""
+    markers = [tmp_path / f"wait_cancel_{i}" for i in range(3)]
+    node = Node.in_memory(2)
+    await node.start()
+    api = NodeWorkerAPI(node, tenant=TENANT)
+    agent = HostAgent(
+        api,
+        "agent_app:app",
+        concurrency=1,
+        prefetch=2,
+        heartbeat_s=0.2,
+        poll_wait_s=1.0,
+        log_dir=tmp_path / "logs",
+    )
+    running = asyncio.create_task(agent.run())
+    try:
+        await until("the agent to register", lambda: agent_app.app.name in api.known)
+        ids = []
+        for marker in markers:
+            body = enqueue_body(Enqueue(agent_app.wait_cancel, {"marker": str(marker)}), None)
+            spec = spec_from_body(
+                body,
+                tenant=TENANT,
+                partitions=node.partitions,
+                now_ms=node.clock.now_ms(),
+                known=api.known,
+            )
+            ids.append((await node.enqueue([spec]))[0].task_id)
+        await until("three leases held", lambda: len(agent.running) == 3)
+        await until("one handler to start", lambda: any(lines(m) for m in markers))
+        assert sum(bool(lines(m)) for m in markers) == 1  # one guest: one at a time
+        yield node, agent, ids, markers
+    finally:
+        agent.stop()
+        await asyncio.wait_for(running, DEADLINE_S)
+        await node.stop()
+
+
 def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_they_start(
     tmp_path: Path,
 ) -> None:
-    markers = [tmp_path / f"wait_cancel_{i}" for i in range(3)]
-
     async def main() -> None:
-        node = Node.in_memory(2)
-        await node.start()
-        api = NodeWorkerAPI(node, tenant=TENANT)
-        agent = HostAgent(
-            api,
-            "agent_app:app",
-            concurrency=1,
-            prefetch=2,
-            heartbeat_s=0.2,
-            poll_wait_s=1.0,
-            log_dir=tmp_path / "logs",
-        )
-        running = asyncio.create_task(agent.run())
-        try:
-            await until("the agent to register", lambda: agent_app.app.name in api.known)
-            ids = []
-            for marker in markers:
-                body = enqueue_body(Enqueue(agent_app.wait_cancel, {"marker": str(marker)}), None)
-                spec = spec_from_body(
-                    body,
-                    tenant=TENANT,
-                    partitions=node.partitions,
-                    now_ms=node.clock.now_ms(),
-                    known=api.known,
-                )
-                ids.append((await node.enqueue([spec]))[0].task_id)
-            await until("three leases held", lambda: len(agent.running) == 3)
-            await until("one handler to start", lambda: any(lines(m) for m in markers))
-            assert sum(bool(lines(m)) for m in markers) == 1  # one guest: one at a time
+        async with three_held(tmp_path) as (node, agent, ids, markers):
             # The waiting ones first, and the running one once the agent knows of those (it
             # learns cancels per heartbeat, and each partition answers for its own tasks).
             started = [t for t, m in zip(ids, markers, strict=True) if lines(m)]
@@ -88,10 +102,6 @@ def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_the
             )
             assert {node.get(TENANT, t).status for t in ids} == {"CANCELED"}
             assert sum(bool(lines(m)) for m in markers) == 1  # the waiting two never started
-        finally:
-            agent.stop()
-            await asyncio.wait_for(running, DEADLINE_S)
-            await node.stop()
 
     asyncio.run(main())
 
@@ -126,40 +136,15 @@ def test_a_stopping_agent_hands_back_the_leases_it_never_started_without_spendin
     """Held (prefetched) leases are released when the agent stops: their tasks are ready again
     at once under attempt 1 with no attempt recorded, instead of failing an attempt they never
     ran (with ``attempts=1`` that was a FAILED task)."""
-    markers = [tmp_path / f"wait_cancel_{i}" for i in range(3)]
 
     async def main() -> None:
-        node = Node.in_memory(2)
-        await node.start()
-        api = NodeWorkerAPI(node, tenant=TENANT)
-        agent = HostAgent(
-            api,
-            "agent_app:app",
-            concurrency=1,
-            prefetch=2,
-            heartbeat_s=0.2,
-            poll_wait_s=1.0,
-            log_dir=tmp_path / "logs",
-        )
-        running = asyncio.create_task(agent.run(drain_s=0.0))
-        try:
-            await until("the agent to register", lambda: agent_app.app.name in api.known)
-            ids = []
-            for marker in markers:
-                body = enqueue_body(Enqueue(agent_app.wait_cancel, {"marker": str(marker)}), None)
-                spec = spec_from_body(
-                    body,
-                    tenant=TENANT,
-                    partitions=node.partitions,
-                    now_ms=node.clock.now_ms(),
-                    known=api.known,
-                )
-                ids.append((await node.enqueue([spec]))[0].task_id)
-            await until("three leases held", lambda: len(agent.running) == 3)
-            await until("one handler to start", lambda: any(lines(m) for m in markers))
+        async with three_held(tmp_path) as (node, agent, ids, markers):
             (started,) = [t for t, m in zip(ids, markers, strict=True) if lines(m)]
             agent.stop()
-            await asyncio.wait_for(running, DEADLINE_S)
+            await until(
+                "the agent's last reports",
+                lambda: all(node.get(TENANT, t).status != "LEASED" for t in ids),
+            )
             for task_id in ids:
                 info = node.get(TENANT, task_id)
                 if task_id == started:  # killed while running: a failed attempt, retried
@@ -170,9 +155,5 @@ def test_a_stopping_agent_hands_back_the_leases_it_never_started_without_spendin
                 tables = node.tables(partition_of(task_id, node.partitions))
                 assert tables.attempts(task_id) == []
             assert sum(bool(lines(m)) for m in markers) == 1  # the held two never started
-        finally:
-            agent.stop()
-            await asyncio.wait_for(running, DEADLINE_S)
-            await node.stop()
 
     asyncio.run(main())

@@ -5,37 +5,22 @@ the agent's completer sends them again after the pause without holding back late
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
+
+from test_processor_halt import FailingLaterLog
 
 from conveyor.agents.completer import Completer
 from conveyor.agents.worker_api import CompletionItem, ItemResult
 from conveyor.schemas.types import Completion, Outcome, TaskSpec
 from conveyor.store.memory import MemoryKV
-from conveyor.streams.log.api import LogRecord
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.node import Node
 from conveyor.streams.routing import mint_task_id
 
 
-class HaltingLog(MemoryLog):
-    """Partition 1's reads fail from the first record appended after ``broken`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__(2)
-        self.broken = False
-
-    async def read(
-        self, partition: int, from_offset: int, *, follow: bool = False, max_batch: int = 1024
-    ) -> AsyncIterator[list[LogRecord]]:
-        async for batch in super().read(partition, from_offset, follow=follow, max_batch=max_batch):
-            if self.broken and partition == 1:
-                raise OSError(5, "Input/output error")
-            yield batch
-
-
 def test_a_halted_partition_answers_its_completions_alone_and_the_others_are_applied() -> None:
     async def main() -> None:
-        log = HaltingLog()
+        log = FailingLaterLog(partitions=2, failing=1)
         node = Node(log, MemoryLog(2), [MemoryKV(), MemoryKV()])
         await node.start()
         try:

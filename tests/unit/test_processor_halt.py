@@ -69,17 +69,19 @@ def test_a_submit_appended_while_the_partition_halted_fails_instead_of_waiting_f
 
 
 class FailingLaterLog(MemoryLog):
-    """Reads fail from the first record appended after ``broken`` is set."""
+    """Reads of partition ``failing`` fail from the first record appended after ``broken``
+    is set (the disk under that partition went bad)."""
 
-    def __init__(self) -> None:
-        super().__init__(1)
+    def __init__(self, partitions: int = 1, failing: int = 0) -> None:
+        super().__init__(partitions)
+        self.failing = failing
         self.broken = False
 
     async def read(
         self, partition: int, from_offset: int, *, follow: bool = False, max_batch: int = 1024
     ) -> AsyncIterator[list[LogRecord]]:
         async for batch in super().read(partition, from_offset, follow=follow, max_batch=max_batch):
-            if self.broken:
+            if self.broken and partition == self.failing:
                 raise OSError(5, "Input/output error")
             yield batch
 
