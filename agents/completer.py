@@ -14,13 +14,14 @@ import asyncio
 import logging
 
 from conveyor.agents.worker_api import CheckpointItem, CompletionItem, ItemResult, WorkerAPI
-from conveyor.errors import ContractError, ConveyorError
+from conveyor.errors import ContractError, ConveyorError, TransientError
 from conveyor.schemas.limits import WORKER_ITEMS_MAX
 
 log = logging.getLogger("conveyor.agent")
 
-RETRY_PAUSE_S = 1.0
-TRIES_MAX = 5
+RETRY_PAUSE_S = 1.0  # after a call that failed as a whole, doubling
+RETRY_PAUSE_MAX_S = 15.0
+TRIES_MAX = 5  # for a call the node answered with an error of its own (a 500): then give up
 
 
 class Completer:
@@ -91,18 +92,29 @@ class Completer:
         return await self._complete([item for item, _ in batch])
 
     async def _complete(self, items: list[CompletionItem]) -> dict[str, int]:
-        for attempt in range(TRIES_MAX):
+        """A call the node could not take (unreachable, restarting: ``TransientError``) is
+        sent again until it answers: the work is done and its leases are heartbeated meanwhile
+        (a new leader gives them a fresh interval), so giving up would only run the tasks
+        again. Nothing new arrives while the node is unreachable, so what waits here is
+        bounded by the leases already held. A call it fails with an error of its own is given
+        up after ``TRIES_MAX`` tries, so it cannot hold back every later report."""
+        pause_s, tries = RETRY_PAUSE_S, 0
+        while True:
             try:
                 results = await self.api.complete(items)
                 break
             except ContractError as exc:
                 return await self._complete_one_by_one(items, exc)
             except ConveyorError as exc:
-                log.warning("completing %d attempts failed (%s); try %d", len(items), exc, attempt)
-                await asyncio.sleep(RETRY_PAUSE_S * 2**attempt)
-        else:
-            log.error("gave up completing %d attempts; their leases will lapse", len(items))
-            return {}
+                tries += not isinstance(exc, TransientError)
+                if tries >= TRIES_MAX:
+                    log.error("gave up completing %d attempts: %s", len(items), exc)
+                    return {}
+                log.warning(
+                    "completing %d attempts failed (%s); again in %.0f s", len(items), exc, pause_s
+                )
+                await asyncio.sleep(pause_s)
+                pause_s = min(2 * pause_s, RETRY_PAUSE_MAX_S)
         return self._count(results)
 
     async def _complete_one_by_one(

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
 from test_processor_halt import FailingLaterLog
 
+from conveyor.agents import completer as completer_module
 from conveyor.agents.completer import Completer
 from conveyor.agents.worker_api import CompletionItem, ItemResult
+from conveyor.errors import ConveyorError, TransientError
 from conveyor.schemas.types import Completion, Outcome, TaskSpec
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.log.memory import MemoryLog
@@ -90,5 +93,52 @@ def test_the_completer_sends_a_refused_completion_again_without_holding_back_the
             assert completer.unreported == {}
         finally:
             running.cancel()
+
+    asyncio.run(main())
+
+
+class UnreachableAPI:
+    """Fails ``down`` calls as a whole, as an unreachable node does (or, with
+    ``own_error``, with an error of the node's own), then answers every item ok."""
+
+    def __init__(self, down: int, *, own_error: bool = False) -> None:
+        self.down = down
+        self.own_error = own_error
+        self.calls = 0
+
+    async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
+        self.calls += 1
+        if self.calls <= self.down:
+            if self.own_error:
+                raise ConveyorError("500: internal error")
+            raise TransientError("POST /worker/complete: gave up after 9 tries: 503")
+        return [ItemResult(task_id=i.task_id, ok=True) for i in items]
+
+
+def test_a_report_waits_out_an_unreachable_node_and_gives_up_only_on_its_own_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The old completer gave up after five failed calls (31 s), and the finished tasks ran
+    again once their leases lapsed; a node restarting for longer than that must not cost
+    that."""
+    monkeypatch.setattr(completer_module, "RETRY_PAUSE_S", 0.001)
+    monkeypatch.setattr(completer_module, "RETRY_PAUSE_MAX_S", 0.002)
+
+    async def send(api: UnreachableAPI) -> Completer:
+        completer = Completer(api, window_ms=1)  # type: ignore[arg-type]
+        running = asyncio.create_task(completer.run())
+        try:
+            await completer.put(item("a"), None)
+            await asyncio.wait_for(completer.flushed(), 5)
+        finally:
+            running.cancel()
+        return completer
+
+    async def main() -> None:
+        waited = await send(UnreachableAPI(down=12))
+        assert (waited.completed, waited.dropped, waited.unreported) == (1, 0, {})
+        own = UnreachableAPI(down=12, own_error=True)
+        gave_up = await send(own)
+        assert own.calls == completer_module.TRIES_MAX and gave_up.completed == 0
 
     asyncio.run(main())
