@@ -7,8 +7,8 @@ the event loop between pages and stopping after ``SCAN_PAGES_MAX`` pages (``comp
 false). ``running`` is the LEASED count.
 
 ``dispatch`` (leases granted to this tenant / to all tenants over the last minutes) is folded
-from the events stream by the projector into ``Metrics.dispatch_window``; without the
-projector nothing folds events, so the field is left out.
+into ``Metrics.dispatch_window`` by the node's processors as they commit (``Metrics.watch``),
+with or without the projector.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ async def usage(gw: Gateway, metrics: Metrics | None, tenant: str) -> dict[str, 
         "total": sum(tasks.values()),
         "running": tasks[TaskStatus.LEASED.value],
     }
-    if gw.snapshot is not None and metrics is not None:
+    if metrics is not None:
         window = metrics.dispatch_window
         recent = window.counts(gw.node.clock.now_ms())
         mine, everyone = recent.get(tenant, 0), sum(recent.values())
