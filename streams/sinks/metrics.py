@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -95,6 +95,7 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self._ready_ms: OrderedDict[str, int] = OrderedDict()
+        self._children: dict[tuple[object, ...], Any] = {}
         self.dispatch_window = DispatchWindow()
 
     def watch(self, node: Node) -> None:
@@ -107,45 +108,56 @@ class Metrics:
         return generate_latest(self.registry)
 
     def observe_events(self, partition: int, events: Sequence[TaskEvent]) -> None:
-        """Fold one event batch into the event-derived metrics (a labelled child is looked up
-        once per label set and batch, not per event)."""
+        """Fold one committed batch's events into the event-derived metrics: one pass over
+        the events, then one update per label set (its child looked up once, and kept)."""
         dispatched: Tally[str] = Tally()
+        window: Tally[tuple[int, str]] = Tally()  # (minute bucket, tenant) -> leases
         finished: Tally[tuple[str, str]] = Tally()
         delays: dict[str, list[float]] = {}
         expired = 0
         ready_ms = self._ready_ms
         for e in events:
             kind = e.kind
-            if kind == EventKind.TaskLeased:
+            if kind is _LEASED:
                 dispatched[e.tenant] += 1
+                window[e.ts_ms // DISPATCH_BUCKET_MS, e.tenant] += 1
                 ready = ready_ms.pop(e.task_id, None)
                 if ready is not None:
                     delays.setdefault(e.queue, []).append(max(0, e.ts_ms - ready) / 1000)
-            elif kind in (EventKind.TaskEnqueued, EventKind.TaskRequeued):
-                if e.status == TaskStatus.ENQUEUED:
-                    self._remember_ready(e.task_id, e.ts_ms)
-            elif kind == EventKind.LeaseExpired:
+                continue
+            if kind is _ENQUEUED or kind is _REQUEUED:
+                if e.status == _READY:
+                    ready_ms[e.task_id] = e.ts_ms
+                if kind is _REQUEUED:
+                    continue
+            elif kind is _EXPIRED:
                 expired += 1
-            if e.status in _TERMINAL_NAMES and kind != EventKind.TaskRequeued:
+            if e.status in _TERMINAL_NAMES:
                 ready_ms.pop(e.task_id, None)
                 finished[e.queue, e.status] += 1
+        while len(ready_ms) > READY_REMEMBERED_MAX:
+            ready_ms.popitem(last=False)
         label = str(partition)
         for queue, seconds in delays.items():
-            histogram = self.schedule_to_start.labels(label, queue)
+            histogram = self._child(self.schedule_to_start, label, queue)
             for delay_s in seconds:
                 histogram.observe(delay_s)
         for (queue, status), n in finished.items():
-            self.finished.labels(queue, status).inc(n)
+            self._child(self.finished, queue, status).inc(n)
         for tenant, n in dispatched.items():
-            self.dispatched.labels(tenant).inc(n)
-        self.dispatch_window.add(events)
+            self._child(self.dispatched, tenant).inc(n)
+        if window:
+            self.dispatch_window.add(window)
         if expired:
-            self.lease_expired.labels(label).inc(expired)
+            self._child(self.lease_expired, label).inc(expired)
 
-    def _remember_ready(self, task_id: str, ts_ms: int) -> None:
-        self._ready_ms[task_id] = ts_ms
-        if len(self._ready_ms) > READY_REMEMBERED_MAX:
-            self._ready_ms.popitem(last=False)
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: a child never changes once made."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def set_task_counts(self, counts: Iterable[tuple[str, str, int]]) -> None:
         self.tasks.clear()  # states that emptied must not keep their last value
@@ -154,6 +166,9 @@ class Metrics:
 
 
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+_LEASED, _ENQUEUED = EventKind.TaskLeased, EventKind.TaskEnqueued
+_REQUEUED, _EXPIRED = EventKind.TaskRequeued, EventKind.LeaseExpired
+_READY = TaskStatus.ENQUEUED.value
 DISPATCH_BUCKET_MS = 60_000
 DISPATCH_WINDOW_BUCKETS = 5
 
@@ -170,14 +185,13 @@ class DispatchWindow:
     def window_ms(self) -> int:
         return DISPATCH_BUCKET_MS * DISPATCH_WINDOW_BUCKETS
 
-    def add(self, events: Iterable[TaskEvent]) -> None:
-        for e in events:
-            if e.kind == EventKind.TaskLeased:
-                bucket = e.ts_ms // DISPATCH_BUCKET_MS
-                tally = self._buckets.get(bucket)
-                if tally is None:
-                    tally = self._buckets[bucket] = Tally()
-                tally[e.tenant] += 1
+    def add(self, leases: Mapping[tuple[int, str], int]) -> None:
+        """``leases``: (minute bucket of the lease's time, tenant) -> leases granted."""
+        for (bucket, tenant), n in leases.items():
+            tally = self._buckets.get(bucket)
+            if tally is None:
+                tally = self._buckets[bucket] = Tally()
+            tally[tenant] += n
         while len(self._buckets) > DISPATCH_WINDOW_BUCKETS + 1:
             del self._buckets[min(self._buckets)]  # partitions may interleave minutes
 

@@ -7,7 +7,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from conveyor.schemas.types import Completion, Outcome, TaskSpec
+from conveyor.schemas.types import Completion, EventKind, Outcome, TaskEvent, TaskSpec
 from conveyor.streams.node import Node
 from conveyor.streams.routing import mint_task_id
 from conveyor.streams.sinks.metrics import Metrics
@@ -65,3 +65,39 @@ def test_commits_feed_the_metrics_once_and_a_replay_feeds_nothing(tmp_path: Path
             await node.stop()
 
     asyncio.run(main())
+
+
+def event(kind: EventKind, task_id: str, status: str, ts_ms: int, tenant: str = "t") -> TaskEvent:
+    return TaskEvent(
+        kind=kind, task_id=task_id, tenant=tenant, app="shop", task_type="email", queue="q",
+        status=status, attempt=1, ts_ms=ts_ms, version=ts_ms,
+    )  # fmt: skip
+
+
+def test_one_batch_folds_into_every_event_metric() -> None:
+    metrics = Metrics()
+    t0 = 1_700_000_000_000
+    metrics.observe_events(
+        3,
+        [
+            event(EventKind.TaskEnqueued, "a", "ENQUEUED", t0),
+            event(EventKind.TaskEnqueued, "b", "ENQUEUED", t0),
+            event(EventKind.TaskLeased, "a", "LEASED", t0 + 5),
+            event(EventKind.TaskSucceeded, "a", "SUCCEEDED", t0 + 9),
+            event(EventKind.LeaseExpired, "c", "LEASED", t0 + 9, tenant="u"),
+            event(EventKind.TaskRequeued, "d", "FAILED", t0 + 9),  # a dead letter retried
+            event(EventKind.TaskCanceled, "b", "CANCELED", t0 + 9),
+        ],
+    )
+    metrics.observe_events(3, [event(EventKind.TaskLeased, "b", "LEASED", t0 + 20)])
+    sample = metrics.registry.get_sample_value
+    assert sample("conveyor_tasks_finished_total", {"queue": "q", "status": "SUCCEEDED"}) == 1
+    assert sample("conveyor_tasks_finished_total", {"queue": "q", "status": "CANCELED"}) == 1
+    assert sample("conveyor_tasks_finished_total", {"queue": "q", "status": "FAILED"}) is None
+    assert sample("conveyor_dispatched_total", {"tenant": "t"}) == 2
+    assert sample("conveyor_lease_expired_total", {"partition": "3"}) == 1
+    labels = {"partition": "3", "queue": "q"}
+    # a waited 5 ms; b was canceled before its (late) lease: its ready time was forgotten
+    assert sample("conveyor_schedule_to_start_seconds_count", labels) == 1
+    assert sample("conveyor_schedule_to_start_seconds_sum", labels) == 0.005
+    assert metrics.dispatch_window.counts(t0 + 20) == {"t": 2}
