@@ -13,6 +13,7 @@ import os
 import time
 
 from conveyor.errors import ContractError
+from conveyor.wire import MINTED_KEY_PREFIX
 
 TASK_ID_LENGTH = 32
 
@@ -44,6 +45,12 @@ def partition_of(task_id: str, partitions: int) -> int:
 
 
 def partition_for_key(tenant: str, key: str, partitions: int) -> int:
+    """A hash of (tenant, key); of (tenant, window) for a key the SDK minted
+    (``conveyor.wire.MINTED_KEY_PREFIX``: the enqueues of one window share a partition)."""
+    if key.startswith(MINTED_KEY_PREFIX):
+        end = key.find("~", len(MINTED_KEY_PREFIX))
+        if end > 0:
+            key = key[:end]
     digest = hashlib.blake2b(f"{tenant}\x00{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
 

@@ -7,7 +7,13 @@ import time
 import pytest
 
 from conveyor.errors import ContractError
-from conveyor.streams.routing import TASK_ID_LENGTH, mint_task_id, partition_of
+from conveyor.streams.routing import (
+    TASK_ID_LENGTH,
+    mint_task_id,
+    partition_for_key,
+    partition_of,
+)
+from conveyor.wire import MINTED_KEY_PREFIX, minted_key
 
 
 def test_a_minted_id_names_its_partition() -> None:
@@ -32,3 +38,25 @@ def test_an_id_of_a_partition_this_node_lacks_is_refused() -> None:
         partition_of(mint_task_id(8), 8)
     with pytest.raises(ContractError, match="not a Conveyor task id"):
         partition_of("g" * TASK_ID_LENGTH, 8)
+
+
+def test_keys_the_sdk_mints_route_by_their_window_and_a_retry_meets_its_twin() -> None:
+    partitions = 8
+    window = [minted_key() for _ in range(50)]  # minted together: one or two windows
+    assert all(k.startswith(MINTED_KEY_PREFIX) and len(k.encode()) <= 256 for k in window)
+    assert len({partition_for_key("t", k, partitions) for k in window}) <= 2
+    for key in window:  # a transport retry sends the same key: the same partition
+        assert partition_for_key("t", key, partitions) == partition_for_key("t", key, partitions)
+    # Windows spread over the partitions; tenants of one window too.
+    spread = {partition_for_key("t", f"{MINTED_KEY_PREFIX}{w:x}~x", partitions) for w in range(64)}
+    assert len(spread) == partitions
+    assert len({partition_for_key(f"t{i}", window[0], partitions) for i in range(64)}) > 1
+
+
+def test_a_key_of_the_users_routes_by_the_whole_key() -> None:
+    partitions = 8
+    spread = {partition_for_key("t", f"order-{i}", partitions) for i in range(64)}
+    assert len(spread) == partitions
+    # A key that only looks minted (no window end) is hashed whole, and does not fail.
+    odd = {partition_for_key("t", f"{MINTED_KEY_PREFIX}{i}", partitions) for i in range(64)}
+    assert len(odd) == partitions

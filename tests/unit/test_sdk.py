@@ -20,7 +20,7 @@ import conveyor
 from conveyor.ahttp import proxy_for
 from conveyor.context import Context
 from conveyor.durations import to_ms
-from conveyor.wire import Enqueue, enqueue_body
+from conveyor.wire import MINTED_KEY_PREFIX, Enqueue, enqueue_body
 
 # --- durations --------------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def test_decorator_options_become_wire_fields() -> None:
     _, resize, _ = make_app()
     body = enqueue_body(Enqueue(resize, {"image": "a.png"}), None)
     key = body.pop("idempotency_key")
-    assert isinstance(key, str) and len(key) == 32
+    assert isinstance(key, str) and key.startswith(MINTED_KEY_PREFIX) and len(key) <= 64
     assert body == {
         "task_type": "resize",
         "app": "shop",
