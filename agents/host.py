@@ -243,9 +243,11 @@ class HostAgent:
     async def _drain(self, drain_s: float) -> None:
         # Leases not started yet go back at once (RELEASED: ready for another agent, no
         # attempt spent); the attempts under way get up to ``drain_s`` to finish.
-        for run in list(self.running.values()):
-            if not run.started:
-                run.kill("the agent is stopping")
+        held = [run for run in self.running.values() if not run.started]
+        for run in held:
+            run.kill("the agent is stopping")
+        for _ in held:  # let each through the slot it waits for: it reports and gives it back
+            self._guests.release()  # (no poll runs any more to take a slot)
         if self._attempts and drain_s > 0:
             await asyncio.wait(set(self._attempts), timeout=drain_s)
         for run in list(self.running.values()):

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TENANT = "default"
 DEADLINE_S = 30.0
+DRAIN_S = 6.0  # what a stopping agent gives its running attempts in the release test
 
 
 async def until(what: str, check: Callable[[], bool]) -> None:
@@ -37,12 +38,14 @@ def lines(path: Path) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def three_held(
-    tmp_path: Path,
+async def held(
+    tmp_path: Path, tasks: int = 3, drain_s: float = 0.0, *, fresh_process: bool = False
 ) -> AsyncIterator[tuple[Node, HostAgent, list[str], list[Path]]]:
-    """An agent with one guest and two leases held beyond it, holding three ``wait_cancel``
-    tasks, one of them started: (node, agent, task ids, their markers). Stops both after."""
-    markers = [tmp_path / f"wait_cancel_{i}" for i in range(3)]
+    """An agent with one guest and ``tasks`` - 1 leases held beyond it, holding ``tasks``
+    ``wait_cancel`` tasks, one of them started: (node, agent, task ids, their markers). Past
+    the guest's queue (``pool.QUEUED_PER_GUEST``) a held lease waits for a slot of the agent's.
+    Stops both after."""
+    markers = [tmp_path / f"wait_cancel_{i}" for i in range(tasks)]
     node = Node.in_memory(2)
     await node.start()
     api = NodeWorkerAPI(node, tenant=TENANT)
@@ -50,12 +53,13 @@ async def three_held(
         api,
         "agent_app:app",
         concurrency=1,
-        prefetch=2,
+        prefetch=tasks - 1,
+        fresh_process=fresh_process,  # no queue in a guest: held leases wait for a slot
         heartbeat_s=0.2,
         poll_wait_s=1.0,
         log_dir=tmp_path / "logs",
     )
-    running = asyncio.create_task(agent.run())
+    running = asyncio.create_task(agent.run(drain_s=drain_s))
     try:
         await until("the agent to register", lambda: agent_app.app.name in api.known)
         ids = []
@@ -69,7 +73,7 @@ async def three_held(
                 known=api.known,
             )
             ids.append((await node.enqueue([spec]))[0].task_id)
-        await until("three leases held", lambda: len(agent.running) == 3)
+        await until("every lease held", lambda: len(agent.running) == tasks)
         await until("one handler to start", lambda: any(lines(m) for m in markers))
         assert sum(bool(lines(m)) for m in markers) == 1  # one guest: one at a time
         yield node, agent, ids, markers
@@ -83,7 +87,7 @@ def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_the
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        async with three_held(tmp_path) as (node, agent, ids, markers):
+        async with held(tmp_path) as (node, agent, ids, markers):
             # The waiting ones first, and the running one once the agent knows of those (it
             # learns cancels per heartbeat, and each partition answers for its own tasks).
             started = [t for t, m in zip(ids, markers, strict=True) if lines(m)]
@@ -130,30 +134,43 @@ def test_an_adapted_prefetch_grows_past_the_guests_for_fast_work_and_holds_every
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("fresh_process", [False, True])
 def test_a_stopping_agent_hands_back_the_leases_it_never_started_without_spending_attempts(
-    tmp_path: Path,
+    tmp_path: Path, fresh_process: bool
 ) -> None:
     """Held (prefetched) leases are released when the agent stops: their tasks are ready again
     at once under attempt 1 with no attempt recorded, instead of failing an attempt they never
     ran (with ``attempts=1`` that was a FAILED task)."""
 
     async def main() -> None:
-        async with three_held(tmp_path) as (node, agent, ids, markers):
+        async with held(tmp_path, 6, DRAIN_S, fresh_process=fresh_process) as (
+            node,
+            agent,
+            ids,
+            markers,
+        ):
             (started,) = [t for t, m in zip(ids, markers, strict=True) if lines(m)]
+            # In the guest's queue (3) or waiting for a slot (2; all 5 with fresh processes).
+            waiting = [t for t in ids if t != started]
+            stopped = asyncio.get_running_loop().time()
             agent.stop()
+            # Handed back at once, while the running one still has its drain.
             await until(
-                "the agent's last reports",
-                lambda: all(node.get(TENANT, t).status != "LEASED" for t in ids),
+                "the held leases' release",
+                lambda: all(node.get(TENANT, t).status == "ENQUEUED" for t in waiting),
             )
+            assert asyncio.get_running_loop().time() - stopped < DRAIN_S / 2
+            assert node.get(TENANT, started).status == "LEASED"
+            await until("the drain to end", lambda: node.get(TENANT, started).status != "LEASED")
             for task_id in ids:
                 info = node.get(TENANT, task_id)
-                if task_id == started:  # killed while running: a failed attempt, retried
+                if task_id == started:  # killed after the drain: a failed attempt, retried
                     assert info.status == "RETRY_WAIT" and info.attempt == 2, info
                     continue
                 assert info.status == "ENQUEUED" and info.attempt == 1, info
                 assert info.error_class is None, info
                 tables = node.tables(partition_of(task_id, node.partitions))
                 assert tables.attempts(task_id) == []
-            assert sum(bool(lines(m)) for m in markers) == 1  # the held two never started
+            assert sum(bool(lines(m)) for m in markers) == 1  # the held ones never started
 
     asyncio.run(main())
