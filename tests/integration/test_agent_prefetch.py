@@ -5,36 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import agent_app
 import pytest
-from test_agent import rig
+from test_agent import TENANT, lines, rig, until
 
 from conveyor.agents.host import HostAgent
 from conveyor.streams.node import Node
 from conveyor.streams.routing import partition_of
-from conveyor.testing_node import NodeWorkerAPI, spec_from_body
-from conveyor.wire import Enqueue, enqueue_body
 
 pytestmark = pytest.mark.timeout(120)
 
-TENANT = "default"
-DEADLINE_S = 30.0
 DRAIN_S = 6.0  # what a stopping agent gives its running attempts in the release test
-
-
-async def until(what: str, check: Callable[[], bool]) -> None:
-    deadline = asyncio.get_running_loop().time() + DEADLINE_S
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 @contextlib.asynccontextmanager
@@ -43,44 +27,16 @@ async def held(
 ) -> AsyncIterator[tuple[Node, HostAgent, list[str], list[Path]]]:
     """An agent with one guest and ``tasks`` - 1 leases held beyond it, holding ``tasks``
     ``wait_cancel`` tasks, one of them started: (node, agent, task ids, their markers). Past
-    the guest's queue (``pool.QUEUED_PER_GUEST``) a held lease waits for a slot of the agent's.
-    Stops both after."""
+    the guest's queue (``pool.QUEUED_PER_GUEST``) a held lease waits for a slot of the agent's;
+    with ``fresh_process`` there is no guest queue and every held lease does."""
     markers = [tmp_path / f"wait_cancel_{i}" for i in range(tasks)]
-    node = Node.in_memory(2)
-    await node.start()
-    api = NodeWorkerAPI(node, tenant=TENANT)
-    agent = HostAgent(
-        api,
-        "agent_app:app",
-        concurrency=1,
-        prefetch=tasks - 1,
-        fresh_process=fresh_process,  # no queue in a guest: held leases wait for a slot
-        heartbeat_s=0.2,
-        poll_wait_s=1.0,
-        log_dir=tmp_path / "logs",
-    )
-    running = asyncio.create_task(agent.run(drain_s=drain_s))
-    try:
-        await until("the agent to register", lambda: agent_app.app.name in api.known)
-        ids = []
-        for marker in markers:
-            body = enqueue_body(Enqueue(agent_app.wait_cancel, {"marker": str(marker)}), None)
-            spec = spec_from_body(
-                body,
-                tenant=TENANT,
-                partitions=node.partitions,
-                now_ms=node.clock.now_ms(),
-                known=api.known,
-            )
-            ids.append((await node.enqueue([spec]))[0].task_id)
-        await until("every lease held", lambda: len(agent.running) == tasks)
+    opts = {"concurrency": 1, "prefetch": tasks - 1, "fresh_process": fresh_process}
+    async with rig(tmp_path, drain_s=drain_s, **opts) as r:
+        ids = [await r.enqueue(agent_app.wait_cancel, {"marker": str(m)}) for m in markers]
+        await until("every lease held", lambda: len(r.agent.running) == tasks)
         await until("one handler to start", lambda: any(lines(m) for m in markers))
         assert sum(bool(lines(m)) for m in markers) == 1  # one guest: one at a time
-        yield node, agent, ids, markers
-    finally:
-        agent.stop()
-        await asyncio.wait_for(running, DEADLINE_S)
-        await node.stop()
+        yield r.node, r.agent, ids, markers
 
 
 def test_prefetched_leases_wait_for_the_guest_and_a_cancel_stops_them_before_they_start(
