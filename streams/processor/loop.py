@@ -191,7 +191,7 @@ class PartitionProcessor:
 
     async def _supervise(self) -> None:
         """Rule 6."""
-        pause_ms = RELEAD_MIN_MS
+        pause_ms: float = RELEAD_MIN_MS
         while self._duties:
             done, _ = await asyncio.wait(self._duties, return_when=asyncio.FIRST_COMPLETED)
             failed = next((t for t in done if not t.cancelled() and t.exception()), None)
@@ -206,18 +206,24 @@ class PartitionProcessor:
                 exc_info=failed.exception(),
             )
             self.step_down("a leader duty failed")
-            while not self._duties:
-                await self.clock.sleep_ms(pause_ms)
-                pause_ms = min(2 * pause_ms, RELEAD_MAX_MS)
-                if self._failed is not None:
-                    return  # halted: nothing to lead
-                try:
-                    await self._become_leader()
-                except LogSealed:
-                    return  # another leader took over meanwhile: it leads
-                except TransientError as exc:
-                    log.warning("partition %d: leading again failed: %s", self.partition, exc)
-                    self.step_down("leading again failed")
+            pause_ms = await self._lead_again(pause_ms)
+
+    async def _lead_again(self, pause_ms: float) -> float:
+        """After pauses from ``pause_ms`` (doubling), lead again; the next pause. Gives up
+        (no duties) when the partition halted or another leader fenced it meanwhile."""
+        while not self._duties:
+            await self.clock.sleep_ms(pause_ms)
+            pause_ms = min(2 * pause_ms, RELEAD_MAX_MS)
+            if self._failed is not None:
+                break  # halted: nothing to lead
+            try:
+                await self._become_leader()
+            except LogSealed:
+                break  # another leader took over meanwhile: it leads
+            except TransientError as exc:
+                log.warning("partition %d: leading again failed: %s", self.partition, exc)
+                self.step_down("leading again failed")
+        return pause_ms
 
     async def _end_duties(self) -> None:
         duties, self._duties = self._duties, []

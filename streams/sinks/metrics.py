@@ -153,7 +153,7 @@ class Metrics:
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept: a child never changes once made."""
-        key = (id(metric), *labels)
+        key = (metric, *labels)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*labels)

@@ -7,6 +7,8 @@ minus the applied offset, which every record moves (the processor writes it with
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.schemas.types import (
     RELEASED_CLASS,
     CancelCause,
@@ -682,18 +684,6 @@ def test_a_release_after_a_cancel_request_cancels() -> None:
     assert h.ready_ids() == [] and h.timers() == [] and h.leased() == {}
 
 
-def test_a_release_after_start_to_close_fired_fails_the_attempt() -> None:
-    h = Harness()
-    spec = h.spec(start_to_close_ms=60 * S, cancel_grace_ms=5 * S)
-    h.enqueue(spec)
-    g = h.lease_one(spec.task_id)
-    h.fire_due(h.now_ms + 60 * S)
-    out = released(h, spec.task_id, g.lease_id)
-    assert kinds(out) == [EventKind.TaskRetryScheduled]
-    task = h.task(spec.task_id)
-    assert task.status == TaskStatus.RETRY_WAIT and task.error_class == "StartToCloseTimeout"
-
-
 # -- timeouts -----------------------------------------------------------------------------------
 
 
@@ -754,14 +744,19 @@ def test_start_to_close_requests_cancel_then_fails_the_attempt_after_grace() -> 
     assert task.cancel_cause is None and task.attempt == 2
 
 
-def test_start_to_close_then_handler_stops_is_an_attempt_failure() -> None:
-    """The handler obeying the timeout's stop request must not cancel the whole task."""
+@pytest.mark.parametrize("report", ["canceled", "released"])
+def test_start_to_close_then_handler_stops_is_an_attempt_failure(report: str) -> None:
+    """The handler obeying the timeout's stop request (or an agent handing the attempt back
+    before it started) must not cancel the whole task."""
     h = Harness()
     spec = h.spec(start_to_close_ms=60 * S, cancel_grace_ms=5 * S)
     h.enqueue(spec)
     g = h.lease_one(spec.task_id)
     h.fire_due(h.now_ms + 60 * S)
-    out = h.canceled(spec.task_id, g.lease_id)
+    if report == "canceled":
+        out = h.canceled(spec.task_id, g.lease_id)
+    else:
+        out = released(h, spec.task_id, g.lease_id)
     assert kinds(out) == [EventKind.TaskRetryScheduled]
     task = h.task(spec.task_id)
     assert task.status == TaskStatus.RETRY_WAIT
