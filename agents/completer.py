@@ -3,7 +3,8 @@
 Rule: a task's checkpoint goes out before its completion, and every checkpoint send holds
 ``checkpoint_lock``, so sends never overtake each other and the newest value is the one the
 next attempt sees. A completion the platform calls stale is dropped (it already moved on); a
-batch it refuses is split so one bad report cannot strand the others' leases. One it cannot
+batch it refuses, or fails again and again with an error of its own, is split so one bad report
+cannot strand the others' leases. One it cannot
 take for now (``retry_after_ms``: say, its partition halted) goes back in line after that
 pause, with its checkpoint, while later batches go on; its lease is heartbeated meanwhile.
 """
@@ -91,13 +92,16 @@ class Completer:
                 log.warning("saving %d checkpoints failed: %s", len(checkpoints), exc)
         return await self._complete([item for item, _ in batch])
 
-    async def _complete(self, items: list[CompletionItem]) -> dict[str, int]:
+    async def _complete(
+        self, items: list[CompletionItem], tries_max: int = TRIES_MAX
+    ) -> dict[str, int]:
         """A call the node could not take (unreachable, restarting: ``TransientError``) is
         sent again until it answers: the work is done and its leases are heartbeated meanwhile
         (a new leader gives them a fresh interval), so giving up would only run the tasks
         again. Nothing new arrives while the node is unreachable, so what waits here is
         bounded by the leases already held. A call it fails with an error of its own is given
-        up after ``TRIES_MAX`` tries, so it cannot hold back every later report."""
+        up after ``tries_max`` tries, so it cannot hold back every later report: a batch is
+        split first (``_halves``), a single report given up."""
         pause_s, tries = RETRY_PAUSE_S, 0
         while True:
             try:
@@ -107,8 +111,10 @@ class Completer:
                 return await self._complete_one_by_one(items, exc)
             except ConveyorError as exc:
                 tries += not isinstance(exc, TransientError)
-                if tries >= TRIES_MAX:
-                    log.error("gave up completing %d attempts: %s", len(items), exc)
+                if tries >= tries_max:
+                    if len(items) > 1:
+                        return await self._halves(items, exc)
+                    log.error("gave up completing %s: %s", items[0].task_id, exc)
                     return {}
                 log.warning(
                     "completing %d attempts failed (%s); again in %.0f s", len(items), exc, pause_s
@@ -116,6 +122,17 @@ class Completer:
                 await asyncio.sleep(pause_s)
                 pause_s = min(2 * pause_s, RETRY_PAUSE_MAX_S)
         return self._count(results)
+
+    async def _halves(self, items: list[CompletionItem], exc: ConveyorError) -> dict[str, int]:
+        """The node failed a batch with an error of its own on every try: one report in it may
+        be what trips the node. Each half is tried once, and a half that fails is halved
+        again, so the other reports go through and only the culprit is given up (its task runs
+        again when its lease lapses): about 2 log2(n) calls more, none of them paused."""
+        log.warning("completing %d attempts failed (%s); trying each half", len(items), exc)
+        middle = len(items) // 2
+        again = await self._complete(items[:middle], tries_max=1)
+        again.update(await self._complete(items[middle:], tries_max=1))
+        return again
 
     async def _complete_one_by_one(
         self, items: list[CompletionItem], exc: ContractError

@@ -142,3 +142,46 @@ def test_a_report_waits_out_an_unreachable_node_and_gives_up_only_on_its_own_err
         assert own.calls == completer_module.TRIES_MAX and gave_up.completed == 0
 
     asyncio.run(main())
+
+
+class TrippedAPI:
+    """Fails every call that holds ``culprit`` with an error of the node's own (a 500), as a
+    node bug set off by one report would; answers the others ok."""
+
+    def __init__(self, culprit: str) -> None:
+        self.culprit = culprit
+        self.calls: list[list[str]] = []
+
+    async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
+        self.calls.append([i.task_id for i in items])
+        if any(i.task_id == self.culprit for i in items):
+            raise ConveyorError("500: internal error")
+        return [ItemResult(task_id=i.task_id, ok=True) for i in items]
+
+
+def test_one_report_that_trips_the_node_is_given_up_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, the whole batch was given up after five tries: seven finished tasks would have
+    run again for the one report the node could not take."""
+    monkeypatch.setattr(completer_module, "RETRY_PAUSE_S", 0.001)
+    monkeypatch.setattr(completer_module, "RETRY_PAUSE_MAX_S", 0.002)
+
+    async def main() -> None:
+        api = TrippedAPI("c")
+        completer = Completer(api, window_ms=1)  # type: ignore[arg-type]
+        running = asyncio.create_task(completer.run())
+        try:
+            for task_id in "abcdefgh":
+                await completer.put(item(task_id), None)
+            await asyncio.wait_for(completer.flushed(), 5)
+        finally:
+            running.cancel()
+        # c is given up: no longer heartbeated, its lease lapses and the task runs again
+        assert (completer.completed, completer.unreported) == (7, {})
+        tries = completer_module.TRIES_MAX
+        assert api.calls[:tries] == [list("abcdefgh")] * tries
+        halves = [list("abcd"), list("ab"), list("cd"), ["c"], ["d"], list("efgh")]
+        assert api.calls[tries:] == halves
+
+    asyncio.run(main())
