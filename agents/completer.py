@@ -92,16 +92,24 @@ class Completer:
                 log.warning("saving %d checkpoints failed: %s", len(checkpoints), exc)
         return await self._complete([item for item, _ in batch])
 
-    async def _complete(
-        self, items: list[CompletionItem], tries_max: int = TRIES_MAX
-    ) -> dict[str, int]:
+    async def _complete(self, items: list[CompletionItem]) -> dict[str, int]:
         """A call the node could not take (unreachable, restarting: ``TransientError``) is
         sent again until it answers: the work is done and its leases are heartbeated meanwhile
         (a new leader gives them a fresh interval), so giving up would only run the tasks
         again. Nothing new arrives while the node is unreachable, so what waits here is
         bounded by the leases already held. A call it fails with an error of its own is given
-        up after ``tries_max`` tries, so it cannot hold back every later report: a batch is
-        split first (``_halves``), a single report given up."""
+        up after ``TRIES_MAX`` tries, so it cannot hold back every later report; a batch is
+        halved first (``_halves``)."""
+        answer = await self._call(items, TRIES_MAX)
+        if isinstance(answer, ConveyorError):
+            return await self._halves(items, answer)
+        return answer
+
+    async def _call(
+        self, items: list[CompletionItem], tries_max: int
+    ) -> dict[str, int] | ConveyorError:
+        """``_complete``'s tries: the task ids to send again, or the node's own error once
+        ``tries_max`` calls have failed with one."""
         pause_s, tries = RETRY_PAUSE_S, 0
         while True:
             try:
@@ -112,10 +120,7 @@ class Completer:
             except ConveyorError as exc:
                 tries += not isinstance(exc, TransientError)
                 if tries >= tries_max:
-                    if len(items) > 1:
-                        return await self._halves(items, exc)
-                    log.error("gave up completing %s: %s", items[0].task_id, exc)
-                    return {}
+                    return exc
                 log.warning(
                     "completing %d attempts failed (%s); again in %.0f s", len(items), exc, pause_s
                 )
@@ -124,14 +129,26 @@ class Completer:
         return self._count(results)
 
     async def _halves(self, items: list[CompletionItem], exc: ConveyorError) -> dict[str, int]:
-        """The node failed a batch with an error of its own on every try: one report in it may
-        be what trips the node. Each half is tried once, and a half that fails is halved
-        again, so the other reports go through and only the culprit is given up (its task runs
-        again when its lease lapses): about 2 log2(n) calls more, none of them paused."""
-        log.warning("completing %d attempts failed (%s); trying each half", len(items), exc)
+        """The node failed ``items`` with an error of its own: one report in them may be what
+        trips it. Each half is tried once; a half that fails alone is halved again, so the
+        other reports go through and only the culprit is given up (its task runs again when its
+        lease lapses), in about 2 log2(n) more calls, none of them paused. When both halves
+        fail, the error is not one report's doing: they are given up, after two calls."""
+        if len(items) == 1:
+            log.error("gave up completing %s: %s", items[0].task_id, exc)
+            return {}
         middle = len(items) // 2
-        again = await self._complete(items[:middle], tries_max=1)
-        again.update(await self._complete(items[middle:], tries_max=1))
+        halves = items[:middle], items[middle:]
+        answers = [await self._call(half, 1) for half in halves]
+        if all(isinstance(answer, ConveyorError) for answer in answers):
+            log.error("gave up completing %d attempts: %s", len(items), answers[-1])
+            return {}
+        again: dict[str, int] = {}
+        for half, answer in zip(halves, answers, strict=True):
+            if isinstance(answer, ConveyorError):
+                log.warning("completing %d attempts failed (%s): halving", len(half), answer)
+                answer = await self._halves(half, answer)
+            again.update(answer)
         return again
 
     async def _complete_one_by_one(

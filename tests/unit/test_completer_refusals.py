@@ -145,30 +145,38 @@ def test_a_report_waits_out_an_unreachable_node_and_gives_up_only_on_its_own_err
 
 
 class TrippedAPI:
-    """Fails every call that holds ``culprit`` with an error of the node's own (a 500), as a
-    node bug set off by one report would; answers the others ok."""
+    """Fails every call that holds ``culprit`` (any call at all, with None) with an error of
+    the node's own (a 500), as a node bug set off by one report would; answers the others ok."""
 
-    def __init__(self, culprit: str) -> None:
+    def __init__(self, culprit: str | None) -> None:
         self.culprit = culprit
         self.calls: list[list[str]] = []
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
         self.calls.append([i.task_id for i in items])
-        if any(i.task_id == self.culprit for i in items):
+        if self.culprit is None or any(i.task_id == self.culprit for i in items):
             raise ConveyorError("500: internal error")
         return [ItemResult(task_id=i.task_id, ok=True) for i in items]
 
 
-def test_one_report_that_trips_the_node_is_given_up_alone(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("culprit", "completed", "halves"),
+    [
+        # Before, all eight were given up after five tries: seven finished tasks would have run
+        # again for the one report the node could not take.
+        ("c", 7, ["abcd", "efgh", "ab", "cd", "c", "d"]),
+        # Every call fails: not one report's doing, so no search through the batch either.
+        (None, 0, ["abcd", "efgh"]),
+    ],
+)
+def test_a_report_that_trips_the_node_is_given_up_alone(
+    monkeypatch: pytest.MonkeyPatch, culprit: str | None, completed: int, halves: list[str]
 ) -> None:
-    """Before, the whole batch was given up after five tries: seven finished tasks would have
-    run again for the one report the node could not take."""
     monkeypatch.setattr(completer_module, "RETRY_PAUSE_S", 0.001)
     monkeypatch.setattr(completer_module, "RETRY_PAUSE_MAX_S", 0.002)
 
     async def main() -> None:
-        api = TrippedAPI("c")
+        api = TrippedAPI(culprit)
         completer = Completer(api, window_ms=1)  # type: ignore[arg-type]
         running = asyncio.create_task(completer.run())
         try:
@@ -177,11 +185,9 @@ def test_one_report_that_trips_the_node_is_given_up_alone(
             await asyncio.wait_for(completer.flushed(), 5)
         finally:
             running.cancel()
-        # c is given up: no longer heartbeated, its lease lapses and the task runs again
-        assert (completer.completed, completer.unreported) == (7, {})
+        # Given up: no longer heartbeated, the lease lapses and the task runs again.
+        assert (completer.completed, completer.unreported) == (completed, {})
         tries = completer_module.TRIES_MAX
-        assert api.calls[:tries] == [list("abcdefgh")] * tries
-        halves = [list("abcd"), list("ab"), list("cd"), ["c"], ["d"], list("efgh")]
-        assert api.calls[tries:] == halves
+        assert api.calls == [list("abcdefgh")] * tries + [list(half) for half in halves]
 
     asyncio.run(main())
