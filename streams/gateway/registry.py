@@ -21,6 +21,7 @@ agent still rolling out changes nothing); an agent that declares nothing changes
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from conveyor.schemas.resume import RESUME_LATEST, RESUME_PINNED
@@ -28,6 +29,7 @@ from conveyor.streams.gateway.errors import UnknownTaskType
 from conveyor.streams.gateway.files import read_json, write_json_atomic
 
 REGISTRY_FILE = "registry.json"
+HINT_TYPES_MAX = 20  # task types an unknown-type error lists
 
 
 class Registry:
@@ -105,12 +107,32 @@ class Registry:
                 f"{version!r}; deploy a version that has the handler to enqueue it again",
                 field=field,
             )
-        if task_type in self._types.get((tenant, app), ()):
+        known = self._types.get((tenant, app), set())
+        if task_type in known:
             return
         raise UnknownTaskType(
-            f"{field}: task type {task_type!r} is not registered for app {app!r}; start an "
-            f"agent for the app (conveyor agent --app ...) so it registers its task types",
+            f"{field}: task type {task_type!r} is not registered for app {app!r}; "
+            + self._hint(tenant, task_type, known),
             field=field,
+        )
+
+    def _hint(self, tenant: str, task_type: str, known: set[str]) -> str:
+        """What to do about a type the app does not have (``known`` are those it has): the name
+        it may have meant, the tenant's app that has it, or how an app's types get
+        registered."""
+        if known:
+            close = difflib.get_close_matches(task_type, known, n=1)
+            meant = f"did you mean {close[0]!r}? " if close else ""
+            listed = ", ".join(sorted(known)[:HINT_TYPES_MAX])
+            more = " ..." if len(known) > HINT_TYPES_MAX else ""
+            return f"{meant}its agents registered: {listed}{more}"
+        elsewhere = sorted(
+            a for (t, a), types in self._types.items() if t == tenant and task_type in types
+        )
+        if elsewhere:
+            return f"app {elsewhere[0]!r} has it"
+        return (
+            "start an agent for the app (conveyor agent --app ...) so it registers its task types"
         )
 
     def _save(self) -> None:

@@ -1,10 +1,14 @@
 """The registry's rule 3: the resume policy an enqueue gets when it names none is the one the
-newest version's agents declared for the type, kept across a restart of the gateway."""
+newest version's agents declared for the type, kept across a restart of the gateway. And what
+an enqueue of a type the app does not have is told."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from conveyor.streams.gateway.errors import UnknownTaskType
 from conveyor.streams.gateway.registry import Registry
 
 
@@ -21,3 +25,24 @@ def test_the_newest_versions_agents_decide_and_it_survives_a_restart(tmp_path: P
     assert registry.resume_of("t", "shop", "checkout") == "latest"
     registry.register("t", "shop", types, "v3", pinned=["email"])
     assert Registry.load(tmp_path).resume_of("t", "shop", "email") == "pinned"
+
+
+def test_an_unknown_task_type_is_answered_with_what_to_do_instead() -> None:
+    registry = Registry()
+    registry.register("t", "shop", ["charge_card", "send_receipt"], "v1")
+    registry.register("t", "billing", ["invoice"], "v1")
+    registry.register("u", "ledger", ["post"], "v1")
+
+    def refusal(app: str, task_type: str) -> str:
+        with pytest.raises(UnknownTaskType) as caught:
+            registry.require("t", app, task_type, "task_type")
+        return str(caught.value)
+
+    registry.require("t", "shop", "charge_card", "task_type")  # known: no error
+    assert refusal("shop", "charge_crad").endswith(
+        "did you mean 'charge_card'? its agents registered: charge_card, send_receipt"
+    )
+    assert refusal("shop", "zzz").endswith("its agents registered: charge_card, send_receipt")
+    assert refusal("orders", "invoice").endswith("app 'billing' has it")
+    # Another tenant's apps are not named; an app with no types says how they get registered.
+    assert refusal("orders", "post").endswith("so it registers its task types")
