@@ -35,7 +35,9 @@ def add(
     schedule_id: Annotated[str, typer.Argument(help="Schedule id (replaces one of that id)")],
     cron: Annotated[str, typer.Option("--cron", help='Five fields, e.g. "*/5 * * * *"')],
     task_type: Annotated[str, typer.Option("--task", help="Registered task type to run")],
-    app: Annotated[str, typer.Option("--app", help="App the task type belongs to")],
+    app: Annotated[
+        str, typer.Option("--app", envvar="CONVEYOR_APP", help="App the task type belongs to")
+    ],
     payload: Annotated[str, typer.Option("--payload", help="JSON payload")] = "null",
     timezone: Annotated[
         str, typer.Option("--timezone", help="IANA zone the expression is read in")

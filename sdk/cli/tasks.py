@@ -34,7 +34,9 @@ PAGE_MAX = 1_000
 
 def enqueue(
     task_type: Annotated[str, typer.Argument(help="Registered task type")],
-    app: Annotated[str, typer.Option("--app", help="App the task type belongs to")],
+    app: Annotated[
+        str, typer.Option("--app", envvar="CONVEYOR_APP", help="App the task type belongs to")
+    ],
     payload: Annotated[str, typer.Option("--payload", help="JSON payload")] = "null",
     delay: Annotated[str | None, typer.Option("--delay", help="e.g. 10s, 5m, 1h30m")] = None,
     queue: Annotated[str | None, typer.Option("--queue")] = None,

@@ -785,8 +785,10 @@ def test_retry_failed_tasks(node: NodeProcess) -> None:
 # --- the command line and durability ----------------------------------------------------
 
 
-def cli(*args: str, key: str = KEY_A) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, key: str = KEY_A, app: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CONVEYOR_API_KEY": key, "COLUMNS": "80"}  # a plain terminal's width
+    if app is not None:
+        env["CONVEYOR_APP"] = app
     return subprocess.run(
         [sys.executable, "-m", "conveyor.cli", *args],
         env=env,
@@ -823,8 +825,9 @@ def test_cli_client_commands(node: NodeProcess) -> None:
     assert (cells["status"], cells["att"]) == ("ENQUEUED", "1"), listed.stdout
     canceled = cli("cancel", task_id, "--url", node.base)
     assert canceled.returncode == 0 and "CANCELED" in canceled.stdout
-    bad = cli("enqueue", "nope", "--app", "shop", "--url", node.base)
+    bad = cli("enqueue", "echoo", "--url", node.base, app="shop")  # --app from $CONVEYOR_APP
     assert bad.returncode == 1 and "unknown_task_type" in bad.stderr
+    assert "did you mean 'echo'?" in bad.stderr, bad.stderr
 
 
 def test_kill_9_keeps_every_acknowledged_task(tmp_path: Path) -> None:
