@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from conveyor.cli.common import (
@@ -30,6 +32,7 @@ from conveyor.durations import to_ms
 from conveyor.errors import ContractError
 
 PAGE_MAX = 1_000
+OPERATION_POLL_S = 0.25  # how often a followed bulk operation is asked how far it got
 
 
 def enqueue(
@@ -222,13 +225,17 @@ def retry(
     task_type: Annotated[str | None, typer.Option("--task-type")] = None,
     queue: Annotated[str | None, typer.Option("--queue")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="filter: at most")] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="filter: follow the operation to its end")
+    ] = True,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-enqueue FAILED tasks as new tasks: the ids given now, or every match of the filter
-    as a bulk operation that the node runs in the background."""
+    as a bulk operation that the node runs in the background (followed with a progress bar,
+    unless --no-wait or --json)."""
     body: dict[str, Any]
     if task_ids:
         body = {"task_ids": task_ids}
@@ -237,16 +244,42 @@ def retry(
         body = {"filter": {k: v for k, v in flt.items() if v}}
         if limit is not None:
             body["limit"] = limit
-    reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks:retry", body)
+    remote = Remote.of(url, api_key, home)
+    reply = remote.call("POST", "/v1/tasks:retry", body)
     if as_json:
         print_json(reply)
         return
     if "operation_id" in reply:
-        console.print(f"bulk retry {reply['operation_id']} started")
-        console.print(f"[dim]progress: GET /v1/operations/{reply['operation_id']}[/]")
+        _follow_retry(remote, reply["operation_id"], wait)
         return
     table = Table(id_column("failed task"), id_column("new task"))
     for row in reply["retried"]:
         table.add_row(row["task_id"], row["new_task_id"])
     console.print(table)
     console.print(f"[dim]{len(reply['retried'])} task(s) re-enqueued[/]")
+
+
+def _follow_retry(remote: Remote, operation_id: str, wait: bool) -> None:
+    """Follow a bulk retry until it ends, with a progress bar; Ctrl-C stops following, not
+    the retry."""
+    path = f"/v1/operations/{operation_id}"
+    if not wait:
+        console.print(f"bulk retry {operation_id} started")
+        console.print(f"[dim]progress: GET {path}[/]")
+        return
+    columns = (TextColumn("retrying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as bar:
+            shown = bar.add_task("retry", total=None)
+            while True:
+                op = remote.call("GET", path)
+                bar.update(shown, total=op["matched"], completed=op["done"])
+                if op["state"] != "running":
+                    break
+                time.sleep(OPERATION_POLL_S)
+    except KeyboardInterrupt:
+        console.print(f"bulk retry {operation_id} goes on in the background: GET {path}")
+        raise typer.Exit(130) from None
+    if op["state"] != "done":
+        raise fail(f"bulk retry {operation_id} {op['state']}: {op['error']}")
+    console.print(f"bulk retry {operation_id} done: {op['changed']} of {op['matched']} re-enqueued")

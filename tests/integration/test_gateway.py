@@ -40,6 +40,7 @@ APPS = {
     "blob": ["echo"],
     "retries": ["boom"],
     "retries2": ["boom2"],
+    "retries3": ["boom3"],
     "listing": ["a", "b"],
     "sticky": ["echo"],
 }
@@ -780,6 +781,14 @@ def test_retry_failed_tasks(node: NodeProcess) -> None:
     assert call(node.base, "GET", f"/v1/operations/{op['operation_id']}", key=KEY_B)[0] == 404
     status, reply = call(node.base, "POST", "/v1/tasks:retry", {"task_ids": [by_id], "filter": {}})
     assert status == 400 and reply["error"]["field"] == "task_ids"
+    # From the shell, a bulk retry is followed to its end (a progress bar on a terminal).
+    by_cli = _fail(node.base, "retries3", "boom3")
+    wait_listed(node.base, by_cli, "FAILED")
+    followed = cli("retry", "--task-type", "boom3", "--url", node.base)
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.rstrip().endswith("done: 1 of 1 re-enqueued"), followed.stdout
+    left = cli("retry", "--task-type", "boom3", "--no-wait", "--url", node.base)
+    assert left.returncode == 0 and "started" in left.stdout, left.stdout
 
 
 # --- the command line and durability ----------------------------------------------------
