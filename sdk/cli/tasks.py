@@ -210,14 +210,55 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
 
 
 def cancel(
-    task_id: Annotated[str, typer.Argument(help="Task id")],
+    task_id: Annotated[str | None, typer.Argument(help="Task id")] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option("--status", help="filter: unfinished statuses; repeat or comma-separate"),
+    ] = None,
+    queue: Annotated[str | None, typer.Option("--queue")] = None,
+    task_type: Annotated[str | None, typer.Option("--task-type")] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every unfinished task of the tenant: no filter")
+    ] = False,
+    reason: Annotated[str | None, typer.Option("--reason", help="filter: why, kept")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="filter: at most")] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="filter: follow the operation to its end")
+    ] = True,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
     home: HomeOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a task (a running one stops at its next heartbeat)."""
-    reply = Remote.of(url, api_key, home).call("POST", f"/v1/tasks/{task_id}/cancel")
-    console.print(f"{reply['task_id']}: {reply['status']}")
+    """Cancel a task (a running one stops at its next heartbeat), or every unfinished task the
+    filter matches as a bulk operation that the node runs in the background."""
+    remote = Remote.of(url, api_key, home)
+    flt = {"task_type": task_type, "queue": queue, "status": ",".join(status or [])}
+    flt = {k: v for k, v in flt.items() if v}
+    if task_id is not None:
+        if flt or every:
+            raise fail("give a task id or a filter (--status, --queue, --task-type, --all)")
+        reply = remote.call("POST", f"/v1/tasks/{task_id}/cancel")
+        if as_json:
+            print_json(reply)
+        else:
+            console.print(f"{reply['task_id']}: {reply['status']}")
+        return
+    if not flt and not every:
+        raise fail(
+            "give a task id, or a filter (--status, --queue, --task-type); --all cancels "
+            "every unfinished task of the tenant"
+        )
+    body: dict[str, Any] = {"filter": flt}
+    if reason is not None:
+        body["reason"] = reason
+    if limit is not None:
+        body["limit"] = limit
+    reply = remote.call("POST", "/v1/tasks:cancel", body)
+    if as_json:
+        print_json(reply)
+    else:
+        _follow(remote, reply["operation_id"], "bulk cancel", "canceled or asked to stop", wait)
 
 
 def retry(
@@ -250,7 +291,7 @@ def retry(
         print_json(reply)
         return
     if "operation_id" in reply:
-        _follow_retry(remote, reply["operation_id"], wait)
+        _follow(remote, reply["operation_id"], "bulk retry", "re-enqueued", wait)
         return
     table = Table(id_column("failed task"), id_column("new task"))
     for row in reply["retried"]:
@@ -259,18 +300,18 @@ def retry(
     console.print(f"[dim]{len(reply['retried'])} task(s) re-enqueued[/]")
 
 
-def _follow_retry(remote: Remote, operation_id: str, wait: bool) -> None:
-    """Follow a bulk retry until it ends, with a progress bar; Ctrl-C stops following, not
-    the retry."""
+def _follow(remote: Remote, operation_id: str, what: str, changed: str, wait: bool) -> None:
+    """Follow a bulk operation until it ends, with a progress bar, and say how many tasks it
+    ``changed``; Ctrl-C stops following, not the operation."""
     path = f"/v1/operations/{operation_id}"
     if not wait:
-        console.print(f"bulk retry {operation_id} started")
+        console.print(f"{what} {operation_id} started")
         console.print(f"[dim]progress: GET {path}[/]")
         return
-    columns = (TextColumn("retrying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=True) as bar:
-            shown = bar.add_task("retry", total=None)
+            shown = bar.add_task(what, total=None)
             while True:
                 op = remote.call("GET", path)
                 bar.update(shown, total=op["matched"], completed=op["done"])
@@ -278,8 +319,8 @@ def _follow_retry(remote: Remote, operation_id: str, wait: bool) -> None:
                     break
                 time.sleep(OPERATION_POLL_S)
     except KeyboardInterrupt:
-        console.print(f"bulk retry {operation_id} goes on in the background: GET {path}")
+        console.print(f"{what} {operation_id} goes on in the background: GET {path}")
         raise typer.Exit(130) from None
     if op["state"] != "done":
-        raise fail(f"bulk retry {operation_id} {op['state']}: {op['error']}")
-    console.print(f"bulk retry {operation_id} done: {op['changed']} of {op['matched']} re-enqueued")
+        raise fail(f"{what} {operation_id} {op['state']}: {op['error']}")
+    console.print(f"{what} {operation_id} done: {op['changed']} of {op['matched']} {changed}")

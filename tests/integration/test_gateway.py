@@ -834,6 +834,16 @@ def test_cli_client_commands(node: NodeProcess) -> None:
     assert (cells["status"], cells["att"]) == ("ENQUEUED", "1"), listed.stdout
     canceled = cli("cancel", task_id, "--url", node.base)
     assert canceled.returncode == 0 and "CANCELED" in canceled.stdout
+    # A bulk cancel by filter, followed to its end; no filter at all needs --all.
+    queued = [enqueue(node.base, queue="bulk-cli", delay_ms=3_600_000) for _ in range(2)]
+    for queued_id in queued:
+        wait_listed(node.base, queued_id, "ENQUEUED")
+    bulk = cli("cancel", "--queue", "bulk-cli", "--url", node.base)
+    assert bulk.returncode == 0, bulk.stderr
+    assert bulk.stdout.rstrip().endswith("done: 2 of 2 canceled or asked to stop"), bulk.stdout
+    assert all(get(node.base, queued_id)["status"] == "CANCELED" for queued_id in queued)
+    unfiltered = cli("cancel", "--url", node.base)
+    assert unfiltered.returncode == 1 and "--all" in unfiltered.stderr, unfiltered.stderr
     bad = cli("enqueue", "echoo", "--url", node.base, app="shop")  # --app from $CONVEYOR_APP
     assert bad.returncode == 1 and "unknown_task_type" in bad.stderr
     assert "did you mean 'echo'?" in bad.stderr, bad.stderr
