@@ -110,8 +110,7 @@ class Metrics:
     def observe_events(self, partition: int, events: Sequence[TaskEvent]) -> None:
         """Fold one committed batch's events into the event-derived metrics: one pass over
         the events, then one update per label set (its child looked up once, and kept)."""
-        dispatched: Tally[str] = Tally()
-        window: Tally[tuple[int, str]] = Tally()  # (minute bucket, tenant) -> leases
+        leased: Tally[tuple[int, str]] = Tally()  # (minute bucket, tenant) -> leases
         finished: Tally[tuple[str, str]] = Tally()
         delays: dict[str, list[float]] = {}
         expired = 0
@@ -119,8 +118,7 @@ class Metrics:
         for e in events:
             kind = e.kind
             if kind is _LEASED:
-                dispatched[e.tenant] += 1
-                window[e.ts_ms // DISPATCH_BUCKET_MS, e.tenant] += 1
+                leased[e.ts_ms // DISPATCH_BUCKET_MS, e.tenant] += 1
                 ready = ready_ms.pop(e.task_id, None)
                 if ready is not None:
                     delays.setdefault(e.queue, []).append(max(0, e.ts_ms - ready) / 1000)
@@ -144,10 +142,10 @@ class Metrics:
                 histogram.observe(delay_s)
         for (queue, status), n in finished.items():
             self._child(self.finished, queue, status).inc(n)
-        for tenant, n in dispatched.items():
+        for (_, tenant), n in leased.items():
             self._child(self.dispatched, tenant).inc(n)
-        if window:
-            self.dispatch_window.add(window)
+        if leased:
+            self.dispatch_window.add(leased)
         if expired:
             self._child(self.lease_expired, label).inc(expired)
 

@@ -120,7 +120,6 @@ class ProjectorProcess(Progress):
         super().__init__(events, pool, metrics=metrics, clock=clock)
         self.dsn = dsn
         self.pid: int | None = None
-        self._shipped: dict[int, int] = {}  # per partition, the offset after the last shipped
         self._child_projected = 0  # events the running child reported projected
 
     async def run(self) -> None:
@@ -178,8 +177,6 @@ class ProjectorProcess(Progress):
             async for records in self.events.read(
                 partition, start, follow=True, max_batch=READ_BATCH
             ):
-                end = records[-1].offset + 1  # a restarted child reads again from before
-                self._shipped[partition] = max(self._shipped.get(partition, 0), end)
                 writer.write(_frame(RECORDS, partition, records[0].offset, _pack_records(records)))
                 await writer.drain()
                 if len(records) < READ_BATCH:  # rule 6: a trickle goes in fewer, larger sends
@@ -188,10 +185,6 @@ class ProjectorProcess(Progress):
             raise
         except Exception as exc:  # the child's reader raises it: its projector stops
             writer.write(_frame(FAILED, partition, start, repr(exc).encode()))
-
-    def shipped_to(self, partition: int) -> int:
-        """The offset after the last record shipped of ``partition``."""
-        return self._shipped.get(partition, 0)
 
     def _progress(self, report: dict[str, Any]) -> None:
         self.next_offsets = {int(p): int(o) for p, o in report["next_offsets"].items()}

@@ -37,7 +37,7 @@ from conveyor.streams.log.api import LogSealed
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.processor import leadership
 from conveyor.streams.processor.loop import PartitionProcessor
-from conveyor.streams.processor.pool import WaitingPool
+from conveyor.streams.processor.pool import Lease, WaitingPool
 
 T = TypeVar("T")
 DEADLINE_S = 5.0
@@ -68,17 +68,19 @@ def state(kv: MemoryKV) -> dict[bytes, bytes]:
     return {k: v for k, v in kv.data.items() if not k.startswith(keys.OUTBOX)}
 
 
-async def poll(pool: WaitingPool, wait_ms: float = 5_000) -> list[object]:
-    leases = await pool.poll(
+async def poll(
+    pool: WaitingPool, wait_ms: float = 5_000, *, app: str = "app", lease_ms: int = 30_000
+) -> list[Lease]:
+    """One agent's poll for one lease (the other test modules of processors use it too)."""
+    return await pool.poll(
         agent_id="agent",
-        app="app",
+        app=app,
         tenants=[],
         queues=[],
         capacity=1,
-        lease_ms=30_000,
+        lease_ms=lease_ms,
         wait_ms=wait_ms,
     )
-    return list(leases)
 
 
 def test_straggler_leader_is_fenced_by_the_log_and_by_the_machine() -> None:

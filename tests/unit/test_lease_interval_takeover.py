@@ -10,8 +10,8 @@ lapses after the takeover and its task runs twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+
+from test_fencing import poll, run
 
 from conveyor.schemas import codec
 from conveyor.schemas.types import EnqueueTasks, TaskSpec, TaskStatus
@@ -22,16 +22,8 @@ from conveyor.streams.processor.leases import CONTINUE
 from conveyor.streams.processor.loop import PartitionProcessor
 from conveyor.streams.processor.pool import WaitingPool
 
-T = TypeVar("T")
 AGENT_LEASE_MS = 120_000  # the agent's lease; the node's default (Settings.lease_ms) is 30 s
 HEARTBEAT_MS = 45_000  # well inside the agent's lease, longer than the node's default
-
-
-def run(body: Callable[[], Awaitable[T]]) -> T:
-    async def main() -> T:
-        return await asyncio.wait_for(body(), 20)
-
-    return asyncio.run(main())
 
 
 async def settle() -> None:
@@ -51,15 +43,7 @@ def test_a_heartbeated_lease_with_its_own_interval_survives_a_takeover() -> None
         )
         await a.start()
         await a.submit(EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec())]), "k")
-        (lease,) = await a.pool.poll(
-            agent_id="agent",
-            app="app",
-            tenants=[],
-            queues=[],
-            capacity=1,
-            lease_ms=AGENT_LEASE_MS,
-            wait_ms=5_000,
-        )
+        (lease,) = await poll(a.pool, lease_ms=AGENT_LEASE_MS)
         await a.stop()
         # B takes over (a restart over the same log); the agent goes on heartbeating on time.
         b = PartitionProcessor(
@@ -94,15 +78,7 @@ def test_a_short_lease_lapses_on_time_though_the_duty_was_asleep_when_it_was_gra
         try:
             await settle()  # the duty is asleep: no lease yet
             await p.submit(EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec())]), "k")
-            (lease,) = await p.pool.poll(
-                agent_id="agent",
-                app="app",
-                tenants=[],
-                queues=[],
-                capacity=1,
-                lease_ms=100,
-                wait_ms=5_000,
-            )
+            (lease,) = await poll(p.pool, lease_ms=100)
             await settle()
             clock.advance(150)
             for _ in range(20):

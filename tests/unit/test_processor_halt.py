@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
+from test_fencing import poll
 
 from conveyor.errors import TransientError
 from conveyor.schemas import codec
@@ -95,15 +96,7 @@ def test_a_halted_partition_steps_down_its_leases_are_lost_and_it_proposes_nothi
         try:
             spec = TaskSpec(task_id=mint_task_id(0), tenant="t", app="a", task_type="work")
             await proc.submit(EnqueueTasks(tasks=[codec.TASK_SPEC.encode(spec)]), "k", specs=[spec])
-            (lease,) = await proc.pool.poll(
-                agent_id="agent",
-                app="a",
-                tenants=[],
-                queues=[],
-                capacity=1,
-                lease_ms=30_000,
-                wait_ms=5_000,
-            )
+            (lease,) = await poll(proc.pool, app="a")
             assert proc.leases.heartbeat(lease.task_id, lease.lease_id) == CONTINUE
             log.broken = True
             cancel = CancelTasks(tenant="t", task_ids=[spec.task_id])
