@@ -88,6 +88,8 @@ ANSWER_LINGER_MS = 1.0
 CLOSE_GRACE_MS = 250.0
 # Headroom: a tenant counts as active for an app this long after it last had ready work.
 ACTIVE_MS = 1_000.0
+# ...and with one tenant active, an agent of at least this many slots keeps one for a newcomer.
+NEWCOMER_SLOTS_MIN = 8
 
 
 class WaitingPool:
@@ -109,9 +111,15 @@ class WaitingPool:
     next task finds a free slot instead of waiting for the heavy tenant's tasks to end: with
     tasks of equal length started by one poll, those end together, and the wait for a slot is
     up to a whole task's length. The price is slots left idle while the light tenant has
-    nothing ready; with one tenant active, or none heavier than the rest, nothing is kept. An
-    agent that would rather keep all its slots busy leaves ``slots`` out. Agents behind the
-    gateway serve one tenant each (their API key's), so this is for agents serving several.
+    nothing ready; with no tenant holding more than the rest together, nothing is kept.
+
+    With one tenant active, an agent of ``NEWCOMER_SLOTS_MIN`` slots or more keeps one for a
+    newcomer, whose first tasks would otherwise wait for tasks that one poll started, all of
+    the one tenant (``conveyor bench fairness``: the first B tasks waited 10-21 ms, the rest
+    2-7 ms). That costs one slot of such an agent while one tenant has it to itself. An agent
+    that would rather keep all its slots busy leaves ``slots`` out, and one serving a single
+    tenant keeps none. Agents behind the gateway serve one tenant each (their API key's), so
+    this is for agents serving several.
 
     Concurrency caps: ``caps(tenant)`` is the most leases the tenant may hold at once on this
     node (None: no cap). A slot goes to a capped tenant only while its live leases plus the
@@ -335,11 +343,13 @@ class WaitingPool:
             del seen[tenant]
         served = [t for t in seen if not entry.tenants or t in entry.tenants]
         held = {t: self._holding(t) for t in served}
-        if len(held) < 2:
-            return {}
+        if not held or len(entry.tenants) == 1:
+            return {}  # nobody active, or an agent of one tenant: nobody to keep a slot for
         heaviest = max(held, key=held.__getitem__)
         others = sum(n for t, n in held.items() if t != heaviest)
-        if others >= held[heaviest]:
+        if len(held) == 1 and entry.slots < NEWCOMER_SLOTS_MIN:
+            return {}  # one slot of a few is too dear to keep for a tenant not yet seen
+        if len(held) > 1 and others >= held[heaviest]:
             return {}  # no tenant holds more than the rest together: nothing to keep
         allow = entry.remaining - min(entry.slots // 2, 1 + others)
         if allow <= 0 and heaviest in holders:

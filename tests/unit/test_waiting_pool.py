@@ -90,12 +90,16 @@ class Cluster:
         return spec.task_id
 
     async def poll(
-        self, capacity: int, wait_ms: float = 3_000, slots: int | None = None
+        self,
+        capacity: int,
+        wait_ms: float = 3_000,
+        slots: int | None = None,
+        tenants: list[str] | None = None,
     ) -> list[Lease]:
         return await self.pool.poll(
             agent_id="agent",
             app="app",
-            tenants=[],
+            tenants=tenants or [],
             queues=[],
             capacity=capacity,
             lease_ms=LEASE_MS,
@@ -273,6 +277,35 @@ def test_a_poll_keeps_headroom_from_the_heaviest_tenant_while_another_is_active(
             # B quiet for ACTIVE_MS: nothing is kept any more.
             c.clock.advance(pool.ACTIVE_MS + 1)
             (a_lease,) = await c.poll(capacity=1, slots=4, wait_ms=100)
+            assert a_lease.tenant == "A"
+
+    run(body)
+
+
+def test_an_agent_of_many_slots_keeps_one_for_a_newcomer_while_one_tenant_has_it() -> None:
+    """Headroom with one tenant active (pool.py): an agent of NEWCOMER_SLOTS_MIN slots that
+    serves any tenant keeps its last free slot from A, so B's first task starts at once
+    instead of after A's tasks. An agent of fewer slots, and one serving A alone, keep none."""
+    slots = pool.NEWCOMER_SLOTS_MIN
+
+    async def body() -> None:
+        async with cluster() as c:
+            for _ in range(2 * slots):
+                await c.enqueue(0, tenant="A")
+            first = await c.poll(capacity=slots, slots=slots)
+            assert len(first) == slots - 1, "one slot kept while A has the agent to itself"
+            assert await c.poll(capacity=1, slots=slots, wait_ms=100) == []
+            waiting = asyncio.create_task(c.poll(capacity=1, slots=slots))
+            await until(lambda: len(c.pool.entries) == 1, "the poll to wait")
+            b_task = await c.enqueue(1, tenant="B")
+            assert [lease.task_id for lease in await waiting] == [b_task]
+            c.clock.advance(pool.ACTIVE_MS + 1)  # B quiet: A has the agent to itself again
+            assert await c.poll(capacity=1, slots=slots, wait_ms=100) == []
+            # Fewer slots: the one kept would be too large a share.
+            (a_lease,) = await c.poll(capacity=1, slots=slots - 1, wait_ms=100)
+            assert a_lease.tenant == "A"
+            # An agent of tenant A only: no newcomer can reach it.
+            (a_lease,) = await c.poll(capacity=1, slots=slots, wait_ms=100, tenants=["A"])
             assert a_lease.tenant == "A"
 
     run(body)
