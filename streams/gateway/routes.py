@@ -13,7 +13,7 @@ from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
 from conveyor.streams.gateway.service import Gateway
 
 GATEWAY = web.AppKey("gateway", Gateway)
-TENANT = "conveyor.tenant"  # request key set by the auth middleware
+TENANT = web.RequestKey("tenant", str)  # set by the auth middleware
 
 
 def reply(body: Any, status: int = 200) -> web.Response:
