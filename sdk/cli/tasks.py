@@ -233,10 +233,9 @@ def cancel(
     """Cancel a task (a running one stops at its next heartbeat), or every unfinished task the
     filter matches as a bulk operation that the node runs in the background."""
     remote = Remote.of(url, api_key, home)
-    flt = {"task_type": task_type, "queue": queue, "status": ",".join(status or [])}
-    flt = {k: v for k, v in flt.items() if v}
+    body = _bulk({"task_type": task_type, "queue": queue, "status": ",".join(status or [])}, limit)
     if task_id is not None:
-        if flt or every:
+        if body != {"filter": {}} or every:
             raise fail("give a task id or a filter (--status, --queue, --task-type, --all)")
         reply = remote.call("POST", f"/v1/tasks/{task_id}/cancel")
         if as_json:
@@ -244,16 +243,13 @@ def cancel(
         else:
             console.print(f"{reply['task_id']}: {reply['status']}")
         return
-    if not flt and not every:
+    if not body["filter"] and not every:
         raise fail(
             "give a task id, or a filter (--status, --queue, --task-type); --all cancels "
             "every unfinished task of the tenant"
         )
-    body: dict[str, Any] = {"filter": flt}
     if reason is not None:
         body["reason"] = reason
-    if limit is not None:
-        body["limit"] = limit
     reply = remote.call("POST", "/v1/tasks:cancel", body)
     if as_json:
         print_json(reply)
@@ -277,14 +273,11 @@ def retry(
     """Re-enqueue FAILED tasks as new tasks: the ids given now, or every match of the filter
     as a bulk operation that the node runs in the background (followed with a progress bar,
     unless --no-wait or --json)."""
-    body: dict[str, Any]
+    body = _bulk({"task_type": task_type, "queue": queue}, limit)
     if task_ids:
+        if body != {"filter": {}}:
+            raise fail("give FAILED task ids or a filter (--task-type, --queue), not both")
         body = {"task_ids": task_ids}
-    else:
-        flt = {"task_type": task_type, "queue": queue}
-        body = {"filter": {k: v for k, v in flt.items() if v}}
-        if limit is not None:
-            body["limit"] = limit
     remote = Remote.of(url, api_key, home)
     reply = remote.call("POST", "/v1/tasks:retry", body)
     if as_json:
@@ -298,6 +291,14 @@ def retry(
         table.add_row(row["task_id"], row["new_task_id"])
     console.print(table)
     console.print(f"[dim]{len(reply['retried'])} task(s) re-enqueued[/]")
+
+
+def _bulk(flt: dict[str, str | None], limit: int | None) -> dict[str, Any]:
+    """The body of a bulk operation by filter: the filter's given fields, and its limit."""
+    body: dict[str, Any] = {"filter": {k: v for k, v in flt.items() if v}}
+    if limit is not None:
+        body["limit"] = limit
+    return body
 
 
 def _follow(remote: Remote, operation_id: str, what: str, changed: str, wait: bool) -> None:

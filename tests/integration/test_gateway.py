@@ -789,6 +789,8 @@ def test_retry_failed_tasks(node: NodeProcess) -> None:
     assert followed.stdout.rstrip().endswith("done: 1 of 1 re-enqueued"), followed.stdout
     left = cli("retry", "--task-type", "boom3", "--no-wait", "--url", node.base)
     assert left.returncode == 0 and "started" in left.stdout, left.stdout
+    mixed = cli("retry", by_cli, "--task-type", "boom3", "--url", node.base)
+    assert mixed.returncode == 1 and "not both" in mixed.stderr, mixed.stderr
 
 
 # --- the command line and durability ----------------------------------------------------
