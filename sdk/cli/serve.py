@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from conveyor.cli import redact
 from conveyor.cli.common import (
     DEFAULT_URL,
     HomeOpt,
@@ -89,11 +90,13 @@ AgentRunner = Callable[..., Awaitable[None]]
 
 
 def _setup_logging(level: str) -> None:
+    """Log to stderr, with API keys and Authorization values redacted (``redact.py``)."""
     logging.basicConfig(
         level=level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    redact.guard()
 
 
 def _load_agent() -> AgentRunner:

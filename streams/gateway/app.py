@@ -28,6 +28,7 @@ from conveyor.streams.gateway.fields import BODY_BYTES_MAX
 from conveyor.streams.gateway.operations import BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
 from conveyor.streams.gateway.registry import Registry
+from conveyor.streams.gateway.server import GatewayRunner
 from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.node import Node
 from conveyor.streams.sinks.metrics import CONTENT_TYPE, Metrics
@@ -137,7 +138,7 @@ def _run_operations(app: web.Application, operations: BulkOperations | None) -> 
 
 async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Bind and start serving ``app``; the runner (for ``cleanup``) and the URL it serves."""
-    runner = web.AppRunner(
+    runner = GatewayRunner(
         app,
         shutdown_timeout=SHUTDOWN_GRACE_S,
         # A client that hangs up (an agent's poll, a waiting result) frees its handler at once.

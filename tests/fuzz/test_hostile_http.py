@@ -6,9 +6,12 @@ change nothing: the tenant's task count (and schedule list) is the same before a
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from test_gateway import (
     count_tasks,
     raw_http,
     settled_count,
+    write_keys,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -295,11 +299,8 @@ def test_hostile_framing_is_a_prompt_4xx_and_changes_nothing(
     got, reply = raw_http(node.port, _HEAD.format(key=KEY_A) + headers, body, ANSWER_WITHIN_S)
     assert time.monotonic() - started < ANSWER_WITHIN_S, "the connection hung"
     assert got == status, (got, reply)
-    # aiohttp's own parser answers a broken framing before any handler: plain text, no JSON.
-    if isinstance(reply, str):
-        assert (got, code) == (400, "invalid_request"), reply
-    else:
-        assert reply["error"]["code"] == code, reply
+    # A broken framing that aiohttp's parser answers before any handler is our JSON too.
+    assert isinstance(reply, dict) and reply["error"]["code"] == code, reply
     assert count_tasks(node.base) == before
     assert call(node.base, "GET", "/healthz", key=None)[0] == 200
 
@@ -310,3 +311,87 @@ def test_chunked_body_within_the_cap_is_accepted(node: NodeProcess) -> None:
     head = _HEAD.format(key=KEY_A) + "Content-Type: application/json\r\nTransfer-Encoding: chunked"
     got, reply = raw_http(node.port, head, chunked, ANSWER_WITHIN_S)
     assert got == 201 and reply["created"], reply
+
+
+# Keys that look like the two kinds a client holds: one the node minted, one an operator wrote.
+_MINTED_KEY = "cvk_Q7rVx2NwLk9ZpT4mHs8YdC1f"
+_PLAIN_KEY = "opsToken-4f9a1c77e2b84d0c"
+_AUTH = "Authorization: Bearer {key}"
+
+# (id, request written by hand: a head that aiohttp's parser refuses, with a key in it)
+MALFORMED_CASES: list[tuple[str, bytes]] = [
+    ("nul_in_authorization", b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\n%(auth)s\x00\r\n\r\n"),
+    ("bare_cr_in_authorization", b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\n%(auth)s\rX: y\r\n\r\n"),
+    (
+        "duplicate_content_length",
+        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n%(auth)s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    ),
+    (
+        "huge_authorization",
+        b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\n%(auth)s" + b"A" * 20_000 + b"\r\n\r\n",
+    ),
+    (
+        "huge_request_line",
+        b"GET /v1/tasks?k=%(key)s" + b"A" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    ),
+    ("bad_request_line", b"GET /v1/tasks?k=%(key)s HTTP/1.1 x\r\nHost: x\r\n%(auth)s\r\n\r\n"),
+    ("bad_method", b"G\x01T /v1/tasks HTTP/1.1\r\nHost: x\r\n%(auth)s\r\n\r\n"),
+    (
+        "space_before_colon",
+        b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer %(key)s\r\n\r\n",
+    ),
+]
+
+
+def _parts(key: str, size: int = 8) -> list[str]:
+    """Every run of ``size`` characters of the key's secret part (after any ``cvk_``)."""
+    secret = key.removeprefix("cvk_")
+    return [secret[i : i + size] for i in range(len(secret) - size + 1)]
+
+
+def _send(port: int, raw: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN_S) as s:
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            s.sendall(raw)
+        reply = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                reply += chunk
+    return reply
+
+
+@pytest.fixture(scope="module")
+def chatty_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node that logs everything (debug), so that a secret anywhere in its logging shows."""
+    home = tmp_path_factory.mktemp("chatty") / "home"
+    write_keys(home)
+    proc = NodeProcess(home, ("node", "--no-projection", "--log-level", "debug"))
+    proc.start()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.logs()
+
+
+@pytest.mark.parametrize("key", [_MINTED_KEY, _PLAIN_KEY], ids=["minted_key", "plain_key"])
+@pytest.mark.parametrize(
+    "raw", [c[1] for c in MALFORMED_CASES], ids=[c[0] for c in MALFORMED_CASES]
+)
+def test_a_malformed_request_is_our_json_400_and_echoes_no_secret(
+    chatty_node: NodeProcess, raw: bytes, key: str
+) -> None:
+    """Regression: aiohttp's parser answered these itself, in plain text quoting the bad line
+    (the bearer key included), and logged the line with a traceback."""
+    request = raw % {b"auth": _AUTH.format(key=key).encode(), b"key": key.encode()}
+    reply = _send(chatty_node.port, request)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"400", reply[:300]
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request" and "nothing was done" in error["message"], error
+    leaked = [part for part in _parts(key) if part.encode() in reply]
+    assert not leaked, reply[:300]
+    assert call(chatty_node.base, "GET", "/healthz", key=None)[0] == 200
+    logs = chatty_node.logs()
+    assert "malformed request from" in logs  # the node did log the fault, and only that
+    assert not [part for part in _parts(key) if part in logs], logs[-2000:]
