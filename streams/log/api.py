@@ -1,21 +1,25 @@
 """The Log protocol: a partitioned, fenced, append-only sequence of opaque records.
 
-Offsets are dense per partition, start at 0 and never repeat::
+Offsets per partition start at 0, strictly increase and never repeat. They MAY have gaps
+(Kafka's transaction markers take offsets of their own); the memory and local logs keep them
+dense. Code above the log never relies on density: it reads on from "applied offset + 1",
+where a gap is simply skipped, and a lag computed as ``end_offset - applied - 1`` is an upper
+bound where there are gaps::
 
       trimmed      retained                      tail
-    |----------|===============================|
-    0      start_offset                   end_offset (next offset to be written)
+    |----------|=========== ===== ===== =======|
+    0      start_offset    (gaps)         end_offset (one past the last record)
 
 Rules every implementation MUST follow:
 
 1. ``append`` returns only once every record of the batch is durable (local: written and
-   fdatasync'd; Kafka: acks=all). The offsets it returns are consecutive and in batch order.
+   fdatasync'd; Kafka: acks=all). The offsets it returns increase in batch order.
    Concurrent appends to one partition SHOULD share one flush (group commit).
 2. ``seal(partition, epoch)`` raises the partition's fence. From then on an append that carries
    an epoch lower than the fence MUST fail with ``LogSealed`` and write nothing. An append
    without an epoch (client ingest) is never fenced.
-3. ``read`` yields records in offset order starting at ``from_offset``; with ``follow=True`` it
-   waits for new records at the tail instead of returning.
+3. ``read`` yields records in offset order from the first one at or after ``from_offset``;
+   with ``follow=True`` it waits for new records at the tail instead of returning.
 4. A record is never changed once acknowledged. Corruption before the durable tail is reported
    as ``LogCorruption`` naming the file and offset, never skipped.
 5. ``trim(partition, up_to)`` MAY drop records below ``up_to``; reads below ``start_offset``
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import NewType, Protocol
 
-from conveyor.errors import ContractError, FencedError
+from conveyor.errors import ContractError, FencedError, TransientError
 from conveyor.frozen import frozen
 
 Offset = NewType("Offset", int)
@@ -51,6 +55,12 @@ class LogTrimmed(ContractError):
     """A read asked for offsets that a trim already dropped."""
 
     code = "log_trimmed"
+
+
+class LogUnavailable(TransientError):
+    """The log's service (a Kafka cluster) could not be reached or did not answer in time."""
+
+    code = "log_unavailable"
 
 
 class LogCorruption(Exception):
@@ -86,7 +96,7 @@ class Log(Protocol):
     async def trim(self, partition: int, up_to: int) -> None: ...
 
     def end_offset(self, partition: int) -> int:
-        """The offset the next appended record will get."""
+        """One past the offset of the last record; the next record gets this one or higher."""
         ...
 
     def start_offset(self, partition: int) -> int: ...
