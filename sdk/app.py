@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, ov
 from conveyor.durations import Duration, to_ms, to_ms_or_none
 from conveyor.errors import ContractError
 from conveyor.frozen import frozen
+from conveyor.schemas import limits
 from conveyor.schemas.resume import RESUME_POLICIES
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 PRIORITY_MAX = 9
-NAME_BYTES_MAX = 200
 
 
 @frozen
@@ -258,8 +258,12 @@ def check_priority(priority: int) -> int:
 
 
 def _check_name(name: str, what: str) -> str:
-    if not isinstance(name, str) or not name or len(name.encode()) > NAME_BYTES_MAX:
-        raise ContractError(f"{what} must be a non-empty string of at most {NAME_BYTES_MAX} bytes")
+    """``name`` if the gateway will take it (``conveyor.schemas.limits``), else the error it
+    would answer, raised now: at import time, not at the first enqueue."""
+    fault = limits.name_fault(name)
+    if fault is not None:
+        hint = " (pass name=... to name the task otherwise)" if what == "task name" else ""
+        raise ContractError(f"{what} {fault}{hint}", field=what.partition(" ")[0])
     return name
 
 

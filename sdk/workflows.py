@@ -31,6 +31,7 @@ from typing import Any
 
 from conveyor.app import TaskType
 from conveyor.errors import ContractError, FatalError
+from conveyor.schemas import limits
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEP_NAME_BYTES_MAX
 from conveyor.wire import Enqueue, enqueue_body
 
@@ -168,10 +169,9 @@ class EventTimeout(FatalError):
 
 def event_step_name(name: str) -> str:
     """The step a wait is: ``event:<name>``, so its identity is ``event:<name>#<occurrence>``."""
-    if not isinstance(name, str) or not name or len(name.encode()) > EVENT_NAME_BYTES_MAX:
-        raise WorkflowRefused(
-            f"an event name is 1..{EVENT_NAME_BYTES_MAX} bytes, got {name!r:.200}", field="name"
-        )
+    fault = limits.name_fault(name, EVENT_NAME_BYTES_MAX)  # what the events API takes
+    if fault is not None:
+        raise WorkflowRefused(f"an event name {fault}", field="name")
     return f"event:{name}"
 
 

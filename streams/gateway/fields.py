@@ -6,6 +6,10 @@ not a finite float or an integer in the signed 64-bit range (NaN, Infinity and 1
 portable JSON, and a 20-digit integer silently loses precision in most clients).
 Rule 2: every error message starts with the JSON path of the field at fault and says what was
 expected and what was sent: ``tasks[3].priority: must be an integer 0..9, got "high"``.
+Rule 3: a name the client chooses for something it creates (app, task type, queue, schedule
+id, event name) is read with ``req_name`` / ``opt_name`` / ``names``: the character set of
+``schemas/limits.py``. Other strings (keys, cursors, filters) are ``*_str``: any characters
+but control characters, so a filter still finds what an older node stored.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from conveyor.errors import ContractError
+from conveyor.schemas import limits
 from conveyor.streams.gateway.errors import PayloadTooLarge
 
 BODY_BYTES_MAX = 8 * 2**20
@@ -224,6 +229,26 @@ class Fields:
             raise invalid(self.at(name), "is required")
         return value
 
+    def opt_name(self, name: str, *, chars_max: int = limits.NAME_CHARS_MAX) -> str | None:
+        """A client-chosen name (Rule 3), or None when absent."""
+        value = self.value.get(name)
+        if value is None or limits.is_name(value, chars_max):
+            return value
+        return check_client_name(value, self.at(name), chars_max)
+
+    def req_name(self, name: str, *, chars_max: int = limits.NAME_CHARS_MAX) -> str:
+        value = self.opt_name(name, chars_max=chars_max)
+        if value is None:
+            raise invalid(self.at(name), f"is required ({limits.name_rule(chars_max)})")
+        return value
+
+    def names(self, name: str, items_max: int) -> list[str]:
+        """An optional array of client-chosen names (empty when absent)."""
+        return [
+            check_client_name(v, f"{self.at(name)}[{i}]")
+            for i, v in enumerate(self.strs(name, items_max))
+        ]
+
     def opt_int(self, name: str, lo: int, hi: int) -> int | None:
         value = self.value.get(name)
         if value is None or (type(value) is int and lo <= value <= hi):
@@ -306,6 +331,15 @@ def check_name(value: Any, path: str, bytes_max: int = NAME_BYTES_MAX) -> str:
     if size == 0 or size > bytes_max:
         raise invalid(path, f"must be 1..{bytes_max} bytes of UTF-8, got {size}")
     raise invalid(path, "must not contain control characters")
+
+
+def check_client_name(value: Any, path: str, chars_max: int = limits.NAME_CHARS_MAX) -> str:
+    """``value`` if it is a name per ``schemas/limits.py``; else a 400 naming the field, the
+    allowed set and the first character outside it."""
+    fault = limits.name_fault(value, chars_max)
+    if fault is not None:
+        raise invalid(path, fault if isinstance(value, str) else f"{fault}, got {describe(value)}")
+    return str(value)
 
 
 def check_int(value: Any, path: str, lo: int, hi: int) -> int:

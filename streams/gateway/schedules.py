@@ -47,7 +47,7 @@ def parse_schedule(body: Any) -> ScheduleRequest:
         if name in task_body:
             raise invalid(f"task.{name}", "is set by each firing; leave it out of the template")
     return ScheduleRequest(
-        schedule_id=f.req_str("schedule_id"),
+        schedule_id=f.req_name("schedule_id"),
         cron=expression,
         timezone=timezone,
         overlap=_choice(f, "overlap", OverlapPolicy, OverlapPolicy.ALLOW),

@@ -112,10 +112,10 @@ def parse_task(body: Any, path: str = "") -> EnqueueRequest:
         )
     return EnqueueRequest(
         path=path,
-        task_type=f.req_str("task_type"),
-        app=f.req_str("app"),
+        task_type=f.req_name("task_type"),
+        app=f.req_name("app"),
         payload=compact(payload),
-        queue=f.opt_str("queue") or _DEFAULT.queue,
+        queue=f.opt_name("queue") or _DEFAULT.queue,
         priority=f.int_or("priority", 0, PRIORITY_MAX, _DEFAULT.priority),
         delay_ms=delay_ms,
         run_at_ms=run_at_ms,

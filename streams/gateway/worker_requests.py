@@ -54,10 +54,10 @@ def parse_register(body: Any) -> Register:
         f.items("task_types", 0, TASK_TYPES_MAX)  # raises, naming the field
     return Register(
         agent_id=f.req_str("agent_id"),
-        app=f.req_str("app"),
+        app=f.req_name("app"),
         version=f.opt_str("version"),
-        task_types=f.strs("task_types", TASK_TYPES_MAX),
-        pinned=None if f.raw("pinned") is None else f.strs("pinned", TASK_TYPES_MAX),
+        task_types=f.names("task_types", TASK_TYPES_MAX),
+        pinned=None if f.raw("pinned") is None else f.names("pinned", TASK_TYPES_MAX),
     )
 
 

@@ -121,7 +121,7 @@ async def send_event(request: web.Request) -> web.Response:
 
 def parse_event(body: Any) -> tuple[str, bytes]:
     f = Fields(body, "", {"name", "payload"})
-    name = f.req_str("name", bytes_max=EVENT_NAME_BYTES_MAX)
+    name = f.req_name("name", chars_max=EVENT_NAME_BYTES_MAX)
     check_not_marker(f.raw("payload"), f.at("payload"))
     payload = compact(f.raw("payload"))
     if len(payload) > EVENT_PAYLOAD_BYTES_MAX:

@@ -43,6 +43,15 @@ def schedule(cron: str, **task_fields: Any) -> dict[str, Any]:
     return {"schedule_id": "hostile", "cron": cron, "task": task(**task_fields)}
 
 
+# Names a client chooses are ASCII letters, digits and _ . : - (PROTOCOL.md, "Names"); these
+# would render otherwise than they are (reversed, invisible, two words) in the dashboard.
+_BAD_NAMES = [
+    ("bidi_override", "echo\u202eohce"),
+    ("control_char", "echo\x1b[2J"),
+    ("space", "echo twice"),
+    ("zero_width", "ec\u200bho"),
+]
+
 _DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
 _DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
 
@@ -171,6 +180,33 @@ JSON_CASES: list[tuple[str, str, Any, int, str, str | None]] = [
         "invalid_request",
         "tenant",
     ),
+    *[
+        (f"{field}_{kind}", "/v1/tasks", task(**{field: bad}), 400, "invalid_request", field)
+        for field in ("task_type", "app", "queue")
+        for kind, bad in _BAD_NAMES
+    ],
+    *[
+        (
+            f"schedule_id_{kind}",
+            "/v1/schedules",
+            {**schedule("0 * * * *"), "schedule_id": bad},
+            400,
+            "invalid_request",
+            "schedule_id",
+        )
+        for kind, bad in _BAD_NAMES
+    ],
+    *[
+        (
+            f"registered_type_{kind}",
+            "/worker/register",
+            {"agent_id": "a1", "app": "shop", "version": "1", "task_types": ["echo", bad]},
+            400,
+            "invalid_request",
+            "task_types[1]",
+        )
+        for kind, bad in _BAD_NAMES
+    ],
     ("cron_feb_30", "/v1/schedules", schedule("0 0 30 2 *"), 400, "invalid_request", "cron"),
     ("cron_apr_31", "/v1/schedules", schedule("0 0 31 4 *"), 400, "invalid_request", "cron"),
     ("cron_step_zero", "/v1/schedules", schedule("*/0 * * * *"), 400, "invalid_request", "cron"),
@@ -395,3 +431,13 @@ def test_a_malformed_request_is_our_json_400_and_echoes_no_secret(
     logs = chatty_node.logs()
     assert "malformed request from" in logs  # the node did log the fault, and only that
     assert not [part for part in _parts(key) if part in logs], logs[-2000:]
+
+
+@pytest.mark.parametrize("bad", [b for _, b in _BAD_NAMES], ids=[k for k, _ in _BAD_NAMES])
+def test_an_event_name_outside_the_name_set_is_a_400_naming_it(node: NodeProcess, bad: str) -> None:
+    status, created = call(node.base, "POST", "/v1/tasks", task(delay_ms=3_600_000))
+    assert status == 201, created
+    path = f"/v1/workflows/{created['task_id']}/events"
+    status, reply = call(node.base, "POST", path, {"name": bad, "payload": 1})
+    assert (status, reply["error"]["field"]) == (400, "name"), reply
+    assert "A-Z a-z 0-9 _ . : -" in reply["error"]["message"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -399,7 +400,7 @@ def test_a_workflow_resume_policy_is_checked_at_decoration_and_sent_when_pinned(
     app = conveyor.App("shop")
     with pytest.raises(conveyor.ContractError, match=r"resume=.*'latest', 'pinned'.*'sticky'"):
         app.workflow(resume="sticky")
-    pinned = app.workflow(resume="pinned")(lambda ctx, order: order)
+    pinned = app.workflow(name="checkout", resume="pinned")(lambda ctx, order: order)
     assert enqueue_body(Enqueue(pinned, 1), None)["resume"] == "pinned"
 
     @app.workflow
@@ -419,3 +420,28 @@ def test_the_async_clients_take_the_proxy_from_the_environment_like_the_sync_one
     assert proxy_for("https://gw.far") is None  # no HTTPS_PROXY: straight there
     monkeypatch.delenv("HTTP_PROXY")
     assert proxy_for("http://gw.far:7400") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("pay\u202eyalp", "U+202E at index 3"),
+        ("pay\x07", "U+0007 at index 3"),
+        ("pay out", "U+0020"),
+    ],
+    ids=["bidi_override", "control_char", "space"],
+)
+def test_a_name_the_gateway_would_refuse_fails_at_decoration(name: str, shown: str) -> None:
+    """Names are what ``conveyor.schemas.limits`` allows (the gateway answers 400 to others):
+    found when the module is imported, not at the first enqueue."""
+    app, got = conveyor.App("shop"), re.escape(shown)
+    with pytest.raises(conveyor.ContractError, match=rf"task name must be .*; got {got}"):
+        app.task(name=name)(lambda p: p)
+    with pytest.raises(conveyor.ContractError, match=r"pass name=\.\.\."):
+        app.task(lambda p: p)  # a lambda's __name__ is "<lambda>"
+    with pytest.raises(conveyor.ContractError, match=rf"queue must be .*; got {got}"):
+        app.task(queue=name)
+    with pytest.raises(conveyor.ContractError, match=rf"app must be .*; got {got}"):
+        conveyor.App(name)
+    assert app.task(name="shop.tasks:resize-v2")(lambda p: p).name == "shop.tasks:resize-v2"
+    assert app.tasks.keys() == {"shop.tasks:resize-v2"}
