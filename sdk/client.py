@@ -395,7 +395,14 @@ def local_dev_key() -> str | None:
         keys = json.loads(path.read_text())["keys"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return next(iter(keys), None) if isinstance(keys, dict) else None
+    if not isinstance(keys, dict):
+        return None
+    # Not an agent key: it can only speak the worker protocol (see ``conveyor keys list``).
+    return next((k for k, e in keys.items() if not _is_agent_entry(e)), None)
+
+
+def _is_agent_entry(entry: Any) -> bool:
+    return isinstance(entry, dict) and entry.get("role") == "agent"
 
 
 def default_client() -> EnqueueClient:

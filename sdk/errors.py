@@ -50,6 +50,14 @@ class Unauthorized(ContractError):
     http_status = 401
 
 
+class Forbidden(ContractError):
+    """The key is valid but may not do this (a client key on the worker protocol, an agent key
+    on the client API or on another app): another key can, the same one never will."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class Conflict(ContractError):
     code = "conflict"
     http_status = 409

@@ -21,6 +21,7 @@ from conveyor.errors import (
     Conflict,
     ContractError,
     ConveyorError,
+    Forbidden,
     NotFound,
     RateLimited,
     TransientError,
@@ -333,6 +334,7 @@ class BulkFilter(TypedDict, total=False):
 _BY_CODE: dict[str, type[ContractError]] = {
     "not_found": NotFound,
     "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
     "conflict": Conflict,
 }
 

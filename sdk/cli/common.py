@@ -66,15 +66,20 @@ def home_dir(home: Path | None) -> Path:
     return home if home is not None else Path(DEFAULT_HOME)
 
 
-def dev_key(home: Path) -> str | None:
-    """The key of tenant ``default`` in ``home/keys.json``, without creating one."""
+def dev_key(home: Path, *, app: str | None = None) -> str | None:
+    """A key of tenant ``default`` in ``home/keys.json``, without creating one: a client key,
+    or with ``app`` an agent key bound to that app (``conveyor agent``); a key with no role
+    (made before roles) serves both."""
     try:
         doc = json.loads((home / KEYS_FILE).read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         return None
     for key, entry in (doc.get("keys") or {}).items():
         if isinstance(entry, dict) and entry.get("tenant") == DEV_TENANT:
-            return str(key)
+            role = entry.get("role")
+            wanted = "client" if app is None else "agent"
+            if role is None or (role == wanted and entry.get("app") == app):
+                return str(key)
     return None
 
 

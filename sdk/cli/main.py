@@ -3,6 +3,7 @@
 node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
+keys create|list                  API keys and their roles in the home's keys.json (keys.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
 chaos kill9|soak|zombie|lost-replies|power-cut|fan-in
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import typer
 
-from conveyor.cli import schedules, serve, tasks, tools
+from conveyor.cli import keys, schedules, serve, tasks, tools
 from conveyor.cli.common import CliError, fail
 from conveyor.errors import ContractError
 from conveyor.process import tune_malloc
@@ -31,6 +32,7 @@ docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
 projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
 chaos_app = typer.Typer(help="Fault-injection runs (issue 6).", no_args_is_help=True)
 schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys and their roles (keys.json).", no_args_is_help=True)
 
 app.command()(serve.node)
 app.command()(serve.dev)
@@ -45,6 +47,8 @@ schedule_app.command("list")(schedules.list_schedules)
 schedule_app.command("pause")(schedules.pause)
 schedule_app.command("resume")(schedules.resume)
 schedule_app.command("rm")(schedules.rm)
+keys_app.command("create")(keys.create)
+keys_app.command("list")(keys.list_keys)
 log_app.command("inspect")(tools.log_inspect)
 log_app.command("verify")(tools.log_verify)
 bench_app.command("log")(tools.bench_log)
@@ -69,6 +73,7 @@ app.add_typer(docs_app, name="docs")
 app.add_typer(projection_app, name="projection")
 app.add_typer(chaos_app, name="chaos")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(keys_app, name="keys")
 
 
 def main() -> None:

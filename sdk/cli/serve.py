@@ -114,8 +114,9 @@ def _load_agent() -> AgentRunner:
     return runner
 
 
-def _check_app(app_ref: str) -> None:
-    """Import ``module:attribute`` now, so a typo fails in one line before anything starts.
+def _check_app(app_ref: str) -> Any:
+    """Import ``module:attribute`` now, so a typo fails in one line before anything starts;
+    the object found (the App: its ``name`` picks the dev agent's key).
 
     The current directory goes first on ``sys.path`` (as with uvicorn and celery): the
     ``conveyor`` script's own directory is the venv's ``bin``, where no user module lives.
@@ -131,6 +132,7 @@ def _check_app(app_ref: str) -> None:
             found = getattr(found, part)
     except Exception as exc:
         raise fail(f"--app {app_ref}: cannot load it: {type(exc).__name__}: {exc}") from None
+    return found
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -183,6 +185,7 @@ async def _run_node(
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
+    from conveyor.streams.gateway.auth import ensure_agent_key
     from conveyor.streams.node import Node
     from conveyor.streams.sinks.metrics import Metrics, time_appends
 
@@ -198,7 +201,8 @@ async def _run_node(
     snapshot = None
     try:
         snapshot = await _open_snapshot(home, node, snapshot_config or SnapshotConfig(), metrics)
-        key = ensure_dev_key(home)
+        key = ensure_dev_key(home)  # a client key; the agent's is bound to its app
+        agent_key = ensure_agent_key(home, _check_app(app_ref).name) if app_ref else key
         app = build_app(
             node,
             KeyStore.load(home),
@@ -217,7 +221,7 @@ async def _run_node(
             if run_agent is None:
                 await stop.wait()
             else:
-                work = run_agent(url, key, app_ref, concurrency=concurrency)
+                work = run_agent(url, agent_key, app_ref, concurrency=concurrency)
                 await _until_stopped(stop, work)
         finally:
             await runner.cleanup()
@@ -320,10 +324,13 @@ def agent(
     """Run a host agent that polls a node and runs the app's handlers."""
     _setup_logging(log_level)
     run_agent = _load_agent()
-    _check_app(app_ref)
-    key = api_key or dev_key(home_dir(home))
+    app_name = _check_app(app_ref).name
+    key = api_key or dev_key(home_dir(home), app=app_name)
     if not key:
-        raise fail("no API key: pass --api-key or set CONVEYOR_API_KEY")
+        raise fail(
+            f"no agent key for app {app_name!r}: pass --api-key, set CONVEYOR_API_KEY, or mint "
+            f"one with `conveyor keys create --tenant default --role agent --app {app_name}`"
+        )
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import psutil
@@ -61,6 +61,7 @@ from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
 from conveyor.store.rocksdb import RocksKV
 from conveyor.store.tables import Tables
+from conveyor.streams.gateway.auth import agent_grant, create_key
 from conveyor.wire import Enqueue
 
 APP_REF = "conveyor.streams.bench.noop_app:app"
@@ -149,7 +150,8 @@ class Cluster:
     prefetch: int | None
     in_process: bool = False  # agents run handlers on their threads, not in guests
     port: int = 0
-    key: str = ""
+    key: str = ""  # a client key of tenant default
+    agent_key: str = ""  # an agent key of the app, for the agents
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -160,14 +162,22 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    APP_NAME: ClassVar[str] = APP
+
+    def mint_agent_key(self) -> None:
+        """Before the node starts (it reads new keys within a second; an agent registers at
+        once): the agents' key, bound to the app they serve."""
+        self.agent_key = create_key(self.node_home, agent_grant("default", self.APP_NAME))
+
     async def start(self) -> None:
         self.port = _free_port()
+        self.mint_agent_key()
         home, port, partitions = str(self.node_home), str(self.port), str(self.partitions)
         self._spawn("node", ["node", "--home", home, "--port", port, "--partitions", partitions])
         await self._healthy()
         self.key = _dev_key(self.node_home)
         for k in range(self.agents):
-            args = ["--app", APP_REF, "--url", self.url, "--api-key", self.key]
+            args = ["--app", APP_REF, "--url", self.url, "--api-key", self.agent_key]
             slots = ["--concurrency", str(self.concurrency)]
             if self.prefetch is not None:
                 slots += ["--prefetch", str(self.prefetch)]
@@ -282,10 +292,10 @@ def _free_port() -> int:
 
 
 def _dev_key(home: Path) -> str:
-    """The key ``conveyor node`` wrote for tenant ``default`` on first start."""
+    """The client key ``conveyor node`` wrote for tenant ``default`` on first start."""
     doc = json.loads((home / "keys.json").read_text(encoding="utf-8"))
     for key, entry in doc["keys"].items():
-        if entry.get("tenant") == "default":
+        if entry.get("tenant") == "default" and entry.get("role") != "agent":
             return str(key)
     raise RuntimeError(f"no key for tenant default in {home / 'keys.json'}")
 

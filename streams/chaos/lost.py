@@ -56,7 +56,7 @@ class ProxiedCluster(ChaosCluster):
     def spawn_agent(self, k: int) -> None:
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["agent", "--app", APP_REF, "--url", self.agent_url, "--api-key", self.key]
+        args = ["agent", "--app", APP_REF, "--url", self.agent_url, "--api-key", self.agent_key]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
         command = [sys.executable, "-m", "conveyor.cli", *args, *slots, *AGENT_TIMES]
         with open(self.root / f"{name}.out", "ab") as out:

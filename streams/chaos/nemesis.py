@@ -48,9 +48,11 @@ class ChaosCluster(Cluster):
     ``failpoints``: the node's ``CONVEYOR_FAILPOINTS`` (empty: none armed)."""
 
     failpoints: str = ""
+    APP_NAME = "chaos"
 
     async def start(self) -> None:
         self.port = _free_port()
+        self.mint_agent_key()
         self.spawn_node()
         await self.wait_healthy()
         self.key = _dev_key(self.node_home)
@@ -66,7 +68,7 @@ class ChaosCluster(Cluster):
     def spawn_agent(self, k: int) -> None:
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.key]
+        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.agent_key]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
         command = [sys.executable, "-m", "conveyor.cli", *args, *slots, *AGENT_TIMES]
         with open(self.root / f"{name}.out", "ab") as out:

@@ -80,7 +80,7 @@ class ZombieCluster(ChaosCluster):
     def spawn_agent(self, k: int) -> None:
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.key]
+        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.agent_key]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
         command = [
             sys.executable,

@@ -8,12 +8,14 @@ from aiohttp import web
 
 from conveyor.errors import ContractError
 from conveyor.streams.gateway import render, schedules, validation, worker_requests
+from conveyor.streams.gateway.auth import Grant
 from conveyor.streams.gateway.errors import PayloadTooLarge, UnsupportedMediaType, dumps
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
 from conveyor.streams.gateway.service import Gateway
 
 GATEWAY = web.AppKey("gateway", Gateway)
 TENANT = web.RequestKey("tenant", str)  # set by the auth middleware
+GRANT = web.RequestKey("grant", Grant)  # the key's grant: its tenant, roles and app
 
 
 def reply(body: Any, status: int = 200) -> web.Response:
@@ -55,6 +57,11 @@ def context(request: web.Request) -> tuple[Gateway, str]:
     tenant = request[TENANT]
     assert isinstance(tenant, str)
     return request.app[GATEWAY], tenant
+
+
+def worker_context(request: web.Request) -> tuple[Gateway, Grant]:
+    """The gateway and the agent key's grant: worker calls check the app against it."""
+    return request.app[GATEWAY], request[GRANT]
 
 
 # -- client API ----------------------------------------------------------------------------
@@ -166,39 +173,39 @@ async def resume_schedule(request: web.Request) -> web.Response:
 
 
 async def register(request: web.Request) -> web.Response:
-    gw, tenant = context(request)
-    warnings = await gw.register(tenant, worker_requests.parse_register(await read_body(request)))
+    gw, key = worker_context(request)
+    warnings = await gw.register(key, worker_requests.parse_register(await read_body(request)))
     return reply({"warnings": warnings})
 
 
 async def poll(request: web.Request) -> web.Response:
-    gw, tenant = context(request)
+    gw, key = worker_context(request)
     req = worker_requests.parse_poll(await read_body(request))
-    return reply({"leases": await gw.poll(tenant, req)})
+    return reply({"leases": await gw.poll(key, req)})
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    gw, tenant = context(request)
+    gw, key = worker_context(request)
     refs = worker_requests.parse_heartbeat(await read_body(request))
-    return reply({"actions": gw.heartbeat(tenant, refs)})
+    return reply({"actions": gw.heartbeat(key, refs)})
 
 
 async def complete(request: web.Request) -> web.Response:
-    gw, tenant = context(request)
+    gw, key = worker_context(request)
     items = worker_requests.parse_complete(await read_body(request))
-    return reply({"results": await gw.complete(tenant, items)})
+    return reply({"results": await gw.complete(key, items)})
 
 
 async def checkpoint(request: web.Request) -> web.Response:
-    gw, tenant = context(request)
+    gw, key = worker_context(request)
     items = worker_requests.parse_checkpoint(await read_body(request))
-    return reply({"results": await gw.checkpoint(tenant, items)})
+    return reply({"results": await gw.checkpoint(key, items)})
 
 
 async def steps(request: web.Request) -> web.Response:
-    gw, tenant = context(request)
+    gw, key = worker_context(request)
     items = worker_requests.parse_steps(await read_body(request))
-    return reply({"results": await gw.steps(tenant, items)})
+    return reply({"results": await gw.steps(key, items)})
 
 
 def add_routes(app: web.Application) -> None:

@@ -3,6 +3,11 @@
 Rule 1 (tenancy): every read and write is scoped to the caller's tenant. A task of another
 tenant, a missing task and a malformed id all answer exactly the same (404 for clients,
 ``unknown task`` / ``LOST`` for agents), so ids leak nothing.
+Rule 1b (apps): an agent key bound to an app (auth.py) registers and polls that app only, and
+reports only on that app's tasks: a heartbeat, completion, checkpoint or step of a task of
+its tenant but of another app refuses the whole request with a 403 before anything is
+written (such a task is not unknown to the tenant, so saying ``unknown task`` would be a lie
+that hides a misconfigured agent).
 Rule 2 (idempotency): a keyed enqueue whose key already names a task answers that task, unless
 the payload or task type differs: that is a 409, checked before anything is written (and again
 after, for the race of two first attempts).
@@ -25,7 +30,7 @@ from typing import Any
 
 import asyncpg
 
-from conveyor.errors import Conflict, ContractError, NotFound
+from conveyor.errors import Conflict, ContractError, Forbidden, NotFound
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     TERMINAL,
@@ -45,7 +50,7 @@ from conveyor.store.postgres import queries
 from conveyor.streams import failpoints
 from conveyor.streams.gateway import listing, render, snapshot
 from conveyor.streams.gateway.admission import Admission
-from conveyor.streams.gateway.auth import KeyStore
+from conveyor.streams.gateway.auth import Grant, KeyStore
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
@@ -312,13 +317,28 @@ class Gateway:
 
     # -- worker API ---------------------------------------------------------------------------
 
-    def _fenced(self, tenant: str, task_id: str, lease_id: int) -> str | None:
+    def _reported(self, key: Grant, task_id: str) -> bool:
+        """Whether ``task_id`` is a task of the key's tenant; Forbidden if it is one of
+        another app than the key's (rule 1b)."""
+        try:
+            task = self.find(key.tenant, task_id)
+        except NotFound:
+            return False
+        if not key.serves(task.app):
+            raise Forbidden(
+                f"task {task_id} is not a task of app {key.app!r}, the app this agent key is "
+                "bound to: it reports only on leases of its app's tasks; nothing was changed",
+                field="task_id",
+            )
+        return True
+
+    def _fenced(self, key: Grant, task_id: str, lease_id: int) -> str | None:
         """Why an agent's record under ``lease_id`` can never be accepted, or None. Checked
         against applied state before anything is appended, so a zombie's or a replayed report
         costs no log record. A refusal here is final: lease ids only grow, and an agent holds
         a lease only once its grant was applied. What passes is checked again by the machine.
         """
-        if not self.owns(tenant, task_id):
+        if not self._reported(key, task_id):
             return UNKNOWN_TASK
         # The processor's reader: its decoded-row cache holds the leased tasks (a plain
         # ``Tables`` would decode three rows per report, the node's largest cost per task).
@@ -326,8 +346,10 @@ class Gateway:
         held = holder(reader, task_id, lease_id)
         return held if isinstance(held, str) else None
 
-    async def register(self, tenant: str, req: Register) -> list[str]:
+    async def register(self, key: Grant, req: Register) -> list[str]:
         """Record the agent's app; the warnings of a deploy that removed handlers."""
+        key.check_app(req.app, req.version)
+        tenant = key.tenant
         removed = self.registry.register(tenant, req.app, req.task_types, req.version, req.pinned)
         return [
             f"version {req.version!r} of app {req.app!r} removes the handler of task type "
@@ -350,7 +372,9 @@ class Gateway:
             if t.tenant == tenant and t.task_type == task_type and t.finished_ms is None
         )
 
-    async def poll(self, tenant: str, req: Poll) -> list[dict[str, Any]]:
+    async def poll(self, key: Grant, req: Poll) -> list[dict[str, Any]]:
+        key.check_app(req.app, req.version)
+        tenant = key.tenant
         leases = await self.node.poll(
             agent_id=req.agent_id,
             app=req.app,
@@ -399,23 +423,22 @@ class Gateway:
             await self.node.complete(gone)
         return kept
 
-    def heartbeat(self, tenant: str, refs: list[LeaseRef]) -> list[dict[str, str]]:
+    def heartbeat(self, key: Grant, refs: list[LeaseRef]) -> list[dict[str, str]]:
+        known = [self._reported(key, ref.task_id) for ref in refs]  # all checked first
         return [
             {
                 "task_id": ref.task_id,
-                "action": self.node.heartbeat(ref.task_id, ref.lease_id)
-                if self.owns(tenant, ref.task_id)
-                else "LOST",
+                "action": self.node.heartbeat(ref.task_id, ref.lease_id) if mine else "LOST",
             }
-            for ref in refs
+            for ref, mine in zip(refs, known, strict=True)
         ]
 
-    async def complete(self, tenant: str, items: list[CompletionRequest]) -> list[dict[str, Any]]:
+    async def complete(self, key: Grant, items: list[CompletionRequest]) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
         mine: list[int] = []
         batch: list[Completion] = []
         for i, item in enumerate(items):
-            if (why := self._fenced(tenant, item.task_id, item.lease_id)) is not None:
+            if (why := self._fenced(key, item.task_id, item.lease_id)) is not None:
                 results[i] = _rejected(item.task_id, why)
                 continue
             result = None
@@ -424,7 +447,7 @@ class Gateway:
             mine.append(i)
             completion = _completion(item, result)
             if item.fan_out is not None and item.outcome == Outcome.FAN_OUT:
-                completion = await self._fan_out(tenant, item, item.fan_out, completion)
+                completion = await self._fan_out(key.tenant, item, item.fan_out, completion)
             batch.append(completion)
         # The node answers one reply per item, in order.
         for i, reply in zip(mine, await self.node.complete(batch) if batch else [], strict=True):
@@ -462,14 +485,14 @@ class Gateway:
         )
         return dataclasses.replace(completion, fan_out=step)
 
-    async def steps(self, tenant: str, items: list[StepRequest]) -> list[dict[str, Any]]:
+    async def steps(self, key: Grant, items: list[StepRequest]) -> list[dict[str, Any]]:
         """Step claims and commits; values are stored as compact JSON (the step cap is the
         inline cap, so they never go to the blob store)."""
         results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
         mine: list[int] = []
         batch: list[StepWrite] = []
         for i, item in enumerate(items):
-            if (why := self._fenced(tenant, item.task_id, item.lease_id)) is not None:
+            if (why := self._fenced(key, item.task_id, item.lease_id)) is not None:
                 results[i] = _rejected(item.task_id, why)
                 continue
             value = compact(item.value) if item.op == StepOp.COMMIT else None
@@ -488,12 +511,12 @@ class Gateway:
             results[i] = _result(reply)
         return results
 
-    async def checkpoint(self, tenant: str, items: list[CheckpointRequest]) -> list[dict[str, Any]]:
+    async def checkpoint(self, key: Grant, items: list[CheckpointRequest]) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = [_rejected(i.task_id) for i in items]
         mine: list[int] = []
         batch: list[Checkpoint] = []
         for i, item in enumerate(items):
-            if (why := self._fenced(tenant, item.task_id, item.lease_id)) is not None:
+            if (why := self._fenced(key, item.task_id, item.lease_id)) is not None:
                 results[i] = _rejected(item.task_id, why)
                 continue
             value = await self.payloads.pack(compact(item.value), f"{item.path}.value")

@@ -78,7 +78,7 @@ def wait_ready(dev: Dev) -> None:
         assert time.monotonic() < deadline, f"conveyor dev not ready:\n{dev.logs()}"
         try:
             keys = json.loads((dev.home / "keys.json").read_text())["keys"]
-            dev.key = next(iter(keys))
+            dev.key = next(k for k, e in keys.items() if e.get("role") != "agent")
             body = {"task_type": "double", "app": APP, "payload": {"n": 0}}
             if http(dev.base, "POST", "/v1/tasks", body, key=dev.key)[0] == 201:
                 return

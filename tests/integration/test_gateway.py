@@ -897,7 +897,11 @@ def test_dev_runs_node_gateway_and_agent(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     dev.start(cwd=tmp_path, env=env)
     try:
-        (dev_key,) = json.loads((tmp_path / "home" / "keys.json").read_text())["keys"]
+        keys = json.loads((tmp_path / "home" / "keys.json").read_text())["keys"]
+        by_role = {entry["role"]: (key, entry) for key, entry in keys.items()}
+        # A client key (printed) and, for the embedded agent, an agent key bound to the app.
+        assert len(keys) == 2 and by_role["agent"][1]["app"] == "devshop", keys
+        dev_key = by_role["client"][0]
         body = {"task_type": "double", "app": "devshop", "payload": {"n": 21}}
         deadline = time.monotonic() + 30
         while True:  # the agent registers its task types shortly after the node is up
