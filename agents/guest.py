@@ -5,7 +5,9 @@ Rules, from the trust boundary (design Q6):
    the socket inherited as fd N; the agent maps every report to the lease it handed this guest.
 2. Resource limits are set before any user code is imported: RLIMIT_AS for memory for the
    life of the process; RLIMIT_CPU per attempt (a soft budget on top of the CPU already used,
-   or a hard one too when the agent runs one process per task).
+   or a hard one too when the agent runs one process per task); in a sandbox also RLIMIT_NPROC
+   and RLIMIT_FSIZE, after the switch to the guest's own user (``--drop-to``, a root agent's
+   sandbox: ``agents/bwrap.py``). Soft and hard alike, so user code cannot raise them.
 3. Each attempt's stdout/stderr go to the file whose descriptor came with its "run" frame.
 
 A guest runs one attempt at a time. It has no reader thread: whichever thread needs the next
@@ -336,13 +338,39 @@ def _limit_memory(memory_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def _drop_to(user: str | None) -> None:
+    """Become ``uid:gid`` for good (no supplementary groups, no capability left)."""
+    if not user:
+        return
+    uid, _, gid = user.partition(":")
+    os.setgroups([])
+    os.setgid(int(gid))
+    os.setuid(int(uid))
+    if os.getuid() != int(uid) or os.geteuid() != int(uid):
+        raise SystemExit(f"could not switch to user {user}")
+
+
+def _confine(args: argparse.Namespace) -> None:
+    """Rule 2, before the app (user code) is imported."""
+    _drop_to(args.drop_to)
+    _limit_memory(args.memory_mb)
+    if args.processes:
+        resource.setrlimit(resource.RLIMIT_NPROC, (args.processes, args.processes))
+    if args.file_mb:
+        size = args.file_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="conveyor.agents.guest")
     parser.add_argument("--app", required=True)
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--memory-mb", type=int, default=None)
+    parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--file-mb", type=int, default=None)
+    parser.add_argument("--drop-to", default=None, metavar="UID:GID")
     args = parser.parse_args(argv)
-    _limit_memory(args.memory_mb)  # rule 2: before the app (user code) is imported
+    _confine(args)
     tune_malloc()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -38,10 +39,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from conveyor.agents import bwrap
 from conveyor.agents.breaker import Breaker, BreakerPolicy, Breakers
 from conveyor.agents.completer import Completer
 from conveyor.agents.inline import InlineExecutor
-from conveyor.agents.pool import GuestPool
+from conveyor.agents.pool import GuestPool, import_path
 from conveyor.agents.prefetch import Prefetch
 from conveyor.agents.runner import app_ref_of, load_app
 from conveyor.agents.running import NOTHING, Running, final_result
@@ -122,6 +124,7 @@ class HostAgent:
         log_dir: str | Path | None = None,
         agent_id: str | None = None,
         executor: Executor | None = None,
+        sandbox: bwrap.SandboxPolicy | None = None,
         clock: AgentClock | None = None,
         breaker: BreakerPolicy | None = None,
         complete_window_ms: float = 5.0,
@@ -139,7 +142,7 @@ class HostAgent:
         self.agent_id = agent_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock: AgentClock = clock or RealClock()
         self.executor = executor or self._guest_pool(
-            app_ref, fresh_process, memory_mb, cpu_s, log_dir
+            app_ref, fresh_process, memory_mb, cpu_s, log_dir, sandbox
         )
         self._breakers = Breakers(breaker or BreakerPolicy())
         self.running: dict[str, Running] = {}
@@ -160,6 +163,7 @@ class HostAgent:
         memory_mb: int | None,
         cpu_s: float | None,
         log_dir: str | Path | None,
+        sandbox: bwrap.SandboxPolicy | None,
     ) -> GuestPool:
         ref = app_ref or app_ref_of(self.app)
         if ref is None:
@@ -175,6 +179,8 @@ class HostAgent:
             pipeline=self.prefetch.cap > 0,
             memory_mb=memory_mb,
             cpu_s=cpu_s,
+            sandbox=sandbox,
+            hidden=(str(home),),
         )
 
     # -- public surface ---------------------------------------------------------------------
@@ -531,6 +537,8 @@ async def run_agent(
     log_dir: str | Path | None = None,
     drain_s: float = 30.0,
     in_process: bool = False,
+    sandbox: str = "bwrap",
+    allow_net: bool = False,
 ) -> None:
     """Serve ``app_ref`` ("module:attr") against the gateway at ``url`` until SIGINT/SIGTERM
     (what ``conveyor agent`` and ``conveyor dev`` call).
@@ -538,7 +546,14 @@ async def run_agent(
     ``in_process``: run handlers on threads of this process (``InlineExecutor``) instead of
     guest processes. No isolation and no kill: a handler shares the agent's memory and its
     credentials, as in a Celery or Dramatiq worker. For trusted code that wants the guest hop's
-    CPU back; the limits, fresh-process and log capture options do not apply."""
+    CPU back; the limits, fresh-process and log capture options do not apply.
+
+    ``sandbox``: "bwrap" runs guests in bubblewrap (``agents/bwrap.py``; ``allow_net`` lets them
+    reach the network), failing at once with ``bwrap.SandboxUnavailable`` when it cannot;
+    "none" runs them as this process's user, for trusted code only; "auto" (``conveyor dev``)
+    is bwrap when it works here, else none with one warning."""
+    policy = _sandbox_policy(sandbox, allow_net, memory_mb, in_process)
+    _hide_credentials()
     api = HttpWorkerAPI(url, api_key)
     executor = InlineExecutor(load_app(app_ref), threads=concurrency) if in_process else None
     agent = HostAgent(
@@ -555,6 +570,7 @@ async def run_agent(
         cpu_s=cpu_s,
         log_dir=log_dir,
         executor=executor,
+        sandbox=policy,
     )
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
@@ -568,3 +584,44 @@ async def run_agent(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
         await api.close()
+
+
+def _hide_credentials() -> None:
+    """Make this process non-dumpable, so no process of the same user (a guest with
+    ``--sandbox none``, or anything else) can read its /proc/<pid>/environ or memory, and drop
+    the key from ``os.environ`` now that it was read: nothing started from here inherits it."""
+    if not bwrap.make_non_dumpable():
+        log.warning("could not make the agent non-dumpable: its memory is readable by its user")
+    os.environ.pop("CONVEYOR_API_KEY", None)
+
+
+def _sandbox_policy(
+    sandbox: str, allow_net: bool, memory_mb: int | None, in_process: bool
+) -> bwrap.SandboxPolicy | None:
+    """The guests' confinement for ``--sandbox``; checked by starting one sandboxed
+    interpreter, so a missing or broken bwrap stops the agent before it claims any work."""
+    if in_process:
+        return None
+    if sandbox == "none":
+        log.warning(
+            "--sandbox none: guests run as the agent's own user, with its network and files and "
+            "no process or file limits. Trusted code only."
+        )
+        return None
+    if sandbox not in ("bwrap", "auto"):
+        raise ValueError(f"--sandbox {sandbox!r}: expected bwrap or none")
+    policy = bwrap.SandboxPolicy(allow_net=allow_net)
+    if memory_mb:
+        policy = dataclasses.replace(policy, memory_mb=memory_mb)
+    paths = import_path()
+    view = bwrap.host_view(policy, paths, (), os.getcwd())
+    problem = bwrap.probe(policy, view, bwrap.guest_env(os.environ, paths))
+    if problem is None:
+        return bwrap.resolved(policy)
+    if sandbox == "auto":  # conveyor dev, where bwrap was not asked for
+        log.warning("guests run unsandboxed: %s", problem)
+        return None
+    raise bwrap.SandboxUnavailable(
+        f"{problem}. The agent does not run guests unsandboxed: fix bwrap, or pass "
+        "--sandbox none for trusted code"
+    )

@@ -3,8 +3,12 @@
 A guest is ``python -m conveyor.agents.guest`` in its own session (so a kill takes its
 children too), with a socketpair end as its only line to the agent, an environment without
 CONVEYOR_* variables (no credentials), and RLIMIT_AS/RLIMIT_CPU set by the stub before user
-code loads. Guests are reused across tasks unless ``fresh_process``; a guest that died, broke
-the protocol, was killed, or asked not to be reused is never handed another task.
+code loads. With a ``SandboxPolicy`` it runs inside bubblewrap (``agents/bwrap.py``): another
+user, its own namespaces, no network, the code read-only, a private /tmp, and process and
+file-size limits too; without one (``--sandbox none``) it runs as the agent's user.
+
+Guests are reused across tasks unless ``fresh_process``; a guest that died, broke the protocol,
+was killed, or asked not to be reused is never handed another task.
 
 Rule: a guest's reports count only for the job it was handed; frames naming another task id
 are dropped, so a guest cannot complete or checkpoint a task it was not given.
@@ -42,6 +46,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from conveyor.agents import bwrap
 from conveyor.agents.frames import AsyncFrames, FrameError
 from conveyor.agents.sandbox import (
     GUEST_CRASHED,
@@ -404,6 +409,8 @@ class GuestPool:
         memory_mb: int | None = None,
         cpu_s: float | None = None,
         start_timeout_s: float = 60.0,
+        sandbox: bwrap.SandboxPolicy | None = None,
+        hidden: tuple[str, ...] = (),
     ) -> None:
         self.app_ref = app_ref
         self.log_dir = Path(log_dir)
@@ -413,7 +420,10 @@ class GuestPool:
         # One job queued behind the running one per guest (not with one process per task).
         self.queued_per_guest = QUEUED_PER_GUEST if pipeline and not fresh_process else 0
         self.queued_max = size_max * self.queued_per_guest
-        self.memory_mb = memory_mb
+        self.sandbox = sandbox
+        self.hidden = hidden  # paths a sandboxed guest must not see (the agent's home, logs)
+        self._view: bwrap.HostView | None = None
+        self.memory_mb = memory_mb or (sandbox.memory_mb if sandbox else None)
         self.cpu_s = cpu_s
         self.start_timeout_s = start_timeout_s
         self.idle: list[GuestProcess] = []
@@ -575,9 +585,30 @@ class GuestPool:
     def _env(self) -> dict[str, str]:
         # No credentials in a guest; the same import path as the agent, so the app resolves.
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+        env["PYTHONPATH"] = os.pathsep.join(import_path())
         return env
+
+    def sandbox_view(self) -> bwrap.HostView:
+        """What a sandboxed guest sees of this host (worked out once)."""
+        assert self.sandbox is not None
+        if self._view is None:
+            hidden = (str(self.log_dir), *self.hidden)
+            self._view = bwrap.host_view(self.sandbox, import_path(), hidden, os.getcwd())
+        return self._view
+
+    async def _command(self, args: list[str]) -> tuple[list[str], dict[str, str], int | None]:
+        """The guest's command line and environment, and the user namespace descriptor made
+        for it (a root agent's sandbox) that it must inherit."""
+        command = [sys.executable, "-m", "conveyor.agents.guest", *args]
+        policy = self.sandbox
+        if policy is None:
+            return command, self._env(), None
+        root = bwrap.privileged()
+        command += bwrap.guest_args(policy, privileged=root)
+        userns = await asyncio.to_thread(bwrap.new_userns, policy.uid, policy.gid) if root else None
+        env = bwrap.guest_env(os.environ, import_path())
+        argv = bwrap.argv(policy, self.sandbox_view(), command, env, userns_fd=userns)
+        return argv, {"PATH": env["PATH"]}, userns
 
     async def _spawn(self) -> GuestProcess:
         self._spawning += 1  # until its process joins ``guests``: a starting guest counts once
@@ -599,22 +630,24 @@ class GuestPool:
         if self.memory_mb:
             args += ["--memory-mb", str(self.memory_mb)]
         out_path = self.log_dir / "guests" / f"guest-{os.getpid()}-{serial}.log"
+        userns = None
+        # The agent opens the log file: the guest writes to it through the descriptors only.
         with open(out_path, "ab") as out:
             try:
+                command, env, userns = await self._command(args)
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "conveyor.agents.guest",
-                    *args,
-                    pass_fds=[child.fileno()],
+                    *command,
+                    pass_fds=[child.fileno()] if userns is None else [child.fileno(), userns],
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=out,
-                    env=self._env(),
+                    env=env,
                     start_new_session=True,
                 )
             finally:
                 child.close()
+                if userns is not None:
+                    os.close(userns)
         return proc, serial, out_path, parent
 
     async def _hello(self, guest: GuestProcess, out_path: Path) -> None:
@@ -633,3 +666,9 @@ class GuestPool:
             f"guest for {self.app_ref} failed to start: {describe_exit(guest.proc.returncode)}\n"
             f"{detail}"
         )
+
+
+def import_path() -> list[str]:
+    """The agent's import path (its directory first), so a guest resolves the app the same."""
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    return list(dict.fromkeys([os.getcwd(), *paths]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import importlib
 import logging
 import os
@@ -88,6 +89,35 @@ PrefetchOpt = Annotated[
 
 AgentRunner = Callable[..., Awaitable[None]]
 
+MetricsKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-key",
+        envvar="CONVEYOR_METRICS_KEY",
+        help="The bearer token /metrics takes (Prometheus: authorization.credentials); prefer "
+        "the environment variable, which ps does not show [default: none, /metrics answers "
+        "401]",
+        show_default=False,
+    ),
+]
+
+
+class TenantLabels(enum.StrEnum):
+    """``conveyor.streams.sinks.metrics.TenantLabels``, as a choice of the command line."""
+
+    on = "on"
+    hashed = "hashed"
+    off = "off"
+
+
+TenantLabelsOpt = Annotated[
+    TenantLabels,
+    typer.Option(
+        "--metrics-tenant-labels",
+        help="How /metrics labels tenants: their names, a hash of them, or not at all",
+    ),
+]
+
 
 def _setup_logging(level: str) -> None:
     """Log to stderr, with API keys and Authorization values redacted (``redact.py``)."""
@@ -152,6 +182,14 @@ def _banner(url: str, key: str, home: Path) -> None:
 
 
 @frozen
+class MetricsConfig:
+    """Who may read /metrics and what it says of tenants (``streams/sinks/metrics.py``)."""
+
+    key: str | None = None  # None: nobody
+    tenant_labels: str = "hashed"
+
+
+@frozen
 class SnapshotConfig:
     """Whether and where the node keeps its Postgres query snapshot."""
 
@@ -182,18 +220,20 @@ async def _run_node(
     concurrency: int = 8,
     snapshot_config: SnapshotConfig | None = None,
     blobs: Blobs | None = None,
+    metrics_config: MetricsConfig | None = None,
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.gateway.auth import ensure_agent_key
     from conveyor.streams.node import Node
-    from conveyor.streams.sinks.metrics import Metrics, time_appends
+    from conveyor.streams.sinks.metrics import Metrics, TenantLabels, time_appends
 
     run_agent = _load_agent() if app_ref is not None else None
     stop = asyncio.Event()
     _stop_on_signals(stop)
     node = await Node.open(home, partitions=partitions)
-    metrics = Metrics()
+    metrics_config = metrics_config or MetricsConfig()
+    metrics = Metrics(tenant_labels=TenantLabels(metrics_config.tenant_labels))
     metrics.watch(node)
     time_appends(node, metrics)
     await node.start()
@@ -211,6 +251,7 @@ async def _run_node(
             snapshot=snapshot.pool if snapshot is not None else None,
             metrics=metrics,
             logs=AttemptLogs(home / "logs"),
+            metrics_key=metrics_config.key,
         )
         try:
             runner, url = await start(app, host, port)
@@ -269,13 +310,30 @@ def node(
     projection: ProjectionOpt = True,
     postgres_dsn: DsnOpt = None,
     blobs_url: BlobsOpt = None,
+    metrics_key: MetricsKeyOpt = None,
+    metrics_tenant_labels: TenantLabelsOpt = TenantLabels.hashed,
 ) -> None:
-    """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway."""
+    """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway.
+
+    /metrics labels tenants by a hash of their names by default: the fairness alert keeps its
+    per-tenant series, and whoever reads the metrics is not shown customers' names.
+    """
     _setup_logging(log_level)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
-    asyncio.run(_run_node(home_path, host, port, partitions, snapshot_config=config, blobs=blobs))
+    metrics = MetricsConfig(key=metrics_key, tenant_labels=metrics_tenant_labels.value)
+    asyncio.run(
+        _run_node(
+            home_path,
+            host,
+            port,
+            partitions,
+            snapshot_config=config,
+            blobs=blobs,
+            metrics_config=metrics,
+        )
+    )
 
 
 def dev(
@@ -289,15 +347,33 @@ def dev(
     projection: ProjectionOpt = True,
     postgres_dsn: DsnOpt = None,
     blobs_url: BlobsOpt = None,
+    metrics_key: MetricsKeyOpt = None,
+    metrics_tenant_labels: TenantLabelsOpt = TenantLabels.on,
 ) -> None:
-    """Node + gateway + an agent for your app, in one process: for development."""
+    """Node + gateway + an agent for your app, in one process: for development.
+
+    /metrics names tenants by default: they are the developer's own.
+    """
     _setup_logging(log_level)
     _load_agent()  # fail before touching the home dir
     _check_app(app_ref)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
-    asyncio.run(_run_node(home_path, host, port, partitions, app_ref, concurrency, config, blobs))
+    metrics = MetricsConfig(key=metrics_key, tenant_labels=metrics_tenant_labels.value)
+    asyncio.run(
+        _run_node(
+            home_path,
+            host,
+            port,
+            partitions,
+            app_ref,
+            concurrency,
+            config,
+            blobs,
+            metrics_config=metrics,
+        )
+    )
 
 
 def agent(

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -115,7 +116,7 @@ async def _run(
         AsyncClient(cluster.url, cluster.key, app=APP) as client,
         httpx.AsyncClient(base_url=cluster.url, headers=auth, timeout=60.0) as http,
     ):
-        s = Session(client, http)
+        s = Session(client, http, cluster.metrics_key)
         await _warm_up(client, cluster.agents * cluster.concurrency)
         out: dict[str, Any] = {}
         out.update(await _single_enqueues(client, single))
@@ -134,6 +135,7 @@ class Session:
 
     client: AsyncClient
     http: httpx.AsyncClient
+    metrics_key: str  # the node's /metrics bearer token
 
 
 # -- the processes ----------------------------------------------------------------------------
@@ -153,6 +155,7 @@ class Cluster:
     key: str = ""  # a client key of tenant default
     agent_key: str = ""  # an agent key of the app, for the agents
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     @property
     def node_home(self) -> Path:
@@ -173,7 +176,11 @@ class Cluster:
         self.port = _free_port()
         self.mint_agent_key()
         home, port, partitions = str(self.node_home), str(self.port), str(self.partitions)
-        self._spawn("node", ["node", "--home", home, "--port", port, "--partitions", partitions])
+        self._spawn(
+            "node",
+            ["node", "--home", home, "--port", port, "--partitions", partitions],
+            env={"CONVEYOR_METRICS_KEY": self.metrics_key},
+        )
         await self._healthy()
         self.key = _dev_key(self.node_home)
         for k in range(self.agents):
@@ -428,7 +435,7 @@ async def _lag_at_end(s: Session) -> dict[str, float]:
     """``projection_lag_s`` (``conveyor_projection_lag_seconds``: how far the Postgres
     snapshot trails the events it has been sent) and the largest
     ``conveyor_processor_lag_seconds``, scraped from the node's /metrics."""
-    reply = await s.http.get("/metrics")
+    reply = await s.http.get("/metrics", headers={"Authorization": f"Bearer {s.metrics_key}"})
     reply.raise_for_status()
     found: dict[str, float] = {}
     for line in reply.text.splitlines():

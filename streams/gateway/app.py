@@ -11,6 +11,7 @@ got an acknowledgement for is already durable in the log, so nothing is lost by 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from conveyor.errors import Unauthorized
 from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
 from conveyor.streams.gateway import dashboard, openapi, routes, usage, workflows
@@ -36,10 +38,10 @@ from conveyor.streams.sinks.metrics import CONTENT_TYPE, Metrics
 log = logging.getLogger("conveyor.gateway")
 
 SHUTDOWN_GRACE_S = 2.0
-# /metrics is open like /healthz: Prometheus scrapes without a tenant key, and it carries no
-# task data (tenant names appear only as labels of the dispatch counter).
+# /metrics takes no tenant key: it has a key of its own (``metrics_route``).
 _PUBLIC = frozenset({"/healthz", "/openapi.json", "/metrics"})
 METRICS = web.AppKey("metrics", Metrics)
+METRICS_KEY = web.AppKey("metrics_key", str)  # "": none was given, /metrics answers 401
 _TIMED_ROUTES = {"/v1/tasks": "enqueue", "/v1/tasks:batch": "enqueue_batch"}
 
 
@@ -68,8 +70,27 @@ async def timing_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 async def metrics_route(request: web.Request) -> web.Response:
+    """The Prometheus exposition, for a bearer of the node's metrics key only: the series
+    describe every tenant's traffic (and, with ``--metrics-tenant-labels on``, name them), so
+    a tenant's API key does not open them, and a node started without a metrics key serves
+    them to nobody."""
+    check_metrics_key(request.app[METRICS_KEY], request.headers.get("Authorization"))
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def check_metrics_key(expected: str, header: str | None) -> None:
+    if not expected:
+        raise Unauthorized(
+            "this node serves /metrics to no one: start it with --metrics-key (or "
+            "$CONVEYOR_METRICS_KEY) and send that key as 'Authorization: Bearer <key>'"
+        )
+    scheme, _, key = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), expected):
+        raise Unauthorized(
+            "/metrics needs the node's metrics key (--metrics-key, $CONVEYOR_METRICS_KEY) as "
+            "'Authorization: Bearer <key>'; an API key does not open it"
+        )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -97,9 +118,11 @@ def build_app(
     snapshot: asyncpg.Pool | None = None,
     metrics: Metrics | None = None,
     logs: AttemptLogs | None = None,
+    metrics_key: str | None = None,
 ) -> web.Application:
     """The gateway. ``snapshot``: list from Postgres (else RocksDB scans). ``metrics``: the
-    process's metrics to serve at /metrics (a fresh set watching ``node`` if not given)."""
+    process's metrics to serve at /metrics (a fresh set watching ``node`` if not given), to
+    bearers of ``metrics_key`` (to nobody without one)."""
     if metrics is None:
         metrics = Metrics()
         metrics.watch(node)
@@ -112,6 +135,7 @@ def build_app(
     )
     node.pool.caps = lambda tenant: keys.settings(tenant).max_concurrent
     app[METRICS] = metrics
+    app[METRICS_KEY] = metrics_key or ""
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)

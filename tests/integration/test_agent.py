@@ -86,16 +86,18 @@ async def until(what: str, check: Callable[[], bool], timeout: float = DEADLINE_
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp_path: Path, *, drain_s: float = 0.0, **agent_opts: Any) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, *, drain_s: float = 0.0, app_ref: str = APP_REF, **agent_opts: Any
+) -> AsyncIterator[Rig]:
     node = Node.in_memory(2)
     await node.start()
     api = NodeWorkerAPI(node, tenant=TENANT)
     opts: dict[str, Any] = {"heartbeat_s": 0.2, "poll_wait_s": 1.0, "concurrency": 2}
     opts.update(agent_opts)
-    agent = HostAgent(api, APP_REF, log_dir=tmp_path / "logs", **opts)
+    agent = HostAgent(api, app_ref, log_dir=tmp_path / "logs", **opts)
     running = asyncio.create_task(agent.run(drain_s=drain_s))
     try:
-        await until("the agent to register", lambda: agent_app.app.name in api.known)
+        await until("the agent to register", lambda: agent.app.name in api.known)
         yield Rig(node, api, agent, tmp_path / "logs")
     finally:
         agent.stop()

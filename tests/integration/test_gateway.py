@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 KEY_A = "test-key-alpha-0123456789"
 KEY_B = "test-key-beta-0123456789"
+METRICS_KEY = "test-metrics-key-0123456789"  # every NodeProcess serves /metrics with it
 START_TIMEOUT_S = 30.0
 BODY_BYTES_MAX = 8 * 2**20
 APPS = {
@@ -99,6 +100,7 @@ class NodeProcess:
             "4",
         ]
         out = open(self.home.parent / f"{self.home.name}.out", "ab")  # noqa: SIM115
+        env = {"CONVEYOR_METRICS_KEY": METRICS_KEY, **(os.environ if env is None else env)}
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
         out.close()
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -178,7 +180,9 @@ def stop_orphaned_postgres(home: Path) -> None:
 
 def gauge(base: str, name: str) -> float:
     """The sum of a metric's samples in the node's /metrics."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as reply:
+    request = urllib.request.Request(base + "/metrics")
+    request.add_header("Authorization", f"Bearer {METRICS_KEY}")
+    with urllib.request.urlopen(request, timeout=10) as reply:
         text = reply.read().decode()
     samples = [line.split()[-1] for line in text.splitlines() if line.startswith(name)]
     assert samples, f"no {name}"
