@@ -47,6 +47,7 @@ class TaskSpec:
     idempotency_window_ms: int = 86_400_000
     run_key: str | None = None  # set by a dead-letter retry: the retried task's run key
     resume: str = "latest"  # RESUME_LATEST | RESUME_PINNED (TaskSpec v2: codec.SpecCodec)
+    delay_ms: int | None = None  # as the client asked (run_at_ms = now + it); TaskSpec v3
 
 
 @frozen(kw_only=True)

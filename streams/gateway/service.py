@@ -9,8 +9,10 @@ its tenant but of another app refuses the whole request with a 403 before anythi
 written (such a task is not unknown to the tenant, so saying ``unknown task`` would be a lie
 that hides a misconfigured agent).
 Rule 2 (idempotency): a keyed enqueue whose key already names a task answers that task, unless
-the payload or task type differs: that is a 409, checked before anything is written (and again
-after, for the race of two first attempts).
+it asks for another task (payload, type, options): that is a 409. The partition decides it, as
+it applies the record (``machine/handlers/enqueue.py`` rule 2), so no gateway reads another
+partition's state; the gateway only compares the items of one batch before appending it. Any
+item the machine refuses is an error (``refusals.py``), never a reply naming no task.
 Rule 3 (sticky partitions): a task without an idempotency key may live on any partition, and
 ``STICKY_TASKS`` of them in a row go to the same one before the next takes over (Kafka's
 sticky partitioner, KIP-480). Each partition has its own log, group commit, apply loop and
@@ -54,6 +56,7 @@ from conveyor.streams.gateway.auth import Grant, KeyStore
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
+from conveyor.streams.gateway.refusals import field_of, refused
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.schedules import ScheduleRequest, schedule_json, to_record
 from conveyor.streams.gateway.tenants import HIDDEN
@@ -76,6 +79,7 @@ from conveyor.streams.gateway.worker_requests import (
 )
 from conveyor.streams.machine import Reply
 from conveyor.streams.machine.handlers.cancel import retry_id
+from conveyor.streams.machine.handlers.enqueue import differing_fields
 from conveyor.streams.machine.lifecycle import holder
 from conveyor.streams.node import Node
 from conveyor.streams.processor.pool import Lease
@@ -129,7 +133,6 @@ class Gateway:
     async def enqueue(self, tenant: str, reqs: list[EnqueueRequest]) -> list[Reply]:
         for req in reqs:
             self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
-        _check_batch_keys(reqs)
         self.admission.admit(tenant, self.keys.settings(tenant), len(reqs))  # valid ones only
         now_ms = self.node.clock.now_ms()
         specs: list[TaskSpec] = []
@@ -146,33 +149,17 @@ class Gateway:
                     resume=self.registry.resume_of(tenant, req.app, req.task_type),
                 )
             )
-        for req, spec in zip(reqs, specs, strict=True):
-            self._check_twin(req, spec, now_ms)
+        _check_batch_keys(reqs, specs)
         replies = await self.node.enqueue(specs)
-        for req, spec, reply in zip(reqs, specs, replies, strict=True):
-            if not reply.created:
-                self._check_same(req, spec, reply.task_id)
+        for req, reply in zip(reqs, replies, strict=True):
+            if not reply.ok:
+                raise refused(reply, field_of(reply.refusal, req.path))
         return replies
 
     def _partition(self, tenant: str, key: str | None) -> int:
         if key is not None:
             return partition_for_key(tenant, key, self.node.partitions)
         return next(self._round_robin) // STICKY_TASKS % self.node.partitions
-
-    def _check_twin(self, req: EnqueueRequest, spec: TaskSpec, now_ms: int) -> None:
-        if spec.idempotency_key is None:
-            return
-        tables = self.node.tables(self.node.partition_of(spec.task_id))
-        entry = tables.idempotency(spec.tenant, spec.app, spec.idempotency_key)
-        if entry is not None and entry.expires_ms > now_ms:
-            self._check_same(req, spec, entry.task_id)
-
-    def _check_same(self, req: EnqueueRequest, spec: TaskSpec, twin_id: str) -> None:
-        stored = self.node.tables(self.node.partition_of(twin_id)).spec(twin_id)
-        if stored is None:
-            return
-        if (stored.task_type, stored.payload) != (spec.task_type, spec.payload):
-            raise _conflict(req, f"task {twin_id}")
 
     async def task(self, tenant: str, task_id: str, wait_ms: int) -> dict[str, Any]:
         task = self.find(tenant, task_id)
@@ -226,7 +213,7 @@ class Gateway:
         self.find(tenant, task_id)
         reply = await self.node.cancel(tenant, task_id, reason)
         if not reply.ok or reply.status is None:
-            raise NotFound(f"no task {task_id}", field="task_id")
+            raise refused(reply, "task_id")
         return {"task_id": task_id, "status": reply.status.value}
 
     async def retry(self, tenant: str, task_ids: list[str]) -> list[dict[str, str]]:
@@ -285,7 +272,7 @@ class Gateway:
         record = to_record(req, tenant=tenant, template=codec.TASK_SPEC.encode(spec))
         reply = await self.node.upsert_schedule(record)
         if not reply.ok:  # validated above: only a record changed underneath us gets here
-            raise ContractError(f"schedule refused: {reply.reason}", field="cron")
+            raise refused(reply, "cron")
         return reply.created, await self.schedule(tenant, req.schedule_id)
 
     async def schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
@@ -303,7 +290,7 @@ class Gateway:
     async def delete_schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
         reply = await self.node.delete_schedule(tenant, schedule_id)
         if not reply.ok:
-            raise NotFound(f"no schedule {schedule_id!r}", field="schedule_id")
+            raise refused(reply, "schedule_id")
         return {"schedule_id": schedule_id, "deleted": True}
 
     async def pause_schedule(
@@ -312,7 +299,7 @@ class Gateway:
         """Pause or resume; the schedule as stored after it."""
         reply = await self.node.pause_schedule(tenant, schedule_id, paused=paused)
         if not reply.ok:
-            raise NotFound(f"no schedule {schedule_id!r}", field="schedule_id")
+            raise refused(reply, "schedule_id")
         return await self.schedule(tenant, schedule_id)
 
     # -- worker API ---------------------------------------------------------------------------
@@ -527,23 +514,22 @@ class Gateway:
         return results
 
 
-def _check_batch_keys(reqs: list[EnqueueRequest]) -> None:
-    first: dict[tuple[str, str], EnqueueRequest] = {}
-    for req in reqs:
+def _check_batch_keys(reqs: list[EnqueueRequest], specs: list[TaskSpec]) -> None:
+    """Two items of one batch with one key must ask for the same task (rule 2): checked
+    before the batch is appended, so a batch that holds a conflict writes nothing."""
+    first: dict[tuple[str, str], tuple[EnqueueRequest, TaskSpec]] = {}
+    for req, spec in zip(reqs, specs, strict=True):
         if req.idempotency_key is None:
             continue
-        seen = first.setdefault((req.app, req.idempotency_key), req)
-        if (seen.task_type, seen.payload) != (req.task_type, req.payload):
-            raise _conflict(req, seen.path)
-
-
-def _conflict(req: EnqueueRequest, named: str) -> Conflict:
-    field = req.field("idempotency_key")
-    return Conflict(
-        f"{field}: idempotency key {req.idempotency_key!r} already names {named} with a "
-        "different payload or task type; use a new key for a different task",
-        field=field,
-    )
+        seen, seen_spec = first.setdefault((req.app, req.idempotency_key), (req, spec))
+        differing = differing_fields(seen_spec, spec)
+        if differing:
+            field = req.field("idempotency_key")
+            raise Conflict(
+                f"{field}: idempotency key {req.idempotency_key!r} already names {seen.path}, "
+                f"which differs in {', '.join(differing)}; use a new key for a different task",
+                field=field,
+            )
 
 
 def _rejected(task_id: str, reason: str = UNKNOWN_TASK) -> dict[str, Any]:

@@ -38,6 +38,11 @@ NON_RETRYABLE_MAX = 100
 LIST_LIMIT_MAX = 1_000
 LIST_LIMIT_DEFAULT = 100
 WAIT_MS_MAX = 60_000
+# ``run_at`` from the epoch (the machine stores instants as unsigned ms) to the last instant an
+# RFC 3339 year of four digits can write.
+RUN_AT_MIN = "1970-01-01T00:00:00Z"
+RUN_AT_MAX = "9999-12-31T23:59:59.999Z"
+RUN_AT_MS_MAX = 253_402_300_799_999
 
 _DEFAULT = TaskSpec(task_id="", tenant="", app="", task_type="")
 _TASK_FIELDS = frozenset(
@@ -163,7 +168,14 @@ def _run_at(f: Fields) -> int | None:
         instant = datetime.fromisoformat(text)
     except ValueError:
         raise invalid(f.at("run_at"), f"must be {expected}, got {describe(value)}") from None
-    return int(instant.timestamp() * 1000)
+    run_at_ms = int(instant.timestamp() * 1000)
+    if not 0 <= run_at_ms <= RUN_AT_MS_MAX:
+        raise invalid(
+            f.at("run_at"),
+            f"must be between {RUN_AT_MIN} and {RUN_AT_MAX} (the task's instant in epoch ms "
+            f"must be 0..{RUN_AT_MS_MAX}), got {describe(value)}",
+        )
+    return run_at_ms
 
 
 def parse_batch(body: Any) -> list[EnqueueRequest]:
@@ -207,6 +219,7 @@ def to_spec(
         cancel_grace_ms=req.cancel_grace_ms,
         idempotency_key=req.idempotency_key,
         resume=req.resume or resume,
+        delay_ms=req.delay_ms,
     )
 
 

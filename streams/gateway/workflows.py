@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from aiohttp import web
 
-from conveyor.errors import Conflict, NotFound
 from conveyor.schemas import codec
 from conveyor.schemas.steps import STEP_BYTES_MAX, STEP_NAME_BYTES_MAX
 from conveyor.schemas.types import TERMINAL, Barrier, StepRow, Task, TaskStatus
@@ -44,6 +43,7 @@ from conveyor.store.tables import Tables
 from conveyor.streams.gateway import render, routes
 from conveyor.streams.gateway.fields import Fields, compact, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
+from conveyor.streams.gateway.refusals import refused
 from conveyor.streams.gateway.validation import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, _query_int
 from conveyor.streams.machine.handlers.workflows import child_id, spilled
 
@@ -112,10 +112,8 @@ async def send_event(request: web.Request) -> web.Response:
     gw.find(tenant, task_id)
     name, payload = parse_event(await routes.read_body(request))
     reply = await gw.node.send_event(tenant, task_id, name, payload)
-    if reply.reason == "unknown task":
-        raise NotFound(f"no workflow {task_id}", field="task_id")
     if not reply.ok or reply.status is None:
-        raise Conflict(f"{reply.reason}: it takes no more events", field="task_id")
+        raise refused(reply, "task_id")
     return routes.reply({"workflow_id": task_id, "name": name, "status": reply.status.value})
 
 

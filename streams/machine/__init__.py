@@ -9,6 +9,7 @@ from conveyor.streams.machine.outcome import (
     Meta,
     Offer,
     Outcome,
+    Refusal,
     Reply,
     TaskFinished,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "Meta",
     "Offer",
     "Outcome",
+    "Refusal",
     "Reply",
     "TaskFinished",
     "apply",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from conveyor.frozen import frozen
 from conveyor.schemas.types import ScheduleEvent, StepEvent, TaskEvent, TaskStatus
@@ -19,6 +20,22 @@ class Meta:
     partitions: int = 1  # of the node, fixed at creation: where spilled children go
 
 
+class Refusal(StrEnum):
+    """Why the machine refused an item of a client record (EnqueueTasks, CancelTasks,
+    SendEvents, UpsertSchedule, DeleteSchedule, PauseSchedule): every reason it can give. A
+    refused item changes nothing. The gateway maps each to an HTTP error
+    (``gateway/refusals.py``); a reason without a mapping fails its test."""
+
+    NOT_A_SPEC = "not_a_spec"  # an EnqueueTasks item that does not decode as a TaskSpec
+    INVALID_SPEC = "invalid_spec"  # a spec the key encodings cannot store (enqueue.invalid)
+    CONFLICT = "conflict"  # the idempotency key names a task with another spec
+    UNKNOWN_TASK = "unknown_task"  # no such task of the record's tenant (cancel, event)
+    FINISHED = "finished"  # an event for a workflow that has ended
+    EVENTS_FULL = "events_full"  # EVENTS_KEPT_MAX events of that name are kept already
+    INVALID_SCHEDULE = "invalid_schedule"  # a schedule the machine cannot arm or store
+    UNKNOWN_SCHEDULE = "unknown_schedule"  # no such schedule of the record's tenant
+
+
 @frozen(kw_only=True)
 class Reply:
     """The answer to item ``index`` of the client or agent record at ``offset``."""
@@ -30,6 +47,10 @@ class Reply:
     created: bool = False
     status: TaskStatus | None = None
     reason: str | None = None
+    refusal: Refusal | None = None  # set with ``ok=False`` on an item of a client record
+    # The twin an idempotency key named (Refusal.CONFLICT) and the spec fields that differ.
+    twin_id: str | None = None
+    differing: tuple[str, ...] = ()
     # Refused for now (its partition could not take it: halted, disk full): nothing of it was
     # applied; send it again after this long. Set by the node, never by the machine.
     retry_after_ms: int | None = None

@@ -29,7 +29,7 @@ from conveyor.schemas.types import (
 from conveyor.store.tables import Tables
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
 from conveyor.streams.machine.lifecycle import WAITING, cancel_now, emit, grace_timer, touch
-from conveyor.streams.machine.outcome import CancelLease, Meta, Outcome, Reply
+from conveyor.streams.machine.outcome import CancelLease, Meta, Outcome, Refusal, Reply
 
 
 def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) -> None:
@@ -43,6 +43,7 @@ def apply_cancel(tables: Tables, record: CancelTasks, meta: Meta, out: Outcome) 
                     ok=False,
                     task_id=task_id,
                     reason="unknown task",
+                    refusal=Refusal.UNKNOWN_TASK,
                 )
             )
             continue

@@ -1,4 +1,14 @@
-"""EnqueueTasks: create tasks; a keyed enqueue meets its twin and returns the original id."""
+"""EnqueueTasks: create tasks; a keyed enqueue meets its twin and returns the original id.
+
+Rule 1: an item is created, meets its twin, or is refused with a ``Refusal``; a refused item
+writes nothing, so no reply ever names a task that does not exist.
+Rule 2 (conflicts): a client's keyed enqueue whose key names a task in its window meets that
+twin only if it asks for the same task: same type, payload, queue, priority, timing, retry
+policy, timeouts and cancel grace. Otherwise it is refused as ``CONFLICT``, naming the twin and
+the fields that differ. The decision is the partition's (it holds the key), so it holds however
+many gateways race. Schedule firings and workflow children derive their own keys and ids: they
+meet their twin without comparing (a replaced schedule re-firing a time keeps its first task).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +33,7 @@ from conveyor.streams.machine.lifecycle import (
     make_ready,
     run_timer,
 )
-from conveyor.streams.machine.outcome import Meta, Outcome, Reply
+from conveyor.streams.machine.outcome import Meta, Outcome, Refusal, Reply
 
 _NOT_A_SPEC = "task %d of the record is not an encoded TaskSpec"
 
@@ -35,16 +45,20 @@ def apply_enqueue(
     out: Outcome,
     specs: Sequence[TaskSpec] | None = None,
 ) -> None:
-    """``specs``: the record's items decoded, when the caller has them."""
+    """``specs``: the record's items decoded, when the caller has them. Items of a client
+    record are compared with their twins (rule 2)."""
     if specs is None:
         for index, raw in enumerate(record.tasks):
-            out.actions.append(enqueue_one(tables, raw, meta, out, index))
+            out.actions.append(enqueue_one(tables, raw, meta, out, index, compare=True))
     else:
         for index, (spec, raw) in enumerate(zip(specs, record.tasks, strict=True)):
-            out.actions.append(enqueue_spec(tables, spec, raw, meta, out, index))
+            reply = enqueue_spec(tables, spec, raw, meta, out, index, compare=True)
+            out.actions.append(reply)
 
 
-def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int) -> Reply:
+def enqueue_one(
+    tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int, *, compare: bool = False
+) -> Reply:
     """Create the task of one encoded spec, or meet its twin; the reply says which.
 
     ``index`` must be unique among the items of the record that become ready: it orders the
@@ -53,23 +67,45 @@ def enqueue_one(tables: Tables, raw: bytes, meta: Meta, out: Outcome, index: int
         spec = codec.TASK_SPEC.decode(raw)
     except Exception:  # fastavro raises many types on hostile input; never halt on it
         return Reply(
-            offset=meta.offset, index=index, ok=False, task_id="", reason=_NOT_A_SPEC % index
+            offset=meta.offset,
+            index=index,
+            ok=False,
+            task_id="",
+            reason=_NOT_A_SPEC % index,
+            refusal=Refusal.NOT_A_SPEC,
         )
-    return enqueue_spec(tables, spec, raw, meta, out, index)
+    return enqueue_spec(tables, spec, raw, meta, out, index, compare=compare)
 
 
 def enqueue_spec(
-    tables: Tables, spec: TaskSpec, raw: bytes, meta: Meta, out: Outcome, index: int
+    tables: Tables,
+    spec: TaskSpec,
+    raw: bytes,
+    meta: Meta,
+    out: Outcome,
+    index: int,
+    *,
+    compare: bool = False,
 ) -> Reply:
     """``enqueue_one`` of a spec already decoded from ``raw`` (kept as is in the spec row)."""
     problem = invalid(spec)
     if problem is not None:
         # The gateway validates; anything else that appends (ingest, tools) may not.
         return Reply(
-            offset=meta.offset, index=index, ok=False, task_id=spec.task_id[:64], reason=problem
+            offset=meta.offset,
+            index=index,
+            ok=False,
+            task_id=spec.task_id[:64],
+            reason=problem,
+            refusal=Refusal.INVALID_SPEC,
         )
     twin = _twin(tables, spec, meta)
     if twin is not None:
+        if compare and spec.idempotency_key is not None:
+            stored = tables.spec(twin)
+            differing = () if stored is None else differing_fields(stored, spec)
+            if differing:
+                return _conflict(spec, twin, differing, meta, index)
         existing = tables.task(twin)
         return Reply(
             offset=meta.offset,
@@ -152,6 +188,60 @@ def forget_key(tables: Tables, task_id: str, meta: Meta) -> None:
     entry = tables.idempotency(spec.tenant, spec.app, spec.idempotency_key)
     if entry is not None and entry.task_id == task_id and entry.expires_ms <= meta.ts_ms:
         tables.delete_idempotency(spec.tenant, spec.app, spec.idempotency_key)
+
+
+# What a client asks for, field by field, as ``differing_fields`` compares it (rule 2): the
+# wire's name (``POST /v1/tasks``), so that a conflict can name it to the client, then the
+# spec's.
+_COMPARED = (
+    ("task_type", "task_type"),
+    ("payload", "payload"),
+    ("queue", "queue"),
+    ("priority", "priority"),
+    ("retry.attempts_max", "attempts_max"),
+    ("retry.backoff_base_ms", "backoff_base_ms"),
+    ("retry.backoff_factor", "backoff_factor"),
+    ("retry.backoff_cap_ms", "backoff_cap_ms"),
+    ("retry.non_retryable", "non_retryable"),
+    ("timeouts.schedule_to_start_ms", "schedule_to_start_ms"),
+    ("timeouts.start_to_close_ms", "start_to_close_ms"),
+    ("timeouts.schedule_to_close_ms", "schedule_to_close_ms"),
+    ("cancel_grace_ms", "cancel_grace_ms"),
+)
+
+
+def differing_fields(stored: TaskSpec, incoming: TaskSpec) -> tuple[str, ...]:
+    """The wire names of what ``incoming`` asks for differently from ``stored`` (rule 2)."""
+    names = [wire for wire, name in _COMPARED if getattr(stored, name) != getattr(incoming, name)]
+    if _timing(stored) != _timing(incoming):
+        names.append("run_at" if incoming.delay_ms is None else "delay_ms")
+    return tuple(names)
+
+
+def _timing(spec: TaskSpec) -> tuple[str, int]:
+    """When the client asked the task to run: a delay is compared as a delay (a retry sent
+    later computes a later ``run_at_ms`` from it), an instant as an instant."""
+    if spec.delay_ms:
+        return ("delay_ms", spec.delay_ms)
+    if spec.run_at_ms is not None:
+        return ("run_at", spec.run_at_ms)
+    return ("now", 0)
+
+
+def _conflict(
+    spec: TaskSpec, twin: str, differing: tuple[str, ...], meta: Meta, index: int
+) -> Reply:
+    return Reply(
+        offset=meta.offset,
+        index=index,
+        ok=False,
+        task_id=twin,
+        reason=f"idempotency key {spec.idempotency_key!r} already names task {twin}, "
+        f"which differs in {', '.join(differing)}",
+        refusal=Refusal.CONFLICT,
+        twin_id=twin,
+        differing=differing,
+    )
 
 
 def _twin(tables: Tables, spec: TaskSpec, meta: Meta) -> str | None:

@@ -41,7 +41,7 @@ from conveyor.streams.machine.handlers.workflows import (
     wake,
 )
 from conveyor.streams.machine.lifecycle import SEQ_SLOTS, attempt_failed, stopped_instead
-from conveyor.streams.machine.outcome import Meta, Outcome, Reply
+from conveyor.streams.machine.outcome import Meta, Outcome, Refusal, Reply
 
 EVENTS_KEPT_MAX = 1_000
 TIMED_OUT = b'{"timeout":true}'
@@ -93,12 +93,14 @@ def apply_send_events(tables: Tables, record: SendEvents, meta: Meta, out: Outco
     for index, item in enumerate(record.items):
         task = tables.task(item.task_id)
         reason: str | None = None
+        refusal: Refusal | None = None
         if task is None or task.tenant != record.tenant:
-            reason = "unknown task"
+            reason, refusal = "unknown task", Refusal.UNKNOWN_TASK
         elif task.status in TERMINAL:
-            reason = f"workflow is {task.status.value}"
+            reason, refusal = f"workflow is {task.status.value}", Refusal.FINISHED
         else:
             reason = _deliver(tables, task, item.name, item.payload, meta, out, index)
+            refusal = None if reason is None else Refusal.EVENTS_FULL
         out.actions.append(
             Reply(
                 offset=meta.offset,
@@ -107,6 +109,7 @@ def apply_send_events(tables: Tables, record: SendEvents, meta: Meta, out: Outco
                 task_id=item.task_id,
                 status=None if task is None or reason is not None else task.status,
                 reason=reason,
+                refusal=refusal,
             )
         )
 

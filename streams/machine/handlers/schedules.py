@@ -52,7 +52,7 @@ from conveyor.store.tables import Tables
 from conveyor.streams import cron
 from conveyor.streams.machine.handlers.cancel import stop_task
 from conveyor.streams.machine.handlers.enqueue import NAME_BYTES_MAX, enqueue_one, invalid
-from conveyor.streams.machine.outcome import Meta, Outcome, Reply
+from conveyor.streams.machine.outcome import Meta, Outcome, Refusal, Reply
 
 MISFIRE_GRACE_MS = 60_000  # a timer firing later than this after its occurrence missed it
 UNKNOWN_SCHEDULE = "unknown schedule"
@@ -61,7 +61,9 @@ UNKNOWN_SCHEDULE = "unknown schedule"
 def apply_upsert_schedule(tables: Tables, record: UpsertSchedule, meta: Meta, out: Outcome) -> None:
     problem = _invalid(record)
     if problem is not None:
-        out.actions.append(_reply(meta, record.schedule_id, ok=False, reason=problem))
+        out.actions.append(
+            _reply(meta, record.schedule_id, refusal=Refusal.INVALID_SCHEDULE, reason=problem)
+        )
         return
     old = tables.schedule(record.tenant, record.schedule_id)
     if old is not None:
@@ -89,25 +91,33 @@ def apply_upsert_schedule(tables: Tables, record: UpsertSchedule, meta: Meta, ou
     else:
         row = _arm(tables, row, meta.ts_ms)
     _report(out, row, meta)
-    out.actions.append(_reply(meta, record.schedule_id, ok=True, created=old is None))
+    out.actions.append(_reply(meta, record.schedule_id, created=old is None))
 
 
 def apply_delete_schedule(tables: Tables, record: DeleteSchedule, meta: Meta, out: Outcome) -> None:
     row = tables.schedule(record.tenant, record.schedule_id)
     if row is None:
-        out.actions.append(_reply(meta, record.schedule_id, ok=False, reason=UNKNOWN_SCHEDULE))
+        out.actions.append(
+            _reply(
+                meta, record.schedule_id, refusal=Refusal.UNKNOWN_SCHEDULE, reason=UNKNOWN_SCHEDULE
+            )
+        )
         return
     _disarm(tables, row)
     tables.delete_schedule(row.tenant, row.schedule_id)
     _report(out, row, meta, deleted=True)
-    out.actions.append(_reply(meta, record.schedule_id, ok=True))
+    out.actions.append(_reply(meta, record.schedule_id))
 
 
 def apply_pause_schedule(tables: Tables, record: PauseSchedule, meta: Meta, out: Outcome) -> None:
     """Pause (disarm, keep the row) or resume (arm the next occurrence after now): rule 5."""
     row = tables.schedule(record.tenant, record.schedule_id)
     if row is None:
-        out.actions.append(_reply(meta, record.schedule_id, ok=False, reason=UNKNOWN_SCHEDULE))
+        out.actions.append(
+            _reply(
+                meta, record.schedule_id, refusal=Refusal.UNKNOWN_SCHEDULE, reason=UNKNOWN_SCHEDULE
+            )
+        )
         return
     if row.paused != record.paused:
         _disarm(tables, row)
@@ -123,7 +133,7 @@ def apply_pause_schedule(tables: Tables, record: PauseSchedule, meta: Meta, out:
         else:
             row = _arm(tables, row, meta.ts_ms)
         _report(out, row, meta)
-    out.actions.append(_reply(meta, record.schedule_id, ok=True))
+    out.actions.append(_reply(meta, record.schedule_id))
 
 
 def fire_schedule(tables: Tables, ref: TimerRef, meta: Meta, out: Outcome, index: int) -> None:
@@ -249,14 +259,21 @@ def _invalid(record: UpsertSchedule) -> str | None:
 
 
 def _reply(
-    meta: Meta, schedule_id: str, *, ok: bool, created: bool = False, reason: str | None = None
+    meta: Meta,
+    schedule_id: str,
+    *,
+    created: bool = False,
+    refusal: Refusal | None = None,
+    reason: str | None = None,
 ) -> Reply:
+    """Ok unless ``refusal`` says why not."""
     # Reply.task_id carries the schedule id: one reply shape for every client record.
     return Reply(
         offset=meta.offset,
         index=0,
-        ok=ok,
+        ok=refusal is None,
         task_id=schedule_id[:NAME_BYTES_MAX],
         created=created,
         reason=reason,
+        refusal=refusal,
     )

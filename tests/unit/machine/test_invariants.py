@@ -68,7 +68,7 @@ from conveyor.schemas.types import (
 )
 from conveyor.store import keys
 from conveyor.store.tables import Tables
-from conveyor.streams.machine import LeaseEnded, Offer, Reply, TaskFinished
+from conveyor.streams.machine import LeaseEnded, Offer, Refusal, Reply, TaskFinished
 from conveyor.streams.machine import Outcome as MachineOutcome
 from conveyor.streams.machine.handlers.workflows import child_id, event_timer
 from conveyor.streams.machine.lifecycle import grace_timer, run_timer
@@ -221,6 +221,11 @@ class MachineModel(RuleBasedStateMachine):
         replies = [a for a in out.actions if isinstance(a, Reply)]
         assert [r.index for r in replies] == list(range(len(specs)))
         for spec, reply in zip(specs, replies, strict=True):
+            if reply.refusal == Refusal.CONFLICT:  # its key names a task that differs
+                event("conflict")
+                assert spec.idempotency_key is not None and reply.differing
+                assert reply.task_id == reply.twin_id and reply.twin_id in self.status
+                continue
             assert reply.ok
             if reply.created:
                 assert reply.task_id == spec.task_id and self.status[spec.task_id]
