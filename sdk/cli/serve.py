@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -115,6 +115,35 @@ TenantLabelsOpt = Annotated[
     typer.Option(
         "--metrics-tenant-labels",
         help="How /metrics labels tenants: their names, a hash of them, or not at all",
+    ),
+]
+
+SANDBOX_HELP = (
+    "bwrap: guests run in bubblewrap as another user, without network, with the code read-only "
+    "and rlimits; none: as the agent's user (trusted code only)"
+)
+
+
+class Sandbox(enum.StrEnum):
+    bwrap = "bwrap"
+    none = "none"
+
+
+SandboxOpt = Annotated[Sandbox, typer.Option("--sandbox", help=SANDBOX_HELP)]
+DevSandboxOpt = Annotated[
+    Sandbox | None,
+    typer.Option(
+        "--sandbox",
+        help=f"{SANDBOX_HELP} [default: bwrap if it works here, else none]",
+        show_default=False,
+    ),
+]
+AllowNetOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-net",
+        help="Egress for this app's guests: they share the host's network (every host and port, "
+        "127.0.0.1 too: bwrap cannot filter by host)",
     ),
 ]
 
@@ -220,6 +249,7 @@ async def _run_node(
     concurrency: int = 8,
     snapshot_config: SnapshotConfig | None = None,
     blobs: Blobs | None = None,
+    sandbox: str = "auto",
     metrics_config: MetricsConfig | None = None,
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
@@ -262,7 +292,7 @@ async def _run_node(
             if run_agent is None:
                 await stop.wait()
             else:
-                work = run_agent(url, agent_key, app_ref, concurrency=concurrency)
+                work = run_agent(url, agent_key, app_ref, concurrency=concurrency, sandbox=sandbox)
                 await _until_stopped(stop, work)
         finally:
             await runner.cleanup()
@@ -347,6 +377,7 @@ def dev(
     projection: ProjectionOpt = True,
     postgres_dsn: DsnOpt = None,
     blobs_url: BlobsOpt = None,
+    sandbox: DevSandboxOpt = None,
     metrics_key: MetricsKeyOpt = None,
     metrics_tenant_labels: TenantLabelsOpt = TenantLabels.on,
 ) -> None:
@@ -361,19 +392,19 @@ def dev(
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
     metrics = MetricsConfig(key=metrics_key, tenant_labels=metrics_tenant_labels.value)
-    asyncio.run(
-        _run_node(
-            home_path,
-            host,
-            port,
-            partitions,
-            app_ref,
-            concurrency,
-            config,
-            blobs,
-            metrics_config=metrics,
-        )
+    node = _run_node(
+        home_path,
+        host,
+        port,
+        partitions,
+        app_ref,
+        concurrency,
+        config,
+        blobs,
+        _mode(sandbox),
+        metrics_config=metrics,
     )
+    _run_agent_command(node)
 
 
 def agent(
@@ -395,6 +426,8 @@ def agent(
             "(trusted code only, as in a Celery worker), no guest hop",
         ),
     ] = False,
+    sandbox: SandboxOpt = Sandbox.bwrap,
+    allow_net: AllowNetOpt = False,
     log_level: LogLevelOpt = "warning",
 ) -> None:
     """Run a host agent that polls a node and runs the app's handlers."""
@@ -422,7 +455,24 @@ def agent(
             poll_wait_s=poll_wait_s,
             drain_s=drain_s,
             in_process=in_process,
+            sandbox=sandbox.value,
+            allow_net=allow_net,
         )
         await _until_stopped(stop, work)
 
-    asyncio.run(main())
+    _run_agent_command(main())
+
+
+def _mode(sandbox: Sandbox | None) -> str:
+    """``conveyor dev``'s sandbox: the one asked for, else "auto" (bwrap if it works here)."""
+    return "auto" if sandbox is None else sandbox.value
+
+
+def _run_agent_command(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main``; a sandbox that cannot start ends the command with its reason."""
+    from conveyor.agents.bwrap import SandboxUnavailable
+
+    try:
+        asyncio.run(main)
+    except SandboxUnavailable as exc:
+        raise fail(str(exc)) from None
