@@ -36,6 +36,7 @@ from conveyor.schemas.types import (
     TaskSpec,
     WaitStep,
 )
+from conveyor.streams.gateway.refusals import field_of, refused
 from conveyor.streams.gateway.worker_requests import bad_fan_out
 from conveyor.streams.machine import Reply
 from conveyor.streams.node import Node
@@ -135,6 +136,7 @@ def spec_from_body(
         priority=int(body.get("priority", 0)),
         payload=to_bytes(body.get("payload")),
         run_at_ms=_run_at_ms(body, now_ms),
+        delay_ms=int(body["delay_ms"]) if "delay_ms" in body else None,
         idempotency_key=key,
         **extra,
     )
@@ -150,8 +152,10 @@ def _run_at_ms(body: dict[str, Any], now_ms: int) -> int | None:
 
 
 def check(reply: Reply) -> Reply:
+    """The reply of an item the machine took; what it refused raises the error HTTP answers
+    for it (a ``Conflict`` for an idempotency key that names another task, as a 409 does)."""
     if not reply.ok:
-        raise ContractError(reply.reason or "rejected", field="task_id")
+        raise refused(reply, field_of(reply.refusal, ""))
     return reply
 
 

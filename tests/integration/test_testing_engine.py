@@ -196,8 +196,23 @@ def test_checkpoint_is_seen_by_the_next_attempt(engine: conveyor.testing.Engine)
 
 def test_idempotency_key_returns_the_first_task(engine: conveyor.testing.Engine) -> None:
     first = engine.client.enqueue(double, 1, idempotency_key="order-1")
-    again = engine.client.enqueue(double, 2, idempotency_key="order-1")
+    again = engine.client.enqueue(double, 1, idempotency_key="order-1")
     assert first.created and not again.created and again.id == first.id
+
+
+@pytest.mark.parametrize(
+    ("payload", "options", "named"),
+    [(2, {}, "payload"), (1, {"queue": "slow"}, "queue"), (1, {"priority": 3}, "priority")],
+)
+def test_a_key_that_names_another_task_is_the_409s_conflict(
+    engine: conveyor.testing.Engine, payload: int, options: dict[str, Any], named: str
+) -> None:
+    """As over HTTP: the same error class the SDK raises for a 409, and nothing created."""
+    first = engine.client.enqueue(double, 1, idempotency_key=f"twin-{named}")
+    with pytest.raises(conveyor.Conflict, match=f"{first.id}, which differs in {named}"):
+        engine.client.enqueue(double, payload, idempotency_key=f"twin-{named}", **options)
+    again = engine.client.enqueue(double, 1, idempotency_key=f"twin-{named}")
+    assert (again.id, again.created) == (first.id, False)
 
 
 def test_unknown_task_type_is_a_contract_error(engine: conveyor.testing.Engine) -> None:
