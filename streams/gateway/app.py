@@ -86,7 +86,8 @@ def check_metrics_key(expected: str, header: str | None) -> None:
             "$CONVEYOR_METRICS_KEY) and send that key as 'Authorization: Bearer <key>'"
         )
     scheme, _, key = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), expected):
+    sent = key.strip().encode("utf-8", "surrogateescape")  # bytes: compare_digest takes any
+    if scheme.lower() != "bearer" or not hmac.compare_digest(sent, expected.encode()):
         raise Unauthorized(
             "/metrics needs the node's metrics key (--metrics-key, $CONVEYOR_METRICS_KEY) as "
             "'Authorization: Bearer <key>'; an API key does not open it"

@@ -8,14 +8,20 @@ batch by the projector, off the processors' path; the gateway observes once per 
 The golden signals of the design: schedule-to-start latency per partition and queue, timer
 lag, lease-expiry rate, per-tenant dispatch share. Names follow Prometheus conventions: base
 units (seconds), ``_total`` for counters (prometheus-client appends it).
+
+Tenants: the dispatch counter is the only series that names one (queue names are labels too,
+and are chosen by tenants: see ``TenantLabels``). Who may read ``/metrics`` at all is the
+gateway's business (``app.py``: a key of its own).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -37,11 +43,47 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 
 
+class TenantLabels(StrEnum):
+    """How ``conveyor_dispatched_total`` labels a tenant.
+
+    - ``on``: its name. Right for ``conveyor dev`` (the developer's own tenants) and for a node
+      whose tenants are one organisation's teams.
+    - ``hashed``: a pseudonym, ``t`` and 12 hex digits of the name's SHA-256: stable across
+      restarts and nodes, so per-tenant rates, the dispatch-share panel and the
+      ``ConveyorDispatchUnfair`` alert work, and nobody reading the metrics (a dashboard
+      viewer, a shared Prometheus) learns a customer's name from them. It hides a name, it
+      does not make it secret: whoever can guess a name can hash it and find its series. The
+      default of ``conveyor node``: fairness is a golden signal, and tenant names are
+      customer data that an operator's tools do not need.
+    - ``off``: no tenant at all (the label is empty, which Prometheus reads as absent): one
+      series for the whole node; the fairness alert cannot fire.
+    """
+
+    ON = "on"
+    HASHED = "hashed"
+    OFF = "off"
+
+
+def tenant_label(tenant: str, mode: TenantLabels) -> str:
+    if mode is TenantLabels.ON:
+        return tenant
+    if mode is TenantLabels.OFF:
+        return ""
+    return "t" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
 class Metrics:
     """Every metric of one process, in its own registry (tests run several nodes at once)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        tenant_labels: TenantLabels = TenantLabels.ON,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
+        self.tenant_labels = tenant_labels
+        self._tenant_label: dict[str, str] = {}
         r = self.registry
         self.enqueue_ack = Histogram(
             "conveyor_enqueue_ack_seconds",
@@ -143,11 +185,17 @@ class Metrics:
         for (queue, status), n in finished.items():
             self._child(self.finished, queue, status).inc(n)
         for (_, tenant), n in leased.items():
-            self._child(self.dispatched, tenant).inc(n)
+            self._child(self.dispatched, self._label_of(tenant)).inc(n)
         if leased:
             self.dispatch_window.add(leased)
         if expired:
             self._child(self.lease_expired, label).inc(expired)
+
+    def _label_of(self, tenant: str) -> str:
+        label = self._tenant_label.get(tenant)
+        if label is None:
+            label = self._tenant_label[tenant] = tenant_label(tenant, self.tenant_labels)
+        return label
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept: a child never changes once made."""

@@ -332,6 +332,9 @@ async def _steps_and_schedules(node: Node, pool: Any) -> None:
     assert await pool.fetch("SELECT * FROM schedules ORDER BY schedule_id") == schedules_before
 
 
+_METRICS_KEY = "metrics-key-0123456789"
+
+
 @contextlib.asynccontextmanager
 async def _gateway(node: Node, pool: Any) -> AsyncIterator[tuple[str, Any]]:
     from conveyor.streams.gateway import KeyStore, Registry, build_app, start
@@ -342,7 +345,9 @@ async def _gateway(node: Node, pool: Any) -> AsyncIterator[tuple[str, Any]]:
     time_appends(node, metrics)
     projector, task = await _start(node, pool, metrics)
     ks = KeyStore({"key-alpha-0123456789": "alpha", "key-beta-0123456789": "beta"})
-    app = build_app(node, ks, Registry({}), snapshot=pool, metrics=metrics)
+    app = build_app(
+        node, ks, Registry({}), snapshot=pool, metrics=metrics, metrics_key=_METRICS_KEY
+    )
     runner, url = await start(app, "127.0.0.1", 0)
     try:
         yield url, projector
@@ -467,7 +472,8 @@ async def _metrics(node: Node, pool: Any) -> None:
 async def _metrics_checks(node: Node, pool: Any, url: str, projector: Any) -> None:
     await _workload(node, random.Random(13), 60)
     await _wait_equal(node, pool)
-    async with httpx.AsyncClient(base_url=url) as client:
+    auth = {"Authorization": f"Bearer {_METRICS_KEY}"}
+    async with httpx.AsyncClient(base_url=url, headers=auth) as client:
         text = (await client.get("/metrics")).text
     for name in (
         "conveyor_schedule_to_start_seconds_bucket",
