@@ -25,9 +25,9 @@ from dataclasses import field
 from typing import Any, Protocol, TypeVar
 
 from conveyor.agents.sandbox import read_log_tail
-from conveyor.ahttp import TRANSPORT_ERRORS, Session
+from conveyor.ahttp import TRANSPORT_ERRORS, Reply, Session
 from conveyor.client import backoff_s, parse, retry_after_ms
-from conveyor.errors import TransientError
+from conveyor.errors import Forbidden, TransientError
 from conveyor.frozen import frozen
 from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, WORKER_ITEMS_MAX
 
@@ -273,7 +273,7 @@ class HttpWorkerAPI:
             try:
                 reply = await self._http.request("POST", path, body=body, timeout=timeout)
                 if reply.status != 503:
-                    return _decoded(path, decode, parse(reply.status, reply.content, reply.headers))
+                    return _decoded(path, decode, _parse(path, reply))
                 delay, why = backoff_s(attempt, retry_after_ms(reply.headers)), "503"
             except TRANSPORT_ERRORS as exc:
                 delay, why = backoff_s(attempt), repr(exc)
@@ -357,6 +357,20 @@ class HttpWorkerAPI:
 
     async def close(self) -> None:
         await self._http.close()
+
+
+def _parse(path: str, reply: Reply) -> Any:
+    """The JSON of a 2xx reply. A 403 names the key as the cause: the node takes the key but
+    not for this (a client key, or an agent key of another app or version), and no retry or
+    restart can help until the agent runs with the right key."""
+    try:
+        return parse(reply.status, reply.content, reply.headers)
+    except Forbidden as exc:
+        raise Forbidden(
+            f"POST {path}: the node refused this agent's API key ($CONVEYOR_API_KEY or "
+            f"--api-key): {exc}",
+            field=exc.field,
+        ) from None
 
 
 def _decoded(path: str, decode: Callable[[Any], T], body: Any) -> T:

@@ -5,7 +5,11 @@ one deprecation warning. Each refusal is a 403 ``forbidden`` that changes nothin
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +30,7 @@ KEYS = {
     AGENT_V3: {"tenant": "alpha", "role": "agent", "app": "shop", "version": "v3"},
     LEGACY: {"tenant": "alpha"},
 }
+HERE = Path(__file__).parent  # agent_app.py
 APPS = {AGENT_A: "shop", AGENT_B: "billing", LEGACY: "legacy"}
 
 
@@ -133,3 +138,21 @@ def test_a_legacy_key_still_does_both_and_warns_once(node: NodeProcess) -> None:
     logs = node.logs()
     assert logs.count("deprecated") == 1, logs
     assert "of 'alpha'" in logs and LEGACY not in logs
+
+
+@pytest.mark.parametrize(("key", "why"), [(CLIENT, "a client key"), (AGENT_A, "not 'agent-tests'")])
+def test_an_agent_with_the_wrong_key_stops_saying_so(node: NodeProcess, key: str, why: str) -> None:
+    args = ["--app", "agent_app:app", "--url", node.base, "--api-key", key, "--in-process"]
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    assert done.returncode == 1, done
+    assert "POST /worker/register: the node refused this agent's API key" in done.stderr, done
+    assert why in done.stderr and key not in done.stderr + done.stdout
