@@ -80,6 +80,9 @@ class LeaseRequest:
     # The app version the agent serves. ``app`` is the ready lane the request takes from: the
     # app itself, or a pinned lane ``ready_lane`` names (for an agent of that version only).
     app_version: str | None = None
+    # The task types the agent serves that have ready work (``machine/handlers/dispatch.py``);
+    # None: any type.
+    task_types: list[str] | None = None
 
 
 @frozen(kw_only=True)

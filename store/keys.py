@@ -13,10 +13,11 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
                                                                   did not end the task (the
                                                                   last one is in the task row)
     idempotency  i lp:tenant lp:app key                           IdempotencyEntry (Avro)
-    ready        r lp:app lp:tenant lp:queue u8:255-prio u64:seq  task_id
+    ready        r lp:app lp:tenant lp:type lp:queue u8:255-prio  task_id
+                   u64:seq
     ready count  c lp:app tenant                                  u64 (absent when 0)
-    queue count  k lp:app lp:tenant queue                         u64 (absent when 0)
-    queue head   m head/ lp:app lp:tenant lp:queue                the ready key taken last
+    queue count  k lp:app lp:tenant lp:type queue                 u64 (absent when 0)
+    queue head   m head/ lp:app lp:tenant lp:type lp:queue        the ready key taken last
     timers       T u64:fire_at_ms lp:task_id u8:kind u64:token    b""
     leased       l task_id                                        u64:lease_id
     dead         d lp:tenant task_id                              b""
@@ -71,6 +72,10 @@ META = b"m"
 META_APPLIED = META + b"applied"
 META_EPOCH = META + b"epoch"
 META_CURSOR = META + b"cursor/"  # + app: the tenant served last (round-robin position)
+
+# The layout of the keys above, part of a store's state fingerprint (``state_schemas.py``): a
+# store written under another layout is rebuilt from the log. 2: ready queues per task type.
+LAYOUT = 2
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -139,12 +144,12 @@ def ready_tenant(app: str, tenant: str) -> bytes:
     return READY + lp(app) + lp(tenant)
 
 
-def ready_queue(app: str, tenant: str, queue: str) -> bytes:
-    return READY + lp(app) + lp(tenant) + lp(queue)
+def ready_queue(app: str, tenant: str, task_type: str, queue: str) -> bytes:
+    return READY + lp(app) + lp(tenant) + lp(task_type) + lp(queue)
 
 
-def ready(app: str, tenant: str, queue: str, priority: int, seq: int) -> bytes:
-    return ready_queue(app, tenant, queue) + bytes((255 - priority,)) + _U64.pack(seq)
+def ready(app: str, tenant: str, task_type: str, queue: str, priority: int, seq: int) -> bytes:
+    return ready_queue(app, tenant, task_type, queue) + bytes((255 - priority,)) + _U64.pack(seq)
 
 
 def ready_count(app: str, tenant: str) -> bytes:
@@ -155,22 +160,22 @@ def ready_count_of(app: str) -> bytes:
     return READY_COUNTS + lp(app)
 
 
-def queue_count(app: str, tenant: str, queue: str) -> bytes:
-    return QUEUE_COUNTS + lp(app) + lp(tenant) + queue.encode()
+def queue_count(app: str, tenant: str, task_type: str, queue: str) -> bytes:
+    return QUEUE_COUNTS + lp(app) + lp(tenant) + lp(task_type) + queue.encode()
 
 
 def queue_count_of(app: str, tenant: str) -> bytes:
     return QUEUE_COUNTS + lp(app) + lp(tenant)
 
 
-def queue_head(app: str, tenant: str, queue: str) -> bytes:
-    return META + b"head/" + lp(app) + lp(tenant) + lp(queue)
+def queue_head(app: str, tenant: str, task_type: str, queue: str) -> bytes:
+    return META + b"head/" + lp(app) + lp(tenant) + lp(task_type) + lp(queue)
 
 
 @frozen
 class QueueKeys:
-    """Every key of one (app, tenant, queue) ready queue, built once: dispatch touches them
-    for every task."""
+    """Every key of one (app, tenant, task type, queue) ready queue, built once: dispatch
+    touches them for every task."""
 
     prefix: bytes
     tenant_count: bytes
@@ -182,17 +187,18 @@ class QueueKeys:
 
 
 @functools.lru_cache(maxsize=4_096)
-def queue_keys(app: str, tenant: str, queue: str) -> QueueKeys:
+def queue_keys(app: str, tenant: str, task_type: str, queue: str) -> QueueKeys:
     return QueueKeys(
-        prefix=ready_queue(app, tenant, queue),
+        prefix=ready_queue(app, tenant, task_type, queue),
         tenant_count=ready_count(app, tenant),
-        queue_count=queue_count(app, tenant, queue),
-        head=queue_head(app, tenant, queue),
+        queue_count=queue_count(app, tenant, task_type, queue),
+        head=queue_head(app, tenant, task_type, queue),
     )
 
 
 def ready_order(key: bytes) -> bytes:
-    """The (priority, seq) tail of a ready key: compares across queues of one tenant."""
+    """The (priority, seq) tail of a ready key: compares across the queues and task types of
+    one tenant."""
     return key[-9:]
 
 

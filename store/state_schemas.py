@@ -3,9 +3,10 @@
 Rule: state is derived from the log, and the log is never trimmed, so a store written under
 other state schemas is not migrated row by row: it is dropped, and the processor rebuilds it by
 replaying the log from the start, as it does for any empty store. The fingerprint of the state
-schemas (``schemas/state/*.avsc``, docs left out) sits in a file beside each store; a store
-without one predates the file and is rebuilt once. A rebuild re-ships the events of the whole
-log; their consumers dedupe by version (the outbox's at-least-once contract).
+schemas (``schemas/state/*.avsc``, docs left out) and of the key layout (``keys.LAYOUT``) sits
+in a file beside each store; a store without one predates the file and is rebuilt once. A
+rebuild re-ships the events of the whole log; their consumers dedupe by version (the outbox's
+at-least-once contract).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.schemas.codec import SCHEMA_DIR
+from conveyor.store import keys
 from conveyor.store.rocksdb import RocksKV
 
 log = logging.getLogger("conveyor.store")
@@ -33,10 +35,11 @@ def _canonical(node: Any) -> Any:
 
 
 def fingerprint() -> str:
-    docs = {
+    docs: dict[str, Any] = {
         path.name: _canonical(json.loads(path.read_text()))
         for path in sorted((Path(SCHEMA_DIR) / "state").glob("*.avsc"))
     }
+    docs["keys.LAYOUT"] = keys.LAYOUT  # the key layout is part of what a store was written under
     return hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
 
 

@@ -297,9 +297,11 @@ class Tables:
     #
     # A ready queue is consumed from its head, so its head is a trail of tombstones that every
     # seek would walk over. Three small indexes keep dispatch off that trail: a count of ready
-    # tasks per (app, tenant) and per (app, tenant, queue), and a head cursor per queue with the
-    # rule "no live ready key of the queue sorts below its cursor". Taking from the head moves
-    # the cursor up; a new key below it (a higher priority) moves it down.
+    # tasks per (app, tenant) and per (app, tenant, task type, queue), and a head cursor per
+    # queue with the rule "no live ready key of the queue sorts below its cursor". Taking from
+    # the head moves the cursor up; a new key below it (a higher priority) moves it down.
+    # A queue is per task type, so an agent takes only the types it serves: a task of a type
+    # no waiting agent serves stays ready without standing in front of the others.
 
     def _bump(self, key: bytes, delta: int) -> None:
         raw = self._get(key)
@@ -308,7 +310,7 @@ class Tables:
         self._put(key, keys.u64(n) if n else None)
 
     def add_ready(self, task: Task) -> None:
-        queue = keys.queue_keys(ready_lane(task), task.tenant, task.queue)
+        queue = keys.queue_keys(ready_lane(task), task.tenant, task.task_type, task.queue)
         key = queue.ready(task.priority, task.ready_seq)
         self._put(key, task.task_id.encode())
         self._bump(queue.tenant_count, 1)
@@ -319,7 +321,7 @@ class Tables:
 
     def remove_ready(self, task: Task, *, taken: bool = False) -> None:
         """Drop a task from its ready queue; ``taken`` when dispatch took it from the head."""
-        queue = keys.queue_keys(ready_lane(task), task.tenant, task.queue)
+        queue = keys.queue_keys(ready_lane(task), task.tenant, task.task_type, task.queue)
         key = queue.ready(task.priority, task.ready_seq)
         self._put(key, None)
         self._bump(queue.tenant_count, -1)
@@ -339,18 +341,44 @@ class Tables:
         raw = self._get(keys.ready_count(app, tenant))
         return 0 if raw is None else keys.read_u64(raw)
 
-    def ready_queues(self, app: str, tenant: str) -> list[str]:
+    def ready_queues(self, app: str, tenant: str) -> list[tuple[str, str, int]]:
+        """(task type, queue, ready count) of the tenant's non-empty queues in lane ``app``."""
         prefix = keys.queue_count_of(app, tenant)
-        return [key[len(prefix) :].decode() for key, _ in self.scan(prefix)]
+        out = []
+        for key, value in self.scan(prefix):
+            task_type, at = keys.read_lp(key, len(prefix))
+            out.append((task_type, key[at:].decode(), keys.read_u64(value)))
+        return out
+
+    def ready_types(self, app: str, tenant: str) -> dict[str, int]:
+        """Task type -> ready tasks of the tenant in lane ``app``."""
+        counts: dict[str, int] = {}
+        for task_type, _, n in self.ready_queues(app, tenant):
+            counts[task_type] = counts.get(task_type, 0) + n
+        return counts
 
     def ready_heads(
-        self, app: str, tenant: str, queues: list[str], limit: int
+        self,
+        app: str,
+        tenant: str,
+        queues: list[str],
+        limit: int,
+        task_types: list[str] | None = None,
     ) -> list[tuple[bytes, str]]:
-        """Up to ``limit`` ready (key, task id) of one tenant, by priority then age."""
+        """Up to ``limit`` ready (key, task id) of one tenant, by priority then age, across
+        ``queues`` (all when empty) and ``task_types`` (all when None). One seek per non-empty
+        (type, queue) taken, found in the count index: no walk over other types' tasks."""
+        wanted_queues = set(queues)
+        wanted_types = None if task_types is None else set(task_types)
         streams = []
-        for queue in queues or self.ready_queues(app, tenant):
-            prefix = keys.ready_queue(app, tenant, queue)
-            streams.append(self.scan(prefix, self._get(keys.queue_head(app, tenant, queue))))
+        for task_type, queue, _ in self.ready_queues(app, tenant):
+            if wanted_queues and queue not in wanted_queues:
+                continue
+            if wanted_types is not None and task_type not in wanted_types:
+                continue
+            prefix = keys.ready_queue(app, tenant, task_type, queue)
+            head = self._get(keys.queue_head(app, tenant, task_type, queue))
+            streams.append(self.scan(prefix, head))
         merged = heapq.merge(*streams, key=lambda kv: keys.ready_order(kv[0]))
         out: list[tuple[bytes, str]] = []
         for key, value in merged:

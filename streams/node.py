@@ -327,6 +327,7 @@ class Node:
         wait_ms: float = 20_000,
         app_version: str | None = None,
         slots: int | None = None,
+        task_types: frozenset[str] | None = None,
     ) -> list[Lease]:
         return await self.pool.poll(
             agent_id=agent_id,
@@ -338,6 +339,7 @@ class Node:
             wait_ms=wait_ms,
             app_version=app_version,
             slots=slots,
+            task_types=task_types,
         )
 
     def heartbeat(self, task_id: str, lease_id: int) -> str:

@@ -5,6 +5,11 @@ it whenever it may have ready work (a task was enqueued or came back from backof
 request arrived) and proposes ONE GrantLeases record for all its claims. The state machine
 picks tasks fairly; the offers come back as actions after the batch is committed, and only
 then reach the agents, through the pool.
+
+Ready work is counted per (lane, tenant, task type), so the pool deals a slot only where a
+ready task of a type the poll serves waits, and each LeaseRequest names the types the machine
+may take for it (the poll's types that have ready work here: a few names, not the agent's
+whole list).
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from conveyor.streams.processor.waiting import Poke, back_off
 if TYPE_CHECKING:
     from conveyor.streams.processor.loop import PartitionProcessor
 
-READY_PEEK = 64  # ready tasks counted per (partition, app, tenant): enough to deal a round
+READY_PEEK = 64  # ready tasks counted per (partition, lane, tenant, type): enough for a round
+
+# lane -> tenant -> task type -> ready tasks here (up to READY_PEEK, minus slots dealt)
+ReadyCounts = dict[str, dict[str, dict[str, int]]]
 
 
 class Dispatcher:
@@ -29,10 +37,9 @@ class Dispatcher:
         self._p = processor
         self._pool = pool
         self._poke = Poke(processor.clock)
-        # app -> tenant -> ready tasks here (counted up to READY_PEEK, minus slots dealt).
-        self.ready: dict[str, dict[str, int]] = {}
-        # (entry id, tenant, lane) -> slots dealt, not yet proposed
-        self._dealt: dict[tuple[str, str, str], tuple[Entry, int]] = {}
+        self.ready: ReadyCounts = {}
+        # (entry id, tenant, lane, task type) -> slots dealt, not yet proposed
+        self._dealt: dict[tuple[str, str, str, str], tuple[Entry, int]] = {}
         self._claims: dict[str, tuple[Entry, LeaseRequest]] = {}  # proposed, not yet applied
         self.granted = 0
         pool.register(self)
@@ -63,12 +70,13 @@ class Dispatcher:
         """Recount this partition's ready work in ``lane`` from committed state."""
         tables = self._p.reader()
         counts = {
-            tenant: min(READY_PEEK, tables.count_ready(lane, tenant))
+            tenant: {t: min(READY_PEEK, n) for t, n in tables.ready_types(lane, tenant).items()}
             for tenant in tables.ready_tenants(lane)
         }
-        for (_, tenant, dealt_lane), (_, n) in self._dealt.items():
-            if dealt_lane == lane and tenant in counts:
-                counts[tenant] -= n
+        for (_, tenant, dealt_lane, task_type), (_, n) in self._dealt.items():
+            by_type = counts.get(tenant) if dealt_lane == lane else None
+            if by_type is not None and task_type in by_type:
+                by_type[task_type] -= n
         self.ready[lane] = counts
 
     def poke(self) -> None:
@@ -87,12 +95,12 @@ class Dispatcher:
 
     def holding(self, tenant: str) -> int:
         """Leases of ``tenant`` live here, plus slots dealt or in flight for it."""
-        dealt = sum(n for (_, t, _), (_, n) in self._dealt.items() if t == tenant)
+        dealt = sum(n for (_, t, _, _), (_, n) in self._dealt.items() if t == tenant)
         claimed = sum(r.capacity for _, r in self._claims.values() if r.tenants == [tenant])
         return self._p.leases.running[tenant] + dealt + claimed
 
-    def assign(self, entry: Entry, tenant: str, lane: str) -> None:
-        key = (entry.entry_id, tenant, lane)
+    def assign(self, entry: Entry, tenant: str, lane: str, task_type: str) -> None:
+        key = (entry.entry_id, tenant, lane, task_type)
         _, n = self._dealt.get(key, (entry, 0))
         self._dealt[key] = (entry, n + 1)
 
@@ -100,15 +108,16 @@ class Dispatcher:
         """Slots dealt to an entry that no longer wants them: the ready work is free again."""
         for key in [k for k in self._dealt if k[0] == entry_id]:
             _, n = self._dealt.pop(key)
-            _, tenant, lane = key
-            self._hand_back(tenant, lane, n)
+            _, tenant, lane, task_type = key
+            self._hand_back(tenant, lane, task_type, n)
 
-    def _hand_back(self, tenant: str, lane: str, n: int) -> None:
+    def _hand_back(self, tenant: str, lane: str, task_type: str, n: int) -> None:
         """``n`` slots dealt here and never proposed: their ready tasks count as ready again
         (dealing took them off the count, and no grant will bring a recount for them)."""
         counts = self.ready.get(lane)
         if counts is not None:
-            counts[tenant] = counts.get(tenant, 0) + n
+            by_type = counts.setdefault(tenant, {})
+            by_type[task_type] = by_type.get(task_type, 0) + n
 
     def wake(self) -> None:
         if self._dealt:
@@ -187,14 +196,14 @@ class Dispatcher:
         for request in requests:
             claim = self._claims.pop(request.request_id, None)
             if claim is not None:
-                if self._p.halted is None:
-                    self._hand_back(request.tenants[0], request.app, request.capacity)
                 self._pool.settled(claim[0], request.capacity, [])
+                if self._p.halted is None:
+                    self.refresh(request.app)  # their tasks are still ready in committed state
 
     def _requests(self) -> list[LeaseRequest]:
         requests = []
         # No entry here is closed or answered: pool._close and pool._answer unclaim first.
-        for (entry_id, tenant, lane), (entry, n) in self._dealt.items():
+        for (entry_id, tenant, lane), (entry, n, dealt) in self._grouped().items():
             lane_no = entry.lanes.index(lane)  # request ids stay printable and unique
             request = LeaseRequest(
                 request_id=f"{entry_id}/{tenant}/{lane_no}/{self._p.partition}/{self._p.applied}",
@@ -205,9 +214,28 @@ class Dispatcher:
                 capacity=n,
                 lease_ms=entry.lease_ms,
                 app_version=entry.app_version,
+                task_types=self._types_for(entry, tenant, lane, dealt),
             )
             entry.claimed += n
             self._claims[request.request_id] = (entry, request)
             requests.append(request)
         self._dealt.clear()
         return requests
+
+    def _grouped(self) -> dict[tuple[str, str, str], tuple[Entry, int, set[str]]]:
+        """The slots dealt per (entry, tenant, lane), and the types they were counted on: one
+        request each, in which the machine picks by priority, then age, across the types."""
+        grouped: dict[tuple[str, str, str], tuple[Entry, int, set[str]]] = {}
+        for (entry_id, tenant, lane, task_type), (entry, n) in self._dealt.items():
+            _, before, types = grouped.get((entry_id, tenant, lane), (entry, 0, set()))
+            types.add(task_type)
+            grouped[(entry_id, tenant, lane)] = (entry, before + n, types)
+        return grouped
+
+    def _types_for(self, entry: Entry, tenant: str, lane: str, dealt: set[str]) -> list[str] | None:
+        """The types a request of ``entry`` may take: those it serves with ready work here
+        (None: it serves any)."""
+        if entry.task_types is None:
+            return None
+        ready = self.ready.get(lane, {}).get(tenant, {})
+        return sorted(dealt | {t for t in ready if t in entry.task_types})

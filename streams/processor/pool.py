@@ -14,6 +14,18 @@ stranded, and no poll returns more than its capacity.
 Lanes: an agent serving app version V takes from two ready lanes (``store/lanes.py``), its app's
 and V's pinned lane; ready work is counted per lane, and a slot dealt from a lane becomes a
 LeaseRequest for that lane.
+Task types: a poll names the task types its agent serves now (``task_types``; None: any, for an
+agent that does not say). Ready work is counted per type too, and a slot is dealt only where a
+ready task of one of the poll's types waits; the request names those types, and the machine
+takes only them. So during a rolling deploy a task of a type only the new version has waits for
+an agent of the new version instead of being dealt to an old one that would fail it, and an
+agent whose circuit breaker is open for a type (``agents/breaker.py``) leaves that type out of
+its polls and keeps taking the others.
+Why the poll carries the set rather than the node looking it up from the agent's registration:
+the set changes without a registration (a breaker opens and closes), registration is per app
+(every version's types merged), and a poll is one request per long-poll, not per task. An app's
+types are few (at most ``TASK_TYPES_MAX`` names, a few KiB at the worst), and only the types
+that have ready work on a partition go into its GrantLeases record.
 """
 
 from __future__ import annotations
@@ -72,6 +84,7 @@ class Entry:
     future: asyncio.Future[list[Lease]]
     key: AgentKey
     app_version: str | None = None
+    task_types: frozenset[str] | None = None  # the types the agent serves; None: any
     lanes: list[str] = field(default_factory=list)  # lanes_of(app, app_version)
     slots: int | None = None  # the agent's slots in all (see Headroom); None: not said
     claimed: int = 0  # slots in GrantLeases records not yet applied
@@ -162,11 +175,13 @@ class WaitingPool:
         wait_ms: float,
         app_version: str | None = None,
         slots: int | None = None,
+        task_types: frozenset[str] | None = None,
     ) -> list[Lease]:
         """Between 1 and ``capacity`` leases from any partition once there are some (see the
         Rule), or none after ``wait_ms``; ``app_version``: the version the agent serves (see
         Lanes); ``slots``: the agent's slots in all, ``capacity`` of them free (see the
-        class's Headroom). Late leases of this agent's earlier polls come first (``mailbox.py``)."""
+        class's Headroom); ``task_types``: the types it takes (see Task types). Late leases
+        of this agent's earlier polls come first (``mailbox.py``)."""
         key: AgentKey = (agent_id, app, app_version, tuple(tenants), tuple(queues))
         self.mail.sweep(self.clock.monotonic_ms())
         late = self.mail.take(key, capacity)
@@ -188,6 +203,7 @@ class WaitingPool:
             app_version=app_version,
             lanes=lanes_of(app, app_version),
             slots=slots,
+            task_types=task_types,
         )
         self.entries[entry.entry_id] = entry
         for dispatcher in self.dispatchers:
@@ -311,8 +327,8 @@ class WaitingPool:
                 del holders[tenant]
             stay: dict[str, tuple[Dispatcher, str]] = {}
             while entry.remaining > 0 and holders:
-                dispatcher, tenant, lane = self._next(entry.app, holders, stay)
-                dispatcher.assign(entry, tenant, lane)
+                dispatcher, tenant, lane, task_type = self._next(entry, holders, stay)
+                dispatcher.assign(entry, tenant, lane, task_type)
                 entry.remaining -= 1
                 woken.add(id(dispatcher))
                 for budget in budgets:
@@ -375,23 +391,26 @@ class WaitingPool:
             if not d.leading:
                 continue
             for lane in entry.lanes:
-                for tenant, count in d.ready.get(lane, {}).items():
-                    if count > 0 and (not entry.tenants or tenant in entry.tenants):
+                for tenant, by_type in d.ready.get(lane, {}).items():
+                    if entry.tenants and tenant not in entry.tenants:
+                        continue
+                    if _served(entry, by_type) is not None:
                         holders.setdefault(tenant, []).append((d, lane))
         return holders
 
     def _next(
         self,
-        app: str,
+        entry: Entry,
         holders: dict[str, list[tuple[Dispatcher, str]]],
         stay: dict[str, tuple[Dispatcher, str]],
-    ) -> tuple[Dispatcher, str, str]:
-        """The tenant after the last one served for this app, and a partition and lane
-        holding it; takes one ready task off the counts (and off ``holders`` when none is
-        left). ``stay``: the partition each tenant was last dealt from for this entry; its
-        next slot comes from there while it has ready work, so one poll's slots of a tenant
-        make one GrantLeases record, not one per partition (the rotation moves on between
-        polls)."""
+    ) -> tuple[Dispatcher, str, str, str]:
+        """The tenant after the last one served for this app, a partition and lane holding it,
+        and a type of the entry's with ready work there; takes one ready task of that type off
+        the counts (and the choice off ``holders`` when none the entry serves is left).
+        ``stay``: the partition each tenant was last dealt from for this entry; its next slot
+        comes from there while it has ready work, so one poll's slots of a tenant make one
+        GrantLeases record, not one per partition (the rotation moves on between polls)."""
+        app = entry.app
         last = self._last_tenant.get(app)
         tenant = min((t for t in holders if last is None or t > last), default=min(holders))
         self._last_tenant[app] = tenant
@@ -402,10 +421,20 @@ class WaitingPool:
             choice = choices[self._turn % len(choices)]
             stay[tenant] = choice
         dispatcher, lane = choice
-        counts = dispatcher.ready[lane]
-        counts[tenant] -= 1
-        if counts[tenant] <= 0:
+        by_type = dispatcher.ready[lane][tenant]
+        task_type = _served(entry, by_type)
+        assert task_type is not None, "a holder has ready work the entry serves"
+        by_type[task_type] -= 1
+        if _served(entry, by_type) is None:
             choices.remove(choice)
             if not choices:
                 del holders[tenant]
-        return dispatcher, tenant, lane
+        return dispatcher, tenant, lane, task_type
+
+
+def _served(entry: Entry, by_type: dict[str, int]) -> str | None:
+    """A task type with ready work in ``by_type`` that ``entry`` serves, if any."""
+    for task_type, count in by_type.items():
+        if count > 0 and (entry.task_types is None or task_type in entry.task_types):
+            return task_type
+    return None

@@ -10,6 +10,12 @@ lane of the version its agent serves. A task's first lease records the app versi
 it went to (``Task.app_version``); from then on a pinned workflow becomes ready in that
 version's lane only, so a later attempt (after a sleep, fan-in, event or retry) runs on an
 agent of that version and no other.
+
+Type rule: a request that names ``task_types`` takes only tasks of those types (the types its
+agent serves; None: any). Ready queues are kept per task type (``store/tables.py``), so the
+pick merges the heads of the named types' queues only: a task of a type the agent does not
+serve is never dealt to it (it would fail there as an unknown type) and never stands in front
+of the tasks it can take. A task no waiting agent serves stays ENQUEUED until one polls.
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ def _pick(tables: Tables, request: LeaseRequest) -> list[str]:
     start = next((i for i, t in enumerate(tenants) if last is not None and t > last), 0)
     order = tenants[start:] + tenants[:start]
     share = -(-request.capacity // len(order))  # ceil: enough heads for an even deal
-    heads = {t: tables.ready_heads(request.app, t, request.queues, share) for t in order}
+    heads = {
+        t: tables.ready_heads(request.app, t, request.queues, share, request.task_types)
+        for t in order
+    }
     picked: list[str] = []
     served = last
     while len(picked) < request.capacity and any(heads.values()):
@@ -65,7 +74,9 @@ def _more(
     want = request.capacity - len(picked)
     if want <= 0:
         return []
-    rows = tables.ready_heads(request.app, tenant, request.queues, want + len(taken))
+    rows = tables.ready_heads(
+        request.app, tenant, request.queues, want + len(taken), request.task_types
+    )
     return [row for row in rows if row[1] not in taken][:want]
 
 

@@ -508,7 +508,7 @@ class MachineModel(RuleBasedStateMachine):
         # ... the ready index exactly the ENQUEUED tasks with a ready_seq
         ready = {k: v.decode() for k, v in h.kv.scan(keys.READY)}
         expected = {
-            keys.ready(t.app, t.tenant, t.queue, t.priority, t.ready_seq): t.task_id
+            keys.ready(t.app, t.tenant, t.task_type, t.queue, t.priority, t.ready_seq): t.task_id
             for t in tasks.values()
             if t.status == TaskStatus.ENQUEUED and t.ready_seq != 0
         }
@@ -521,11 +521,13 @@ class MachineModel(RuleBasedStateMachine):
             if t.status == TaskStatus.ENQUEUED and t.ready_seq != 0:
                 for key, counts in (
                     (keys.ready_count(t.app, t.tenant), by_tenant),
-                    (keys.queue_count(t.app, t.tenant, t.queue), by_queue),
+                    (keys.queue_count(t.app, t.tenant, t.task_type, t.queue), by_queue),
                 ):
                     counts[key] = counts.get(key, 0) + 1
-                head = h.kv.get(keys.queue_head(t.app, t.tenant, t.queue))
-                ready_key = keys.ready(t.app, t.tenant, t.queue, t.priority, t.ready_seq)
+                head = h.kv.get(keys.queue_head(t.app, t.tenant, t.task_type, t.queue))
+                ready_key = keys.ready(
+                    t.app, t.tenant, t.task_type, t.queue, t.priority, t.ready_seq
+                )
                 assert head is None or ready_key >= head, f"{t.task_id} is below its queue head"
         assert {k: keys.read_u64(v) for k, v in h.kv.scan(keys.READY_COUNTS)} == by_tenant
         assert {k: keys.read_u64(v) for k, v in h.kv.scan(keys.QUEUE_COUNTS)} == by_queue
