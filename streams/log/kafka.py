@@ -63,9 +63,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.errors import (
     InvalidProducerEpoch,
     KafkaError,
+    LeaderNotAvailableError,
+    NodeNotReadyError,
+    NotControllerError,
+    NotLeaderForPartitionError,
     OffsetOutOfRangeError,
     ProducerFenced,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
     for_code,
 )
 
@@ -76,9 +81,21 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 FENCED = (ProducerFenced, InvalidProducerEpoch)
+# The cluster answered but is changing (a broker died and is still in the metadata, a new
+# controller or leader is being chosen): opening tries again; an unreachable one fails at once.
+CLUSTER_CHANGING = (
+    TimeoutError,
+    NodeNotReadyError,
+    NotControllerError,
+    LeaderNotAvailableError,
+    NotLeaderForPartitionError,
+    UnknownTopicOrPartitionError,
+)
 POLL_MS = 500  # a follow read's long poll; the broker answers as soon as a record is there
 REQUEST_TIMEOUT_MS = 15_000
 METADATA_TRIES_MAX = 100
+OPEN_TRIES_MAX = 30
+OPEN_RETRY_S = 1.0
 TAIL_SCAN_RECORDS = 64  # how far back open() looks for the last record behind commit markers
 
 
@@ -94,7 +111,7 @@ async def _translated(what: str, call: Awaitable[T]) -> T:
         raise LogSealed(f"{what}: a newer owner took the partition over ({exc})") from exc
     except OffsetOutOfRangeError as exc:
         raise LogTrimmed(f"{what}: the offset was trimmed ({exc})") from exc
-    except KafkaError as exc:
+    except (KafkaError, TimeoutError) as exc:  # aiokafka's admin times out with TimeoutError
         raise LogUnavailable(f"{what}: Kafka did not answer ({exc!r}); try again") from exc
 
 
@@ -296,13 +313,23 @@ class KafkaLog:
     ) -> KafkaLog:
         """Connect, create the topics if missing, load fences and offsets. Raises
         ``LogUnavailable`` when the cluster cannot be reached."""
-        self = cls(bootstrap, topic, partitions)
-        try:
-            await _translated(f"connect to Kafka at {bootstrap}", self._connect(replication_factor))
-        except BaseException:
-            await self.close()
-            raise
-        return self
+        for attempt in range(1, OPEN_TRIES_MAX + 1):
+            self = cls(bootstrap, topic, partitions)
+            try:
+                await _translated(
+                    f"connect to Kafka at {bootstrap}", self._connect(replication_factor)
+                )
+                return self
+            except LogUnavailable as exc:
+                await self.close()
+                if attempt == OPEN_TRIES_MAX or not isinstance(exc.__cause__, CLUSTER_CHANGING):
+                    raise
+                log.info("opening the Kafka log, try %d: %s", attempt, exc)
+                await asyncio.sleep(OPEN_RETRY_S)  # a dead broker is still in the metadata
+            except BaseException:
+                await self.close()
+                raise
+        raise AssertionError("unreachable")
 
     async def _connect(self, replication_factor: int | None) -> None:
         await self._admin.start()
@@ -318,18 +345,24 @@ class KafkaLog:
     async def _ensure_topic(
         self, name: str, partitions: int, rf: int, config: dict[str, str]
     ) -> None:
-        config = {"min.insync.replicas": "2" if rf >= 3 else "1", **config}
-        response = await self._admin.create_topics([NewTopic(name, partitions, rf, None, config)])
-        for entry in response.topic_errors:
-            error = for_code(entry[1])
-            if entry[1] != 0 and error is not TopicAlreadyExistsError:
-                raise error(f"creating topic {name}: {entry[2] if len(entry) > 2 else ''}")
+        if name not in await self._admin.list_topics():  # creating asks the controller
+            await self._create_topic(name, partitions, rf, config)
         found = await self._partition_count(name)
         if found != partitions:
             raise ContractError(
                 f"Kafka topic {name} has {found} partitions, this log was opened with "
                 f"{partitions}: open it with {found}, or use another topic"
             )
+
+    async def _create_topic(
+        self, name: str, partitions: int, rf: int, config: dict[str, str]
+    ) -> None:
+        config = {"min.insync.replicas": "2" if rf >= 3 else "1", **config}
+        response = await self._admin.create_topics([NewTopic(name, partitions, rf, None, config)])
+        for entry in response.topic_errors:
+            error = for_code(entry[1])
+            if entry[1] != 0 and error is not TopicAlreadyExistsError:
+                raise error(f"creating topic {name}: {entry[2] if len(entry) > 2 else ''}")
 
     async def _partition_count(self, name: str) -> int:
         """The topic's partitions, once its metadata reached the broker that answers (a topic

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +22,27 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+def start_cluster(nodes: int, root: Path) -> KafkaCluster:
     try:
-        cluster = KafkaCluster.start(1, tmp_path_factory.mktemp("kafka"))
+        return KafkaCluster.start(nodes, root)
     except KafkaUnavailable as exc:
         _unavailable(str(exc))
         raise  # not reached: _unavailable skips or fails
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    cluster = start_cluster(1, tmp_path_factory.mktemp("kafka"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def kafka_three(tmp_path: Path) -> Iterator[KafkaCluster]:
+    """Three nodes in one quorum (RF 3, min.insync.replicas 2), for a test that kills one."""
+    cluster = start_cluster(3, tmp_path / "kafka")
     try:
         yield cluster
     finally:

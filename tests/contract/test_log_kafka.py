@@ -75,6 +75,41 @@ def test_concurrent_owner_appends_share_transactions(kafka_cluster: KafkaCluster
     asyncio.run(main())
 
 
+def test_acknowledged_appends_survive_the_kill_of_one_of_three_brokers(
+    kafka_three: KafkaCluster,
+) -> None:
+    name = topic()
+    written: list[tuple[int, bytes]] = []
+
+    async def append_some(tag: str) -> None:
+        log = await KafkaLog.open(kafka_three.bootstrap, PARTITIONS, topic=name)
+        try:
+            await log.seal(0, log.fence(0) + 1)
+            for i in range(5):
+                data = [f"{tag}-{i}-{j}".encode() for j in range(3)]
+                offsets = await log.append(0, data, epoch=log.fence(0))
+                written.extend(zip(offsets, data, strict=True))
+                client = f"{tag}-c{i}".encode()
+                (offset,) = await log.append(0, [client])
+                written.append((offset, client))
+        finally:
+            await log.close()
+
+    async def read_back() -> list[tuple[int, bytes]]:
+        log = await KafkaLog.open(kafka_three.bootstrap, PARTITIONS, topic=name)
+        try:
+            return [(r.offset, r.data) async for batch in log.read(0, 0) for r in batch]
+        finally:
+            await log.close()
+
+    asyncio.run(append_some("all-up"))
+    kafka_three.kill(1)  # 2 of 3 in sync: min.insync.replicas still met
+    asyncio.run(asyncio.wait_for(append_some("one-down"), timeout=120))
+    kafka_three.restart(1)
+    kafka_three.kill(0)
+    assert asyncio.run(asyncio.wait_for(read_back(), timeout=120)) == written
+
+
 def test_an_unreachable_cluster_is_a_retryable_error() -> None:
     from conveyor.errors import TransientError
     from conveyor.streams.log.kafka_broker import free_port
