@@ -1,7 +1,8 @@
 """The host agent: holds the credentials and the lease ids, claims work, runs it in sandboxes.
 
 Loops, all on one event loop:
-- poll:       long-poll with the free capacity; paused while a circuit breaker is open. With
+- poll:       long-poll with the free capacity for the app's task types, less those whose
+              circuit breaker is open (``breaker.py``; paused only while all are). With
               ``prefetch`` the agent holds up to that many leases beyond its guests: they wait
               here for a free guest (heartbeated, their start_to_close running: the platform
               counts from the lease too); ``prefetch=None`` adapts it to the agent's pace
@@ -128,6 +129,7 @@ class HostAgent:
         clock: AgentClock | None = None,
         breaker: BreakerPolicy | None = None,
         complete_window_ms: float = 5.0,
+        deploy: int | None = None,
     ) -> None:
         if isinstance(app, str):
             app_ref, app = app, load_app(app)
@@ -139,12 +141,13 @@ class HostAgent:
         self.lease_ms = int(lease_s * 1000)
         self.poll_wait_ms = int(poll_wait_s * 1000)
         self.queues = queues
+        self.deploy = deploy  # orders this agent's version among deploys (registry.py rule 2)
         self.agent_id = agent_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock: AgentClock = clock or RealClock()
         self.executor = executor or self._guest_pool(
             app_ref, fresh_process, memory_mb, cpu_s, log_dir, sandbox
         )
-        self._breakers = Breakers(breaker or BreakerPolicy())
+        self._breakers = Breakers(breaker or BreakerPolicy(), self.app.name)
         self.running: dict[str, Running] = {}
         self.completer = Completer(api, window_ms=complete_window_ms)
         self._attempts: set[asyncio.Task[None]] = set()
@@ -213,6 +216,7 @@ class HostAgent:
                 version=self.app.version,
                 task_types=sorted(self.app.tasks),
                 pinned=sorted(n for n, t in self.app.tasks.items() if t.options.resume == "pinned"),
+                deploy=self.deploy,
             )
             for name, loop in (
                 ("heartbeat", self._heartbeats()),
@@ -286,7 +290,10 @@ class HostAgent:
                 # Leases in hand keep every guest busy: wait to ask for a batch, not one.
                 await self._slot.wait(self.clock, 1_000)
                 continue
-            if await self._paused_by_breaker():
+            held_back = [b.task_type for b in self._breakers.open_now(self.clock.monotonic_ms())]
+            served = sorted(set(self.app.tasks) - set(held_back))
+            if not served:
+                await self._wait_for_a_breaker()
                 continue
             capacity = min(free, POLL_CAPACITY_MAX)  # past it: the next poll asks for the rest
             try:
@@ -298,6 +305,8 @@ class HostAgent:
                     capacity=capacity,
                     wait_ms=self.poll_wait_ms,
                     lease_ms=self.lease_ms,
+                    task_types=served,
+                    open_breakers=sorted(held_back),
                 )
             except ConveyorError as exc:
                 log.warning("poll failed: %s; retrying", exc)
@@ -307,13 +316,11 @@ class HostAgent:
             for offer in offers:
                 self._start(offer)
 
-    async def _paused_by_breaker(self) -> bool:
+    async def _wait_for_a_breaker(self) -> None:
+        """Every type's breaker is open: nothing to poll for until the first cools down."""
         now = self.clock.monotonic_ms()
-        if not self._breakers.blocking(now):
-            return False
         reopen = self._breakers.reopens_at_ms() or now + 1_000
         await self._slot.wait(self.clock, max(1.0, min(1_000.0, reopen - now)))
-        return True
 
     def _start(self, offer: LeaseOffer) -> None:
         task_type = self.app.tasks.get(offer.task_type)
@@ -391,6 +398,9 @@ class HostAgent:
             # Canceled, timed out, lost or killed while waiting for a guest (prefetch): never
             # start it. ``final_result`` turns a stop reason into the outcome to report.
             return never_started(run.kill_reason or run.stop_reason or "")
+        if self._breakers.is_open(job.task_type, self.clock.monotonic_ms()):
+            # Granted to a poll sent before the breaker opened: hand it back unstarted.
+            return never_started(f"the circuit breaker of task type {job.task_type!r} is open")
         try:
             run.attach(await self.executor.launch(job, run))
         except Exception as exc:  # e.g. the guest could not import the app
@@ -537,6 +547,7 @@ async def run_agent(
     log_dir: str | Path | None = None,
     drain_s: float = 30.0,
     in_process: bool = False,
+    deploy: int | None = None,
     sandbox: str = "bwrap",
     allow_net: bool = False,
 ) -> None:
@@ -570,6 +581,7 @@ async def run_agent(
         cpu_s=cpu_s,
         log_dir=log_dir,
         executor=executor,
+        deploy=deploy,
         sandbox=policy,
     )
     loop = asyncio.get_running_loop()

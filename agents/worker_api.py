@@ -148,9 +148,11 @@ class WorkerAPI(Protocol):
         version: str,
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
+        deploy: int | None = None,
     ) -> None:
         """``pinned``: the workflow types whose resume policy is pinned (the default of an
-        enqueue that does not say)."""
+        enqueue that does not say); ``deploy``: the deploy number, which orders versions (only
+        a registration of a higher one than any before removes the types it does not serve)."""
         ...
 
     async def poll(
@@ -163,8 +165,12 @@ class WorkerAPI(Protocol):
         wait_ms: int,
         lease_ms: int,
         version: str | None = None,
+        task_types: Sequence[str] | None = None,
+        open_breakers: Sequence[str] = (),
     ) -> list[LeaseOffer]:
-        """``version``: the app version the agent serves (pinned workflows resume on it)."""
+        """``version``: the app version the agent serves (pinned workflows resume on it);
+        ``task_types``: the types to take (None: any of the app's); ``open_breakers``: the types
+        left out because their circuit breaker is open (for the node to show)."""
         ...
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
@@ -291,6 +297,7 @@ class HttpWorkerAPI:
         version: str,
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
+        deploy: int | None = None,
     ) -> None:
         body = {
             "agent_id": agent_id,
@@ -298,6 +305,7 @@ class HttpWorkerAPI:
             "version": version,
             "task_types": [*task_types],
             "pinned": [*pinned],
+            "deploy": deploy,
         }
         for warning in await self._post("/worker/register", body, warnings_from_json):
             log.warning("registering %s: %s", app, warning)  # a deploy removed handlers
@@ -312,6 +320,8 @@ class HttpWorkerAPI:
         wait_ms: int,
         lease_ms: int,
         version: str | None = None,
+        task_types: Sequence[str] | None = None,
+        open_breakers: Sequence[str] = (),
     ) -> list[LeaseOffer]:
         body = {
             "agent_id": agent_id,
@@ -321,6 +331,8 @@ class HttpWorkerAPI:
             "capacity": capacity,
             "wait_ms": wait_ms,
             "lease_ms": lease_ms,
+            "task_types": None if task_types is None else [*task_types],
+            "open_breakers": [*open_breakers],
         }
         timeout = wait_ms / 1000 + self._http.timeout
         return await self._post("/worker/poll", body, offers_from_json, timeout=timeout)

@@ -228,6 +228,7 @@ class NodeWorkerAPI:
         version: str,
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
+        deploy: int | None = None,
     ) -> None:
         self.known.setdefault(app, set()).update(task_types)
 
@@ -241,6 +242,8 @@ class NodeWorkerAPI:
         wait_ms: int,
         lease_ms: int,
         version: str | None = None,
+        task_types: Sequence[str] | None = None,
+        open_breakers: Sequence[str] = (),
     ) -> list[LeaseOffer]:
         leases = await self.node.poll(
             agent_id=agent_id,
@@ -251,6 +254,7 @@ class NodeWorkerAPI:
             lease_ms=lease_ms,
             wait_ms=wait_ms,
             app_version=version,
+            task_types=None if task_types is None else frozenset(task_types),
         )
         offers = []
         for lease in leases:

@@ -426,6 +426,17 @@ def agent(
             "(trusted code only, as in a Celery worker), no guest hop",
         ),
     ] = False,
+    deploy: Annotated[
+        int | None,
+        typer.Option(
+            "--deploy",
+            envvar="CONVEYOR_DEPLOY",
+            min=0,
+            help="This rollout's deploy number, higher for each newer one (a CI build "
+            "number): only an agent of a higher deploy than any before removes the task types "
+            "it does not serve; without it the agent only adds types",
+        ),
+    ] = None,
     sandbox: SandboxOpt = Sandbox.bwrap,
     allow_net: AllowNetOpt = False,
     log_level: LogLevelOpt = "warning",
@@ -457,6 +468,7 @@ def agent(
             in_process=in_process,
             sandbox=sandbox.value,
             allow_net=allow_net,
+            deploy=deploy,
         )
         await _until_stopped(stop, work)
 

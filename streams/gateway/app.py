@@ -25,6 +25,7 @@ from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
 from conveyor.streams.gateway import dashboard, openapi, routes, usage, workflows
 from conveyor.streams.gateway.auth import KeyStore, authenticate
+from conveyor.streams.gateway.breakers import BreakersCollector
 from conveyor.streams.gateway.errors import Handler, error_middleware
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX
 from conveyor.streams.gateway.operations import BulkOperations
@@ -135,6 +136,9 @@ def build_app(
         node, keys, registry, Payloads(blobs), snapshot=snapshot, logs=logs
     )
     node.pool.caps = lambda tenant: keys.settings(tenant).max_concurrent
+    metrics.registry.register(
+        BreakersCollector(app[routes.GATEWAY].breakers, node.clock.monotonic_ms)
+    )
     app[METRICS] = metrics
     app[METRICS_KEY] = metrics_key or ""
     app.router.add_get("/healthz", healthz, allow_head=False)

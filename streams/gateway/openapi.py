@@ -193,6 +193,11 @@ def _worker_shapes() -> dict[str, Schema]:
                     **array(NAME, 0, w.TASK_TYPES_MAX),
                     "description": "workflow types whose resume policy is pinned",
                 },
+                "deploy": {
+                    **integer(0),
+                    "description": "the deploy number: only a higher one than any before "
+                    "removes the task types it does not serve",
+                },
             },
             "agent_id",
             "app",
@@ -207,6 +212,14 @@ def _worker_shapes() -> dict[str, Schema]:
                 "capacity": integer(1, POLL_CAPACITY_MAX),
                 "wait_ms": integer(0, validation.WAIT_MS_MAX),
                 "lease_ms": integer(w.LEASE_MS_MIN, w.LEASE_MS_MAX),
+                "task_types": {
+                    **array(NAME, 0, w.TASK_TYPES_MAX),
+                    "description": "the task types taken now (absent: any)",
+                },
+                "open_breakers": {
+                    **array(NAME, 0, w.TASK_TYPES_MAX),
+                    "description": "task types the agent's circuit breaker holds back",
+                },
             },
             "agent_id",
             "app",

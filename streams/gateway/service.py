@@ -35,7 +35,6 @@ import asyncpg
 from conveyor.errors import Conflict, ContractError, Forbidden, NotFound
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
-    TERMINAL,
     Checkpoint,
     Completion,
     FanOut,
@@ -53,6 +52,7 @@ from conveyor.streams import failpoints
 from conveyor.streams.gateway import listing, render, snapshot
 from conveyor.streams.gateway.admission import Admission
 from conveyor.streams.gateway.auth import Grant, KeyStore
+from conveyor.streams.gateway.breakers import OpenBreakers
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
 from conveyor.streams.gateway.payloads import Payloads
@@ -82,7 +82,6 @@ from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.machine.handlers.enqueue import differing_fields
 from conveyor.streams.machine.lifecycle import holder
 from conveyor.streams.node import Node
-from conveyor.streams.processor.pool import Lease
 from conveyor.streams.routing import mint_task_id, partition_for_key
 
 UNKNOWN_TASK = "unknown task"
@@ -109,6 +108,7 @@ class Gateway:
         self.snapshot = snapshot  # the Postgres query snapshot; None: list by RocksDB scans
         # Bulk operations by filter select from the snapshot and keep their cursor there.
         self.operations = BulkOperations(node, snapshot) if snapshot is not None else None
+        self.breakers = OpenBreakers()  # what the agents' polls say their breakers hold back
         self._round_robin = itertools.count()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class Gateway:
         if wait_ms > 0 and task.finished_ms is None:
             task = await self.node.wait_finished(tenant, task_id, wait_ms)
         tables = self.node.tables(self.node.partition_of(task_id))
-        return render.task_detail(
+        body = render.task_detail(
             task,
             tables.attempts(task_id),
             payload=await self._visible(tenant, tables.payload(task_id)),
@@ -174,6 +174,9 @@ class Gateway:
             checkpoint=await self._visible(tenant, task.checkpoint),
             logged=self.logs.leases(task_id) if self.logs is not None else set(),
         )
+        if task.status == TaskStatus.ENQUEUED and body["waiting_for"] is None:
+            body["waiting_for"] = self.registry.unserved(tenant, task.app, task.task_type)
+        return body
 
     def attempt_log(self, tenant: str, task_id: str, lease_id: int) -> str:
         self.find(tenant, task_id)
@@ -207,7 +210,10 @@ class Gateway:
                 "queue statistics need the Postgres snapshot; run the node without --no-projection",
                 field=None,
             )
-        return {"queues": await queries.queues(self.snapshot, tenant, self.node.clock.now_ms())}
+        return {
+            "queues": await queries.queues(self.snapshot, tenant, self.node.clock.now_ms()),
+            "breakers": self.breakers.of_tenant(tenant, self.node.clock.monotonic_ms()),
+        }
 
     async def cancel(self, tenant: str, task_id: str, reason: str) -> dict[str, Any]:
         self.find(tenant, task_id)
@@ -337,31 +343,44 @@ class Gateway:
         """Record the agent's app; the warnings of a deploy that removed handlers."""
         key.check_app(req.app, req.version)
         tenant = key.tenant
-        removed = self.registry.register(tenant, req.app, req.task_types, req.version, req.pinned)
+        removed = self.registry.register(
+            tenant, req.app, req.task_types, req.version, req.pinned, deploy=req.deploy
+        )
         return [
-            f"version {req.version!r} of app {req.app!r} removes the handler of task type "
-            f"{task_type!r}, referenced by {await self._live(tenant, task_type)} unfinished "
-            "task(s): they will fail at dispatch with HandlerRemoved"
+            f"deploy {req.deploy} (version {req.version!r}) of app {req.app!r} removes the "
+            f"handler of task type {task_type!r}, referenced by "
+            f"{self.unfinished(tenant, req.app, task_type)} unfinished task(s): they stay "
+            "queued, dealt to no agent of this deploy (an agent of an older one still running "
+            "takes them); deploy a version with the handler, or cancel them"
             for task_type in removed
         ]
 
-    async def _live(self, tenant: str, task_type: str) -> int:
-        """How many of the tenant's tasks of ``task_type`` are not finished (from the
-        snapshot when there is one: a scan of every partition's state otherwise)."""
-        if self.snapshot is not None:
-            live = tuple(s.value for s in TaskStatus if s not in TERMINAL)
-            query = queries.TaskQuery(tenant=tenant, task_type=task_type, statuses=live)
-            return await queries.count_tasks(self.snapshot, query)
+    def unfinished(self, tenant: str, app: str, task_type: str) -> int:
+        """How many of the tenant's tasks of ``app`` and ``task_type`` are not finished, from
+        the partitions' state: the snapshot trails it, and a deploy's warning must count the
+        tasks enqueued a moment ago. A scan of every partition's tasks, run only when a deploy
+        removes a type."""
         return sum(
             1
             for p in range(self.node.partitions)
             for t in self.node.tables(p).tasks()
-            if t.tenant == tenant and t.task_type == task_type and t.finished_ms is None
+            if t.tenant == tenant
+            and t.app == app
+            and t.task_type == task_type
+            and t.finished_ms is None
         )
 
     async def poll(self, key: Grant, req: Poll) -> list[dict[str, Any]]:
         key.check_app(req.app, req.version)
         tenant = key.tenant
+        self.breakers.report(
+            tenant,
+            req.app,
+            req.agent_id,
+            req.open_breakers,
+            now_ms=self.node.clock.monotonic_ms(),
+            wait_ms=req.wait_ms,
+        )
         leases = await self.node.poll(
             agent_id=req.agent_id,
             app=req.app,
@@ -371,10 +390,10 @@ class Gateway:
             lease_ms=req.lease_ms,
             wait_ms=req.wait_ms,
             app_version=req.version,
+            task_types=req.task_types,
         )
         if leases:
             failpoints.hit("lease-granted")  # durable grants, not yet delivered
-            leases = await self._fail_removed(tenant, req.app, leases)
         return [
             render.lease_json(
                 lease,
@@ -383,32 +402,6 @@ class Gateway:
             )
             for lease in leases
         ]
-
-    async def _fail_removed(self, tenant: str, app: str, leases: list[Lease]) -> list[Lease]:
-        """Leases of task types a deploy removed end at once, as FATAL ``HandlerRemoved``
-        (dead letters, retryable by a person once a version with the handler is out); the
-        rest go to the agent."""
-        gone: list[Completion] = []
-        kept: list[Lease] = []
-        for lease in leases:
-            version = self.registry.removed_by(tenant, app, lease.task_type)
-            if version is None:
-                kept.append(lease)
-                continue
-            gone.append(
-                Completion(
-                    task_id=lease.task_id,
-                    lease_id=lease.lease_id,
-                    outcome=Outcome.FATAL,
-                    error_class="HandlerRemoved",
-                    error_message=f"version {version!r} of app {app!r} has no handler of task "
-                    f"type {lease.task_type!r}: a deploy removed it. Deploy a version with "
-                    "the handler, then retry this task from the dead letters.",
-                )
-            )
-        if gone:
-            await self.node.complete(gone)
-        return kept
 
     def heartbeat(self, key: Grant, refs: list[LeaseRef]) -> list[dict[str, str]]:
         known = [self._reported(key, ref.task_id) for ref in refs]  # all checked first

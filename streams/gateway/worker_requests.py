@@ -1,4 +1,11 @@
-"""Worker API requests (host agents): checked field by field, like ``validation``."""
+"""Worker API requests (host agents): checked field by field, like ``validation``.
+
+A poll names the task types its agent takes now (``task_types``): only tasks of those types are
+dealt to it (``processor/pool.py``, Task types, says why the poll carries them rather than the
+node looking them up). Absent or null, the agent takes any type of its app, as agents that do
+not send it always did. ``open_breakers`` lists the types the agent's circuit breaker keeps out
+of its polls (``agents/breaker.py``): the node shows them, it does not act on them.
+"""
 
 from __future__ import annotations
 
@@ -46,10 +53,11 @@ class Register:
     version: str | None
     task_types: list[str]
     pinned: list[str] | None = None  # workflow types with resume="pinned"; None: not told
+    deploy: int | None = None  # the deploy number (registry.py, rule 2); None: not told
 
 
 def parse_register(body: Any) -> Register:
-    f = Fields(body, "", {"agent_id", "app", "version", "task_types", "pinned"})
+    f = Fields(body, "", {"agent_id", "app", "version", "task_types", "pinned", "deploy"})
     if not isinstance(f.raw("task_types"), list):
         f.items("task_types", 0, TASK_TYPES_MAX)  # raises, naming the field
     return Register(
@@ -58,6 +66,7 @@ def parse_register(body: Any) -> Register:
         version=f.opt_str("version"),
         task_types=f.names("task_types", TASK_TYPES_MAX),
         pinned=None if f.raw("pinned") is None else f.names("pinned", TASK_TYPES_MAX),
+        deploy=f.opt_int("deploy", 0, INT_MAX),
     )
 
 
@@ -70,12 +79,16 @@ class Poll:
     wait_ms: int
     lease_ms: int
     version: str | None = None  # the app version the agent serves: pinned workflows need it
+    task_types: frozenset[str] | None = None  # the types it takes now; None: any
+    open_breakers: list[str] = dataclasses.field(default_factory=list)
+
+
+POLL_FIELDS = {"agent_id", "app", "version", "queues", "capacity", "wait_ms", "lease_ms"}
 
 
 def parse_poll(body: Any) -> Poll:
-    f = Fields(
-        body, "", {"agent_id", "app", "version", "queues", "capacity", "wait_ms", "lease_ms"}
-    )
+    f = Fields(body, "", POLL_FIELDS | {"task_types", "open_breakers"})
+    types = None if f.raw("task_types") is None else f.strs("task_types", TASK_TYPES_MAX)
     return Poll(
         agent_id=f.req_str("agent_id"),
         app=f.req_str("app"),
@@ -84,6 +97,8 @@ def parse_poll(body: Any) -> Poll:
         capacity=f.int_or("capacity", 1, POLL_CAPACITY_MAX, 8),
         wait_ms=f.int_or("wait_ms", 0, WAIT_MS_MAX, 20_000),
         lease_ms=f.int_or("lease_ms", LEASE_MS_MIN, LEASE_MS_MAX, 30_000),
+        task_types=None if types is None else frozenset(types),
+        open_breakers=f.strs("open_breakers", TASK_TYPES_MAX),
     )
 
 

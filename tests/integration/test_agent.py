@@ -195,28 +195,39 @@ def test_a_step_stays_memoized_across_a_guest_kill_9(
     run(main)
 
 
-async def trip(r: Rig) -> None:
-    await r.enqueue(agent_app.crash)
+async def trip(r: Rig) -> str:
+    task_id = await r.enqueue(agent_app.crash)
     await until(
         "the breaker to open",
         lambda: (
             "crash" in r.agent.breakers and r.agent.breakers["crash"].state == BreakerState.OPEN
         ),
     )
+    return task_id
 
 
-def test_a_guest_crash_loop_trips_the_breaker(tmp_path: Path) -> None:
+def test_a_guest_crash_loop_trips_its_types_breaker_while_the_other_types_keep_running(
+    tmp_path: Path,
+) -> None:
     policy = BreakerPolicy(crashes_max=3, window_s=60, cooldown_s=60)
 
     async def main() -> None:
         async with rig(tmp_path, concurrency=1, breaker=policy) as r:
-            await trip(r)
+            crash = await trip(r)
             breaker = r.agent.breakers["crash"]
             assert breaker.trips == 1 and "3 guest crash(es)" in (breaker.reason or "")
             assert "SIGKILL" in (breaker.reason or "")
-            echo = await r.enqueue(agent_app.echo, "while open")
-            assert r.task(echo).status == "ENQUEUED"
-            assert not r.agent.running  # nothing is claimed while the breaker is open
+            assert breaker.app == r.agent.app.name
+            # The healthy type of the same agent is claimed as before, at once: only the
+            # crashing type is held back (it stays queued, its retries not dealt here).
+            for n in range(3):
+                started = time.monotonic()
+                echo = await r.enqueue(agent_app.echo, f"while open {n}")
+                assert (await r.finished(echo)).status == "SUCCEEDED"
+                assert time.monotonic() - started < 3
+            assert r.task(crash).status in ("ENQUEUED", "RETRY_WAIT")
+            # Three attempts crashed; the fourth was never started while the breaker is open.
+            assert r.task(crash).attempt == policy.crashes_max + 1
 
     run(main)
 

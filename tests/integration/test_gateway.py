@@ -660,39 +660,53 @@ def test_stale_lease_is_rejected_and_changes_nothing(node: NodeProcess) -> None:
     assert call(node.base, "GET", f"/v1/tasks/{task_id}/logs/{first['lease_id']}")[0] == 404
 
 
-def test_a_deploy_that_removes_a_handler_warns_and_fails_its_queued_tasks(
+def test_a_deploy_that_removes_a_handler_counts_its_tasks_at_once_and_leaves_them_queued(
     node: NodeProcess,
 ) -> None:
     base = node.base
-    v1 = {"agent_id": "d1", "app": "deploys", "version": "1", "task_types": ["keep", "drop"]}
+    v1 = {
+        "agent_id": "d1",
+        "app": "deploys",
+        "version": "1",
+        "deploy": 1,
+        "task_types": ["keep", "drop"],
+    }
     assert call(base, "POST", "/worker/register", v1) == (200, {"warnings": []})
+    other = {**v1, "agent_id": "o1", "app": "deploys-other"}
+    assert call(base, "POST", "/worker/register", other) == (200, {"warnings": []})
     dropped = [enqueue(base, "deploys", task_type="drop") for _ in range(2)]
+    enqueue(base, "deploys-other", task_type="drop")  # the same type in another app
     enqueue(base, "deploys", task_type="keep")
-    deadline = time.monotonic() + 10
-    while len(_list_all(base, "task_type=drop")) < 2:  # the count comes from the snapshot
-        assert time.monotonic() < deadline, "the snapshot never showed the tasks"
-        time.sleep(0.05)
-    v2 = {**v1, "agent_id": "d2", "version": "2", "task_types": ["keep"]}
+    # At once, before the snapshot can have them: the count comes from the partitions' state,
+    # and only the app's own tasks count.
+    v2 = {**v1, "agent_id": "d2", "version": "2", "deploy": 2, "task_types": ["keep"]}
     status, reply = call(base, "POST", "/worker/register", v2)
     assert status == 200, reply
     assert reply["warnings"] == [
-        "version '2' of app 'deploys' removes the handler of task type 'drop', referenced by 2 "
-        "unfinished task(s): they will fail at dispatch with HandlerRemoved"
+        "deploy 2 (version '2') of app 'deploys' removes the handler of task type 'drop', "
+        "referenced by 2 unfinished task(s): they stay queued, dealt to no agent of this "
+        "deploy (an agent of an older one still running takes them); deploy a version with "
+        "the handler, or cancel them"
     ]
-    # An agent of the old version still rolling out removes nothing and brings nothing back.
+    # An agent of the old deploy still rolling out removes nothing and brings nothing back.
     assert call(base, "POST", "/worker/register", v1) == (200, {"warnings": []})
     status, error = call(
         base, "POST", "/v1/tasks", {"task_type": "drop", "app": "deploys", "payload": 1}
     )
     assert status == 400 and "removed from app 'deploys' by its version '2'" in str(error)
-    # Dispatch hands out only what a handler exists for; the rest fail as dead letters.
-    (lease,) = poll(base, "deploys", capacity=3)
+    # An agent of the new deploy is dealt only what it has a handler for; the removed type's
+    # tasks stay queued (nothing invents a failure for them) and say what they wait for.
+    (lease,) = poll(base, "deploys", capacity=3, task_types=["keep"], wait_ms=300)
     assert lease["task_type"] == "keep"
     for task_id in dropped:
-        task = wait_status(base, task_id, "FAILED")
-        assert task["error"]["class"] == "HandlerRemoved" and task["attempt"] == 1
-    # A version that serves the type again brings it back.
-    v3 = {**v1, "agent_id": "d3", "version": "3"}
+        task = get(base, task_id)
+        assert task["status"] == "ENQUEUED" and task["attempts"] == []
+        assert "an agent serving task type 'drop'" in task["waiting_for"]
+    # An agent of the old deploy, still running, has the handler: it takes them.
+    leases = poll(base, "deploys", capacity=3, task_types=["keep", "drop"], wait_ms=300)
+    assert sorted(x["task_id"] for x in leases) == sorted(dropped)
+    # A deploy that serves the type again brings it back.
+    v3 = {**v1, "agent_id": "d3", "version": "3", "deploy": 3}
     assert call(base, "POST", "/worker/register", v3) == (200, {"warnings": []})
     enqueue(base, "deploys", task_type="drop")
 
@@ -1038,3 +1052,22 @@ def test_body_framing_errors_are_structured_4xx(node: NodeProcess) -> None:
         assert got == status and reply["error"]["code"], (head, got, reply)
         assert time.monotonic() - started < 2.0, head
     assert count_tasks(node.base) == before
+
+
+def test_the_breakers_agents_report_open_show_on_metrics_and_in_the_queues_view(
+    node: NodeProcess,
+) -> None:
+    base = node.base
+    name = 'conveyor_agent_breakers_open{app="shop",task_type="resize",tenant="alpha"}'
+    # An agent whose breaker holds "resize" back polls for its other types and says so.
+    held = {"agent_id": "breaking", "task_types": ["echo"], "open_breakers": ["resize"]}
+    assert poll(base, "shop", wait_ms=0, **held) == []
+    assert gauge(base, name) == 1
+    status, reply = call(base, "GET", "/v1/queues")
+    assert status == 200 and reply["breakers"] == [
+        {"app": "shop", "task_type": "resize", "agents": 1}
+    ]
+    assert call(base, "GET", "/v1/queues", key=KEY_B)[1]["breakers"] == []  # alpha's only
+    # Its next poll, once the breaker closed, clears it.
+    poll(base, "shop", wait_ms=0, agent_id="breaking", task_types=["echo", "resize"])
+    assert call(base, "GET", "/v1/queues")[1]["breakers"] == []

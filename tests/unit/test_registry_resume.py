@@ -46,3 +46,20 @@ def test_an_unknown_task_type_is_answered_with_what_to_do_instead() -> None:
     assert refusal("orders", "invoice").endswith("app 'billing' has it")
     # Another tenant's apps are not named; an app with no types says how they get registered.
     assert refusal("orders", "post").endswith("so it registers its task types")
+
+
+def test_deploy_order_is_the_declared_number_not_the_order_of_arrival(tmp_path: Path) -> None:
+    registry = Registry.load(tmp_path)
+    registry.register("t", "shop", ["a", "b"], "v1", deploy=1)
+    # The new deploy registers first, then an agent of the old one (restarted, or slow to
+    # stop): nothing of the new is removed, though the old version is the newer arrival.
+    assert registry.register("t", "shop", ["a", "b", "c"], "v2", deploy=2) == []
+    assert registry.register("t", "shop", ["a", "b"], "v1", deploy=1) == []
+    assert registry.register("t", "shop", ["a"], "v0") == []  # no number: adds only
+    for task_type in ("a", "b", "c"):
+        registry.require("t", "shop", task_type, "task_type")
+    # Only a higher deploy number than any before removes what it does not serve.
+    assert registry.register("t", "shop", ["a", "c"], "v3", deploy=3) == ["b"]
+    assert Registry.load(tmp_path).removed_by("t", "shop", "b") == "v3"
+    assert registry.register("t", "shop", ["a", "b", "c"], "v2", deploy=2) == []
+    assert registry.removed_by("t", "shop", "b") == "v3"  # an older deploy brings none back

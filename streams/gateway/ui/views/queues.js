@@ -78,11 +78,22 @@ function card(queue) {
           sparkline(history.map((p) => p.rate), "throughput")))));
 }
 
+// The circuit breakers agents hold open (a task type whose guests keep crashing is not claimed
+// by them for a while; their other types go on), from the agents' polls.
+function breakersRow(breakers) {
+  if (!breakers || !breakers.length) return null;
+  return h("p", { class: "card breakers" }, h("strong", {}, "Open circuit breakers: "),
+    breakers.map((b) => h("span", { class: "badge s-failed breaker", "data-task-type": b.task_type,
+      title: `${b.agents} agent(s) of app ${b.app} hold ${b.task_type} back after guest crashes` },
+    `${b.app} / ${b.task_type} × ${b.agents}`)));
+}
+
 export async function renderQueues(main, { live }) {
   const list = h("div", { class: "queues" });
+  const breakers = h("div", {});
   mount(main, h("h1", {}, "Queues"),
     h("p", { class: "muted" }, `Refreshed every ${REFRESH_MS / 1000} s from the query snapshot.`),
-    list);
+    breakers, list);
   const draw = async () => {
     const reply = await api("GET", "/v1/queues");
     for (const q of reply.queues) {
@@ -91,6 +102,7 @@ export async function renderQueues(main, { live }) {
       const history = [...(samples.get(q.queue) || []), { depth, rate }].slice(-SAMPLES_MAX);
       samples.set(q.queue, history);
     }
+    mount(breakers, breakersRow(reply.breakers));
     mount(list, reply.queues.length ? reply.queues.map(card)
       : h("p", { class: "muted empty" }, "No queue has tasks yet."));
   };
