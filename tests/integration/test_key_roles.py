@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,32 @@ def test_an_agent_with_the_wrong_key_stops_saying_so(node: NodeProcess, key: str
     assert done.returncode == 1, done
     assert "POST /worker/register: the node refused this agent's API key" in done.stderr, done
     assert why in done.stderr and key not in done.stderr + done.stdout
+
+
+def conveyor(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "conveyor.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_keys_create_mints_a_key_the_running_node_takes(node: NodeProcess) -> None:
+    home = str(node.home)
+    made = conveyor("keys", "create", "--home", home, "--tenant", "alpha", "--role", "agent")
+    assert made.returncode == 1 and 'needs an "app"' in made.stderr, made
+    made = conveyor(
+        "keys", "create", "--home", home, "--tenant", "alpha", "--role", "agent", "--app", "new"
+    )
+    assert made.returncode == 0, made
+    key = made.stdout.strip()
+    assert key.startswith("cvk_") and "shown only this once" in made.stderr
+    deadline = time.monotonic() + 10  # the node re-reads keys.json within a second
+    while (status := register(node.base, key, "new")[0]) == 401 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status == 200
+    forbidden(register(node.base, key, "shop"))
+    listed = conveyor("keys", "list", "--home", home, "--json")
+    assert listed.returncode == 0 and key not in listed.stdout, listed
+    rows = json.loads(listed.stdout)
+    (row,) = [r for r in rows if r["app"] == "new"]
+    assert row["key"] == key[:6] + "..." and row["version"] is None
+    assert (row["tenant"], row["role"]) == ("alpha", "agent")
+    assert {r["role"] for r in rows} == {"client", "agent", "client+agent (legacy)"}
