@@ -1,9 +1,10 @@
 """Blobs in S3 (or any S3-compatible store, through ``endpoint_url``), with boto3.
 
 The same contract as ``LocalBlobs`` (``store/blobs.py``): content-addressed refs
-(``sha256:<hex>``), ``put`` durable on return, ``get`` checked against the digest.
+(``sha256:<hex>``) per tenant, ``put`` durable on return, ``get`` checked against the digest.
 
-    s3://<bucket>/<prefix>  ->  object <prefix><hex digest>
+    s3://<bucket>/<prefix>  ->  object <prefix>tenants/<tenant_dir>/<hex digest>
+                                (the shared blobs of old records: <prefix><hex digest>)
 
 Rule 1 (durable on return): S3 answers a PUT only once the object is stored; the PUT carries
 its SHA-256, so S3 refuses bytes damaged on the way instead of storing them.
@@ -21,7 +22,7 @@ from urllib.parse import urlparse
 import boto3
 from botocore.exceptions import ClientError
 
-from conveyor.store.blobs import REF_PREFIX, BlobCorrupt, BlobNotFound, is_ref
+from conveyor.store.blobs import REF_PREFIX, BlobCorrupt, BlobNotFound, is_ref, tenant_dir
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
@@ -41,15 +42,16 @@ class S3Blobs:
         self.bucket, self.prefix = parse_url(url)
         self._s3 = client or boto3.client("s3", endpoint_url=endpoint_url)
 
-    def _key(self, ref: str) -> str:
+    def _key(self, tenant: str | None, ref: str) -> str:
         if not is_ref(ref):
             raise BlobNotFound(ref)
-        return self.prefix + ref[len(REF_PREFIX) :]
+        base = self.prefix if tenant is None else f"{self.prefix}tenants/{tenant_dir(tenant)}/"
+        return base + ref[len(REF_PREFIX) :]
 
-    def put(self, data: bytes) -> str:
+    def put(self, tenant: str, data: bytes) -> str:
         digest = hashlib.sha256(data)
         ref = REF_PREFIX + digest.hexdigest()
-        key = self._key(ref)
+        key = self._key(tenant, ref)
         try:
             self._s3.head_object(Bucket=self.bucket, Key=key)
             return ref  # rule 2
@@ -64,9 +66,9 @@ class S3Blobs:
         )
         return ref
 
-    def get(self, ref: str) -> bytes:
+    def get(self, tenant: str | None, ref: str) -> bytes:
         try:
-            reply = self._s3.get_object(Bucket=self.bucket, Key=self._key(ref))
+            reply = self._s3.get_object(Bucket=self.bucket, Key=self._key(tenant, ref))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _MISSING:
                 raise BlobNotFound(ref) from None

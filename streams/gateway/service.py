@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections import defaultdict
 from typing import Any
 
 import asyncpg
 
-from conveyor.errors import Conflict, ContractError, Forbidden, NotFound
+from conveyor.errors import Conflict, ContractError, Forbidden, NotFound, TransientError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Checkpoint,
@@ -55,7 +56,7 @@ from conveyor.streams.gateway.auth import Grant, KeyStore
 from conveyor.streams.gateway.breakers import OpenBreakers
 from conveyor.streams.gateway.fields import compact
 from conveyor.streams.gateway.operations import CANCEL, RETRY, BulkOperations
-from conveyor.streams.gateway.payloads import Payloads
+from conveyor.streams.gateway.payloads import Payloads, PayloadUnavailable
 from conveyor.streams.gateway.refusals import field_of, refused
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.schedules import ScheduleRequest, schedule_json, to_record
@@ -82,7 +83,10 @@ from conveyor.streams.machine.handlers.cancel import retry_id
 from conveyor.streams.machine.handlers.enqueue import differing_fields
 from conveyor.streams.machine.lifecycle import holder
 from conveyor.streams.node import Node
+from conveyor.streams.processor.pool import Lease
 from conveyor.streams.routing import mint_task_id, partition_for_key
+
+log = logging.getLogger("conveyor.gateway")
 
 UNKNOWN_TASK = "unknown task"
 STICKY_TASKS = 256  # unkeyed enqueues in a row that go to one partition (rule 3)
@@ -137,7 +141,7 @@ class Gateway:
         now_ms = self.node.clock.now_ms()
         specs: list[TaskSpec] = []
         for req in reqs:
-            payload = await self.payloads.pack(req.payload, req.field("payload"))
+            payload = await self.payloads.pack(tenant, req.payload, req.field("payload"))
             task_id = mint_task_id(self._partition(tenant, req.idempotency_key))
             specs.append(
                 to_spec(
@@ -166,14 +170,17 @@ class Gateway:
         if wait_ms > 0 and task.finished_ms is None:
             task = await self.node.wait_finished(tenant, task_id, wait_ms)
         tables = self.node.tables(self.node.partition_of(task_id))
+        unavailable: dict[str, str] = {}
         body = render.task_detail(
             task,
             tables.attempts(task_id),
-            payload=await self._visible(tenant, tables.payload(task_id)),
-            result=await self.payloads.value(task.result),
-            checkpoint=await self._visible(tenant, task.checkpoint),
+            payload=await self._shown(tenant, tables.payload(task_id), "payload", unavailable),
+            result=await self._shown(tenant, task.result, "result", unavailable, hide=False),
+            checkpoint=await self._shown(tenant, task.checkpoint, "checkpoint", unavailable),
             logged=self.logs.leases(task_id) if self.logs is not None else set(),
         )
+        if unavailable:
+            body["unavailable"] = unavailable
         if task.status == TaskStatus.ENQUEUED and body["waiting_for"] is None:
             body["waiting_for"] = self.registry.unserved(tenant, task.app, task.task_type)
         return body
@@ -190,7 +197,27 @@ class Gateway:
         ``show_payloads: false`` (tenants.py), the value otherwise."""
         if stored and not self.keys.settings(tenant).show_payloads:
             return HIDDEN
-        return await self.payloads.value(stored)
+        return await self.payloads.value(tenant, stored)
+
+    async def _shown(
+        self,
+        tenant: str,
+        stored: bytes | None,
+        name: str,
+        unavailable: dict[str, str],
+        *,
+        hide: bool = True,
+    ) -> Any:
+        """A value of a task detail (``hide``: as ``_visible`` shows it); null, and why in
+        ``unavailable[name]``, when its blob cannot be read: one missing blob must not hide
+        the task's status (payloads rule 3)."""
+        try:
+            if hide:
+                return await self._visible(tenant, stored)
+            return await self.payloads.value(tenant, stored)
+        except PayloadUnavailable as exc:
+            unavailable[name] = str(exc)
+            return None
 
     async def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
         if self.snapshot is not None:
@@ -271,7 +298,7 @@ class Gateway:
         """Create or replace a schedule; (created, the schedule as stored)."""
         task = req.task
         self.registry.require(tenant, task.app, task.task_type, task.field("task_type"))
-        payload = await self.payloads.pack(task.payload, task.field("payload"))
+        payload = await self.payloads.pack(tenant, task.payload, task.field("payload"))
         # The firing sets id, time and key; the template keeps everything else of the body.
         resume = self.registry.resume_of(tenant, task.app, task.task_type)
         spec = to_spec(task, task_id="", tenant=tenant, payload=payload, now_ms=0, resume=resume)
@@ -394,14 +421,31 @@ class Gateway:
         )
         if leases:
             failpoints.hit("lease-granted")  # durable grants, not yet delivered
-        return [
-            render.lease_json(
-                lease,
-                payload=await self.payloads.value(lease.payload),
-                checkpoint=await self.payloads.value(lease.checkpoint),
-            )
-            for lease in leases
-        ]
+        return await self._deliver(tenant, leases)
+
+    async def _deliver(self, tenant: str, leases: list[Lease]) -> list[dict[str, Any]]:
+        """The leases with their payloads and checkpoints. A lease whose value cannot be
+        loaded (payloads rule 3) is not handed over but ended at once, so that it fails alone
+        and the poll still delivers the others: FATAL ``PayloadUnavailable`` when the blob is
+        gone or damaged (a dead letter: restore the blob, then retry it), a retryable failure
+        of the same class when the blob store could not be reached (the task's retry policy
+        tries again later)."""
+        delivered: list[dict[str, Any]] = []
+        ended: list[Completion] = []
+        for lease in leases:
+            try:
+                payload = await self.payloads.value(tenant, lease.payload)
+                checkpoint = await self.payloads.value(tenant, lease.checkpoint)
+            except PayloadUnavailable as exc:
+                ended.append(_unavailable(lease, exc))
+                continue
+            delivered.append(render.lease_json(lease, payload=payload, checkpoint=checkpoint))
+        if ended:
+            try:
+                await self.node.complete(ended)
+            except TransientError:  # its partition cannot take it now: the lease lapses
+                log.warning("could not end %d lease(s) whose payload is unavailable", len(ended))
+        return delivered
 
     def heartbeat(self, key: Grant, refs: list[LeaseRef]) -> list[dict[str, str]]:
         known = [self._reported(key, ref.task_id) for ref in refs]  # all checked first
@@ -423,7 +467,9 @@ class Gateway:
                 continue
             result = None
             if item.result is not None:
-                result = await self.payloads.pack(compact(item.result), f"{item.path}.result")
+                result = await self.payloads.pack(
+                    key.tenant, compact(item.result), f"{item.path}.result"
+                )
             mine.append(i)
             completion = _completion(item, result)
             if item.fan_out is not None and item.outcome == Outcome.FAN_OUT:
@@ -452,7 +498,7 @@ class Gateway:
                     body = {"app": app, **body, "idempotency_key": None}
                 req = parse_task(body, path)
                 self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
-                payload = await self.payloads.pack(req.payload, req.field("payload"))
+                payload = await self.payloads.pack(tenant, req.payload, req.field("payload"))
                 resume = self.registry.resume_of(tenant, req.app, req.task_type)
                 spec = to_spec(
                     req, task_id="", tenant=tenant, payload=payload, now_ms=now_ms, resume=resume
@@ -499,7 +545,7 @@ class Gateway:
             if (why := self._fenced(key, item.task_id, item.lease_id)) is not None:
                 results[i] = _rejected(item.task_id, why)
                 continue
-            value = await self.payloads.pack(compact(item.value), f"{item.path}.value")
+            value = await self.payloads.pack(key.tenant, compact(item.value), f"{item.path}.value")
             mine.append(i)
             batch.append(Checkpoint(task_id=item.task_id, lease_id=item.lease_id, value=value))
         for i, reply in zip(mine, await self.node.checkpoint(batch) if batch else [], strict=True):
@@ -523,6 +569,21 @@ def _check_batch_keys(reqs: list[EnqueueRequest], specs: list[TaskSpec]) -> None
                 f"which differs in {', '.join(differing)}; use a new key for a different task",
                 field=field,
             )
+
+
+def _unavailable(lease: Lease, exc: PayloadUnavailable) -> Completion:
+    """The completion that ends a lease whose payload or checkpoint cannot be loaded."""
+    if exc.permanent:
+        todo = "restore the blob, or enqueue the task again, then retry this task"
+    else:
+        todo = "the blob store could not be reached; the task is retried by its retry policy"
+    return Completion(
+        task_id=lease.task_id,
+        lease_id=lease.lease_id,
+        outcome=Outcome.FATAL if exc.permanent else Outcome.FAILED,
+        error_class="PayloadUnavailable",
+        error_message=f"the task's payload or checkpoint cannot be loaded: {exc}; {todo}",
+    )
 
 
 def _rejected(task_id: str, reason: str = UNKNOWN_TASK) -> dict[str, Any]:

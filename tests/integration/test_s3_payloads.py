@@ -54,7 +54,8 @@ def test_a_payload_over_the_inline_cap_lives_in_s3(tmp_path: Path, s3_url: str) 
         ]
         stored = boto3.client("s3").get_object(Bucket="conveyor-payloads", Key=keys[0])
         data = stored["Body"].read()
-        assert keys == [f"big/{hashlib.sha256(data).hexdigest()}"] and b"y" * 1000 in data
+        assert keys == [f"big/tenants/alpha/{hashlib.sha256(data).hexdigest()}"]
+        assert b"y" * 1000 in data
     finally:
         assert node.stop() == 0, node.logs()
 
