@@ -1058,16 +1058,16 @@ def test_the_breakers_agents_report_open_show_on_metrics_and_in_the_queues_view(
     node: NodeProcess,
 ) -> None:
     base = node.base
-    name = 'conveyor_agent_breakers_open{app="shop",task_type="resize",tenant="alpha"}'
+    name = 'conveyor_agent_breakers_open{app="breakers",task_type="resize",tenant="alpha"}'
     # An agent whose breaker holds "resize" back polls for its other types and says so.
     held = {"agent_id": "breaking", "task_types": ["echo"], "open_breakers": ["resize"]}
-    assert poll(base, "shop", wait_ms=0, **held) == []
+    assert poll(base, "breakers", wait_ms=0, **held) == []
     assert gauge(base, name) == 1
     status, reply = call(base, "GET", "/v1/queues")
     assert status == 200 and reply["breakers"] == [
-        {"app": "shop", "task_type": "resize", "agents": 1}
+        {"app": "breakers", "task_type": "resize", "agents": 1}
     ]
     assert call(base, "GET", "/v1/queues", key=KEY_B)[1]["breakers"] == []  # alpha's only
     # Its next poll, once the breaker closed, clears it.
-    poll(base, "shop", wait_ms=0, agent_id="breaking", task_types=["echo", "resize"])
+    poll(base, "breakers", wait_ms=0, agent_id="breaking", task_types=["echo", "resize"])
     assert call(base, "GET", "/v1/queues")[1]["breakers"] == []
