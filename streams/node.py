@@ -6,6 +6,12 @@
       state/pNNNN RocksDB per partition
       node.json   partition count, fixed at creation
 
+On Kafka (``Node.open_kafka``) the two logs are topics of the cluster (``<cluster>-log`` and
+``<cluster>-events``) and only ``state/`` is local. Which partitions this node leads is then
+decided by the cluster's membership (``streams/cluster/``), through ``start_partition``,
+``pause_partition`` and ``stop_partition``; ``start`` leads them all (one node, or the
+local log).
+
 The node routes by task id or idempotency key, turns batches into one record per partition,
 and fans agents' polls out over the partitions' dispatchers.
 """
@@ -15,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
+import shutil
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +51,7 @@ from conveyor.schemas.types import (
     UpsertSchedule,
     WorkflowEvent,
 )
+from conveyor.store import keys
 from conveyor.store.api import KV
 from conveyor.store.memory import MemoryKV
 from conveyor.store.state_schemas import open_state
@@ -52,10 +61,12 @@ from conveyor.streams.log.api import Log
 from conveyor.streams.log.local import LocalLog
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.machine import Reply
+from conveyor.streams.processor.leases import CONTINUE
 from conveyor.streams.processor.loop import PartitionProcessor, Settings
 from conveyor.streams.processor.pool import Lease, WaitingPool
 from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
+log = logging.getLogger("conveyor.node")
 T = TypeVar("T", TaskSpec, Completion, StepWrite, Checkpoint)
 DEFAULT_PARTITIONS = 8
 TASK_CACHE_MAX = 262_144
@@ -80,20 +91,28 @@ class Node:
         # One bound for the whole node: a decoded task costs ~1.3 KB of Python heap.
         self.cache = TaskCache(TASK_CACHE_MAX)
         self.partitions = log_.partitions
-        self.processors = [
-            PartitionProcessor(
-                p,
-                log_,
-                self.stores[p],
-                clock=self.clock,
-                leader_id=node_id,
-                events_log=events,
-                settings=settings,
-                pool=self.pool,
-                cache=self.cache,
-            )
-            for p in range(self.partitions)
-        ]
+        self.node_id = node_id
+        self._settings = settings
+        self._observers: list[Callable[[int, Sequence[TaskEvent]], None]] = []
+        self.processors = [self._new_processor(p) for p in range(self.partitions)]
+        self._open: set[int] = set()  # partitions whose processor runs (leading or paused)
+        self._paused: set[int] = set()  # open, not leading: being handed over
+        self._refusals: dict[int, TransientError] = {}  # closed: owned by another node
+
+    def _new_processor(self, p: int) -> PartitionProcessor:
+        processor = PartitionProcessor(
+            p,
+            self.log,
+            self.stores[p],
+            clock=self.clock,
+            leader_id=self.node_id,
+            events_log=self.events,
+            settings=self._settings,
+            pool=self.pool,
+            cache=self.cache,
+        )
+        processor.observers.extend(self._observers)
+        return processor
 
     @classmethod
     async def open(
@@ -113,6 +132,35 @@ class Node:
         return cls(log_, events, stores, clock=clock, settings=settings)
 
     @classmethod
+    async def open_kafka(
+        cls,
+        home: str | Path,
+        bootstrap: str,
+        *,
+        node_id: str,
+        cluster: str = "conveyor",
+        partitions: int | None = None,
+        clock: Clock | None = None,
+        settings: Settings | None = None,
+    ) -> Node:
+        """A node of ``cluster`` on the Kafka at ``bootstrap``: the record log and the events
+        stream are the topics ``<cluster>-log`` and ``<cluster>-events`` (created when
+        missing), RocksDB per partition stays in ``home/state``. Nothing is led yet."""
+        from conveyor.streams.log.kafka import KafkaLog  # aiokafka only where Kafka is used
+
+        home = Path(home)
+        partitions = _partition_count(home, partitions)
+        log_ = await KafkaLog.open(bootstrap, partitions, topic=f"{cluster}-log")
+        try:
+            events = await KafkaLog.open(bootstrap, partitions, topic=f"{cluster}-events")
+        except BaseException:
+            await log_.close()
+            raise
+        (home / "state").mkdir(parents=True, exist_ok=True)
+        stores = [_state_of(home, p, log_.end_offset(p)) for p in range(partitions)]
+        return cls(log_, events, stores, clock=clock, settings=settings, node_id=node_id)
+
+    @classmethod
     def in_memory(
         cls, partitions: int = 2, *, clock: Clock | None = None, settings: Settings | None = None
     ) -> Node:
@@ -125,11 +173,62 @@ class Node:
         )
 
     async def start(self) -> None:
+        """Lead every partition."""
+        self._open.update(range(self.partitions))
         await asyncio.gather(*(p.start() for p in self.processors))
+
+    # -- one partition at a time (the cluster's ownership) -----------------------------------
+
+    def is_open(self, p: int) -> bool:
+        return p in self._open
+
+    async def start_partition(self, p: int) -> None:
+        """Lead partition ``p`` at a new epoch. A paused processor leads again as it is; a
+        closed one is made anew over the local store and replays the log from its applied
+        offset (another node may have led ``p`` meanwhile: the rows it cached are stale)."""
+        if p not in self._open:
+            self._forget_cached(p)
+            self.processors[p] = self._new_processor(p)
+            await self.processors[p].start(lead=False)
+            self._open.add(p)
+            self._refusals.pop(p, None)
+        await self.processors[p].lead()
+        self._paused.discard(p)
+
+    async def pause_partition(self, p: int) -> None:
+        """Stop leading ``p`` (no dispatch, no duty runs once this returns); its processor
+        stays open and applies what the log brings, so leading it again costs no replay."""
+        if p in self._open:
+            self._paused.add(p)
+            await self.processors[p].resign(f"partition {p} is being handed over")
+
+    async def stop_partition(self, p: int, refusal: TransientError) -> None:
+        """Close ``p``'s processor: another node owns it. Its waiters and every later call
+        get ``refusal``."""
+        self._open.discard(p)
+        self._paused.discard(p)
+        self._refusals[p] = refusal
+        processor = self.processors[p]
+        await processor.stop()
+        processor.refuse(refusal)
+
+    def serving(self, p: int) -> PartitionProcessor:
+        """The processor of ``p``, for a read or a call; the refusal if another node owns it
+        (its local state is stale)."""
+        refusal = self._refusals.get(p)
+        if refusal is not None:
+            raise refusal
+        return self.processors[p]
+
+    def _forget_cached(self, p: int) -> None:
+        rows = self.cache.rows
+        for task_id in [t for t in rows if self.partition_of(t) == p]:
+            del rows[task_id]
 
     def on_events(self, observe: Callable[[int, Sequence[TaskEvent]], None]) -> None:
         """``observe(partition, events)`` with the events of each batch a processor commits
         while running (not those of a replay at start: they were seen before, if ever)."""
+        self._observers.append(observe)
         for processor in self.processors:
             processor.observers.append(observe)
 
@@ -264,7 +363,7 @@ class Node:
         return [r for replies in results for r in replies]
 
     def get(self, tenant: str, task_id: str) -> Task:
-        task = self.processors[self.partition_of(task_id)].read_task(task_id)
+        task = self.serving(self.partition_of(task_id)).read_task(task_id)
         if task is None or task.tenant != tenant:
             raise NotFound(f"no task {task_id}", field="task_id")
         return task
@@ -343,7 +442,13 @@ class Node:
         )
 
     def heartbeat(self, task_id: str, lease_id: int) -> str:
-        return self.processors[self.partition_of(task_id)].leases.heartbeat(task_id, lease_id)
+        p = self.partition_of(task_id)
+        processor = self.serving(p)
+        if p in self._paused:
+            # Its next leader (this node or another) gives every running lease a fresh
+            # interval: LOST now would kill work that a hand-over of a second does not end.
+            return CONTINUE
+        return processor.leases.heartbeat(task_id, lease_id)
 
     async def complete(self, items: Sequence[Completion]) -> list[Reply]:
         """Report attempt outcomes. Stale leases are rejected; the items of a partition that
@@ -371,6 +476,26 @@ def _later(task_id: str, index: int, why: str, retry_after_ms: int) -> Reply:
     return Reply(
         offset=-1, index=index, ok=False, task_id=task_id, reason=why, retry_after_ms=retry_after_ms
     )
+
+
+def _state_of(home: Path, p: int, log_end: int) -> KV:
+    """Partition ``p``'s local store, emptied when it applied offsets its log never had: it
+    was written from another log (a cluster or a topic made anew). It replays from the log."""
+    path = home / "state" / f"p{p:04d}"
+    store = open_state(path)
+    applied = Tables(store).meta_int(keys.META_APPLIED)
+    if applied is None or applied < log_end:
+        return store
+    log.warning(
+        "%s applied offset %d but its log ends at %d: it was written from another log; "
+        "rebuilding it from this one",
+        path,
+        applied,
+        log_end,
+    )
+    store.close()
+    shutil.rmtree(path)
+    return open_state(path)
 
 
 def _partition_count(home: Path, asked: int | None) -> int:

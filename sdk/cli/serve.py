@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -36,6 +36,7 @@ from conveyor.frozen import frozen
 
 if TYPE_CHECKING:
     from conveyor.store.blobs import Blobs
+    from conveyor.streams.node import Node
 
 AGENT_MODULE = "conveyor.agents.host"
 
@@ -88,6 +89,25 @@ PrefetchOpt = Annotated[
 ]
 
 AgentRunner = Callable[..., Awaitable[None]]
+
+KafkaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kafka",
+        envvar="CONVEYOR_KAFKA",
+        help="Bootstrap servers (host:port,...) of the Kafka that holds the log; the node "
+        "then leads the partitions the cluster assigns it [default: the local log in the home]",
+        show_default=False,
+    ),
+]
+NodeIdOpt = Annotated[
+    str | None,
+    typer.Option("--node-id", help="This node's name in the cluster (with --kafka), unique"),
+]
+ClusterOpt = Annotated[
+    str,
+    typer.Option("--cluster", help="The cluster's name: its topics are <name>-log, <name>-..."),
+]
 
 MetricsKeyOpt = Annotated[
     str | None,
@@ -219,6 +239,15 @@ class MetricsConfig:
 
 
 @frozen
+class KafkaConfig:
+    """A node of a cluster on Kafka (``streams/cluster/``)."""
+
+    bootstrap: str
+    node_id: str
+    cluster: str = "conveyor"
+
+
+@frozen
 class SnapshotConfig:
     """Whether and where the node keeps its Postgres query snapshot."""
 
@@ -251,17 +280,17 @@ async def _run_node(
     blobs: Blobs | None = None,
     sandbox: str = "auto",
     metrics_config: MetricsConfig | None = None,
+    kafka: KafkaConfig | None = None,
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.gateway.auth import ensure_agent_key
-    from conveyor.streams.node import Node
     from conveyor.streams.sinks.metrics import Metrics, TenantLabels, time_appends
 
     run_agent = _load_agent() if app_ref is not None else None
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    node = await Node.open(home, partitions=partitions)
+    node = await _open_node(home, partitions, kafka)
     metrics_config = metrics_config or MetricsConfig()
     metrics = Metrics(tenant_labels=TenantLabels(metrics_config.tenant_labels))
     metrics.watch(node)
@@ -300,6 +329,55 @@ async def _run_node(
         if snapshot is not None:
             await snapshot.close()  # before the node: its reads follow the events log
         await node.stop()
+
+
+async def _open_node(home: Path, partitions: int | None, kafka: KafkaConfig | None) -> Node:
+    from conveyor.errors import TransientError
+    from conveyor.streams.node import Node
+
+    if kafka is None:
+        return await Node.open(home, partitions=partitions)
+    try:
+        return await Node.open_kafka(
+            home,
+            kafka.bootstrap,
+            node_id=kafka.node_id,
+            cluster=kafka.cluster,
+            partitions=partitions,
+        )
+    except TransientError as exc:
+        raise fail(f"{exc} (is Kafka running at {kafka.bootstrap}?)") from None
+
+
+def _kafka_config(bootstrap: str | None, node_id: str | None, cluster: str) -> KafkaConfig | None:
+    if bootstrap is None:
+        if node_id is not None:
+            raise fail("--node-id names a node of a Kafka cluster: give --kafka BOOTSTRAP too")
+        return None
+    if not node_id:
+        raise fail("--kafka needs --node-id: a name for this node, unique in the cluster")
+    return KafkaConfig(bootstrap=bootstrap, node_id=node_id, cluster=cluster)
+
+
+@contextlib.contextmanager
+def _dev_broker(home: Path) -> Iterator[str]:
+    """``conveyor dev --kafka``: one local broker in ``home/kafka``, stopped (by PID) when the
+    command ends; yields its bootstrap. It is made anew each run (the partitions' stores see
+    a log they never applied and rebuild from it)."""
+    import shutil
+
+    from conveyor.streams.log.kafka_broker import KafkaCluster, KafkaUnavailable
+
+    shutil.rmtree(home / "kafka", ignore_errors=True)
+    try:
+        cluster = KafkaCluster.start(1, home / "kafka")
+    except KafkaUnavailable as exc:
+        raise fail(f"cannot start a local Kafka: {exc}") from None
+    console.print(f"  kafka    {cluster.bootstrap}  (a local broker, stopped on exit)")
+    try:
+        yield cluster.bootstrap
+    finally:
+        cluster.stop()
 
 
 async def _until_stopped(stop: asyncio.Event, work: Awaitable[Any]) -> None:
@@ -342,6 +420,9 @@ def node(
     blobs_url: BlobsOpt = None,
     metrics_key: MetricsKeyOpt = None,
     metrics_tenant_labels: TenantLabelsOpt = TenantLabels.hashed,
+    kafka: KafkaOpt = None,
+    node_id: NodeIdOpt = None,
+    cluster: ClusterOpt = "conveyor",
 ) -> None:
     """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway.
 
@@ -349,6 +430,7 @@ def node(
     per-tenant series, and whoever reads the metrics is not shown customers' names.
     """
     _setup_logging(log_level)
+    kafka_config = _kafka_config(kafka, node_id, cluster)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
@@ -362,6 +444,7 @@ def node(
             snapshot_config=config,
             blobs=blobs,
             metrics_config=metrics,
+            kafka=kafka_config,
         )
     )
 
@@ -380,6 +463,9 @@ def dev(
     sandbox: DevSandboxOpt = None,
     metrics_key: MetricsKeyOpt = None,
     metrics_tenant_labels: TenantLabelsOpt = TenantLabels.on,
+    kafka: Annotated[
+        bool, typer.Option("--kafka", help="Keep the log in a local Kafka broker it starts")
+    ] = False,
 ) -> None:
     """Node + gateway + an agent for your app, in one process: for development.
 
@@ -392,19 +478,25 @@ def dev(
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
     metrics = MetricsConfig(key=metrics_key, tenant_labels=metrics_tenant_labels.value)
-    node = _run_node(
-        home_path,
-        host,
-        port,
-        partitions,
-        app_ref,
-        concurrency,
-        config,
-        blobs,
-        _mode(sandbox),
-        metrics_config=metrics,
-    )
-    _run_agent_command(node)
+    with contextlib.ExitStack() as broker:
+        kafka_config = None
+        if kafka:
+            bootstrap = broker.enter_context(_dev_broker(home_path))
+            kafka_config = KafkaConfig(bootstrap=bootstrap, node_id="dev")
+        node = _run_node(
+            home_path,
+            host,
+            port,
+            partitions,
+            app_ref,
+            concurrency,
+            config,
+            blobs,
+            _mode(sandbox),
+            metrics_config=metrics,
+            kafka=kafka_config,
+        )
+        _run_agent_command(node)
 
 
 def agent(

@@ -146,6 +146,8 @@ class PartitionProcessor:
         self._duties: list[asyncio.Task[None]] = []  # the leader's (rule 6)
         self.duty_failures = 0
         self._failed: BaseException | None = None
+        self._refusal: TransientError | None = None  # set by ``refuse``
+        self._supervisor: asyncio.Task[None] | None = None
         # Called with (partition, events) after each live batch (``Node.on_events``).
         self.observers: list[Callable[[int, Sequence[TaskEvent]], None]] = []
 
@@ -160,10 +162,28 @@ class PartitionProcessor:
             return
         self._tasks.append(asyncio.create_task(self._apply_loop(), name=f"apply-{self.partition}"))
         if lead:
-            await self._become_leader()
-            self._tasks.append(
-                asyncio.create_task(self._supervise(), name=f"lead-{self.partition}")
-            )
+            await self.lead()
+
+    async def lead(self) -> None:
+        """Become the leader at a new epoch and run the duties (supervised, rule 6)."""
+        await self._become_leader()
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"lead-{self.partition}")
+        self._tasks.append(self._supervisor)
+
+    async def resign(self, why: str) -> None:
+        """Stop leading: once this returns no duty runs and nothing is dispatched. Records go
+        on being applied; ``lead`` makes this processor the leader again."""
+        self.step_down(why, expected=True)
+        await self._end_duties()
+        if self._supervisor is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+
+    def refuse(self, error: TransientError) -> None:
+        """Serve nothing more (another node owns this partition now): every waiter and every
+        later call gets ``error``. For a stopped processor."""
+        self._refusal = error
+        self._fail_waiters(error, error)
 
     async def _replay(self) -> None:
         end = self.log.end_offset(self.partition)
@@ -344,6 +364,8 @@ class PartitionProcessor:
         return self._failed
 
     def _check_alive(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
         if self._failed is not None:
             raise TransientError(
                 f"partition {self.partition} halted ({self._failed!r}); nothing was written. "
@@ -547,8 +569,10 @@ class PartitionProcessor:
                 keep.append((offset, future))
         self._applied_waiters = keep
 
-    def _fail_waiters(self, exc: BaseException) -> None:
-        error = TransientError(f"partition {self.partition} halted: {exc}", retry_after_ms=1_000)
+    def _fail_waiters(self, exc: BaseException, error: TransientError | None = None) -> None:
+        error = error or TransientError(
+            f"partition {self.partition} halted: {exc}", retry_after_ms=1_000
+        )
         for waiter in self._replies.values():
             if not waiter.done():
                 waiter.set_exception(error)

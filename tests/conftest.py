@@ -1,4 +1,5 @@
-"""A real one-broker Kafka for the Log contract, started once per session with
+"""A real Kafka for the tests that need one (the Log contract, the cluster's integration
+tests): one broker started once per session, or three for a test that kills one, with
 ``conveyor.streams.log.kafka_broker`` (what ``tools/kafka.py start`` runs).
 
 Without Java 17 or the broker's jars the Kafka cases skip with the reason, except under
@@ -18,7 +19,7 @@ from conveyor.streams.log.kafka_broker import KafkaCluster, KafkaUnavailable
 
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"the Kafka contract tests need a broker under CI: {reason}")
+        pytest.fail(f"the Kafka tests need a broker under CI: {reason}")
     pytest.skip(reason)
 
 
