@@ -27,21 +27,31 @@ ENQUEUERS = 4
 TIMEOUT_S = 1_800.0  # a million tasks take ~15 min on the 2-core machine
 
 
+class _BulkCluster(Cluster):
+    APP_NAME = APP  # its agent key is bound to the app this bench registers
+
+
 async def bench_bulk(*, tasks: int = 1_000_000, partitions: int = 8) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-bulk-") as tmp:
-        cluster = Cluster(Path(tmp), partitions, 0, 1, 0)
+        cluster = _BulkCluster(Path(tmp), partitions, 0, 1, 0)
         try:
             await cluster.start()
             auth = {"Authorization": f"Bearer {cluster.key}"}
+            worker = {"Authorization": f"Bearer {cluster.agent_key}"}
             async with httpx.AsyncClient(base_url=cluster.url, headers=auth, timeout=60) as http:
+                await _register(http, worker)
                 return await _run(http, tasks, partitions)
         finally:
             cluster.stop()
 
 
-async def _run(http: httpx.AsyncClient, tasks: int, partitions: int) -> dict[str, Any]:
+async def _register(http: httpx.AsyncClient, worker: dict[str, str]) -> None:
+    """Registration is the worker protocol: it takes the cluster's agent key, not the client's."""
     body = {"agent_id": "bench", "app": APP, "version": "1", "task_types": ["noop"]}
-    (await http.post("/worker/register", json=body)).raise_for_status()
+    (await http.post("/worker/register", json=body, headers=worker)).raise_for_status()
+
+
+async def _run(http: httpx.AsyncClient, tasks: int, partitions: int) -> dict[str, Any]:
     started = time.perf_counter()
     await asyncio.gather(*(_enqueue(http, k, tasks) for k in range(ENQUEUERS)))
     enqueue_s = time.perf_counter() - started

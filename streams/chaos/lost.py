@@ -28,7 +28,7 @@ from conveyor.aclient import AsyncClient
 from conveyor.frozen import frozen
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
+from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, ChaosCluster, _popen
 from conveyor.streams.chaos.proxy import LossyProxy
 from conveyor.streams.chaos.runner import APP, Run, _drain, _evidence, enqueue_recorded
 
@@ -56,7 +56,16 @@ class ProxiedCluster(ChaosCluster):
     def spawn_agent(self, k: int) -> None:
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["agent", "--app", APP_REF, "--url", self.agent_url, "--api-key", self.agent_key]
+        args = [
+            "agent",
+            "--app",
+            APP_REF,
+            "--url",
+            self.agent_url,
+            "--api-key",
+            self.agent_key,
+            *TRUSTED,
+        ]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
         command = [sys.executable, "-m", "conveyor.cli", *args, *slots, *AGENT_TIMES]
         with open(self.root / f"{name}.out", "ab") as out:

@@ -37,6 +37,10 @@ from conveyor.streams.chaos.history import History
 
 APP_REF = "conveyor.streams.chaos.app:app"
 # RELIABILITY.md §3: time compression, so a killed agent's leases lapse within the run.
+# The chaos app's handlers append each execution to a history file on the host's disk, which a
+# sandboxed guest cannot write (by design): its agents run the trusted harness code unsandboxed.
+# The sandbox itself is tried by the escape tests.
+TRUSTED = ("--sandbox", "none")
 AGENT_TIMES = ["--lease-s", "2", "--heartbeat-s", "0.5", "--poll-wait-s", "2", "--drain-s", "1"]
 STRIKES = ("node", "agent", "guest", "crash-loop")
 WATCH_S = 0.2  # how often the supervisor looks for processes that died on their own
@@ -68,7 +72,7 @@ class ChaosCluster(Cluster):
     def spawn_agent(self, k: int) -> None:
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.agent_key]
+        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.agent_key, *TRUSTED]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
         command = [sys.executable, "-m", "conveyor.cli", *args, *slots, *AGENT_TIMES]
         with open(self.root / f"{name}.out", "ab") as out:

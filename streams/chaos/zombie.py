@@ -39,7 +39,7 @@ from conveyor.aclient import AsyncClient
 from conveyor.frozen import frozen
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, ChaosCluster, _popen
+from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, ChaosCluster, _popen
 from conveyor.streams.chaos.runner import (
     APP,
     READERS,
@@ -80,7 +80,7 @@ class ZombieCluster(ChaosCluster):
     def spawn_agent(self, k: int) -> None:
         name = f"agent-{k}"
         self.root.mkdir(parents=True, exist_ok=True)
-        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.agent_key]
+        args = ["agent", "--app", APP_REF, "--url", self.url, "--api-key", self.agent_key, *TRUSTED]
         slots = ["--concurrency", str(self.concurrency), "--prefetch", str(self.prefetch)]
         command = [
             sys.executable,

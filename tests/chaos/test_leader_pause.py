@@ -30,7 +30,7 @@ from conveyor.streams.chaos.nemesis import ChaosCluster
 pytestmark = pytest.mark.timeout(120)
 
 PARTITIONS = 2
-APP, TASK = "p3", "work"
+APP, TASK = ChaosCluster.APP_NAME, "work"  # the app its agent key is bound to
 STANDBY_EXIT_S = 30.0
 
 
@@ -54,7 +54,7 @@ async def statuses(cluster: ChaosCluster, ids: list[str]) -> dict[str, str]:
 
 async def register(cluster: ChaosCluster) -> None:
     body = {"agent_id": "setup", "app": APP, "version": "1", "task_types": [TASK]}
-    auth = {"authorization": f"Bearer {cluster.key}"}
+    auth = {"authorization": f"Bearer {cluster.agent_key}"}  # the worker protocol's key
     async with httpx.AsyncClient(base_url=cluster.url, headers=auth, timeout=10.0) as http:
         reply = await http.post("/worker/register", json=body)
         assert reply.status_code == 200, reply.text
