@@ -459,6 +459,11 @@ _QUEUE = obj(
         "windows": {"type": "object", "additionalProperties": _WINDOW},
     }
 )
+
+# The tenant's circuit breakers that agents report open, per (app, task type).
+_BREAKER = obj({"app": NAME, "task_type": NAME, "agents": integer(1)}, "app", "task_type", "agents")
+_QUEUES = obj({"queues": array(_QUEUE, 0), "breakers": array(_BREAKER, 0)}, "queues", "breakers")
+
 _PAGE = obj(
     {
         "tasks": array(ref("TaskSummary")),
@@ -516,7 +521,7 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "/v1/queues",
         "Per queue: depth by status, age of the oldest ready task, throughput and error rate",
         None,
-        _wrap("queues", _QUEUE, 0),
+        _QUEUES,
         [],
     ),
     (
