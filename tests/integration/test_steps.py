@@ -337,34 +337,33 @@ def test_a_dead_letter_retry_keeps_the_run_key(engine: Engine) -> None:
     assert engine.client.get(new_id).result == f"{handle.id}:charge#0"
 
 
-def test_threads_racing_two_steps_fail_the_attempt(engine: Engine) -> None:
-    started, release = threading.Event(), threading.Event()
+# Declared with the app, not inside the test: the engine's agent polls for the types its app has.
+RACE_STARTED, RACE_RELEASE = threading.Event(), threading.Event()
 
-    @app.task(name="racer", retry=RETRY)
-    def racer(ctx: conveyor.Context, _: Any) -> None:
-        def slow() -> int:
-            started.set()
-            release.wait(10)
-            return 1
 
-        worker = threading.Thread(target=lambda: ctx.step.run("slow", slow))
-        worker.start()
-        started.wait(10)
-        try:
-            ctx.step.run("fast", lambda: 2)
-        finally:
-            release.set()
-            worker.join()
+@app.task(retry=RETRY)
+def racer(ctx: conveyor.Context, _: Any) -> None:
+    def slow() -> int:
+        RACE_STARTED.set()
+        RACE_RELEASE.wait(10)
+        return 1
 
+    worker = threading.Thread(target=lambda: ctx.step.run("slow", slow))
+    worker.start()
+    RACE_STARTED.wait(10)
     try:
-        engine.known[app.name].add("racer")
-        handle = engine.client.enqueue(racer)
-        engine.drain()
-        info = handle.get()
-        assert info.status == "FAILED" and info.error is not None
-        assert info.error.error_class == "StepsOverlapped"
+        ctx.step.run("fast", lambda: 2)
     finally:
-        del app.tasks["racer"]
+        RACE_RELEASE.set()
+        worker.join()
+
+
+def test_threads_racing_two_steps_fail_the_attempt(engine: Engine) -> None:
+    handle = engine.client.enqueue(racer)
+    engine.drain()
+    info = handle.get()
+    assert info.status == "FAILED" and info.error is not None
+    assert info.error.error_class == "StepsOverlapped"
 
 
 @app.task(retry=RETRY)
