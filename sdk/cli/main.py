@@ -30,7 +30,7 @@ log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=T
 bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
 projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
-chaos_app = typer.Typer(help="Fault-injection runs (issue 6).", no_args_is_help=True)
+chaos_app = typer.Typer(help="Fault-injection runs.", no_args_is_help=True)
 schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys and their roles (keys.json).", no_args_is_help=True)
 

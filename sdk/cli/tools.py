@@ -308,7 +308,7 @@ def _print_result(result: dict[str, Any], as_json: bool) -> None:
 
 
 def _judge(result: dict[str, Any], as_json: bool) -> None:
-    """Print a fault run's figure (RELIABILITY.md §11); exit 1 unless it is valid."""
+    """Print a fault run's figure; exit 1 unless it is valid."""
     _print_result(result, as_json)
     if result["valid"] is not True:
         raise typer.Exit(1)
@@ -407,7 +407,7 @@ def chaos_kill9(
     as_json: JsonOpt = False,
 ) -> None:
     """P1 (and P4, P5, P6 with --scenario): kill -9 under load; check no lost acks, no
-    phantoms, one terminal state. Prints the run's figure (RELIABILITY.md §11); exits 1 unless
+    phantoms, one terminal state. Prints the run's figure; exits 1 unless
     valid."""
     _chaos_run(scenario, seconds, seed, clients, rate, agents, home, as_json)
 
@@ -467,7 +467,7 @@ def chaos_zombie(
     """P2: SIGSTOP an agent and its guests past its lease, let another agent finish its
     tasks, SIGCONT it; check every late op of the zombie is rejected and each task has one
     terminal state. With a pause shorter than the lease (N1): no lease may lapse. Prints the
-    run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    run's figure; exits 1 unless valid."""
     import random
 
     from conveyor.streams.chaos.zombie import ZombieConfig, run_zombie
@@ -493,7 +493,7 @@ def chaos_power_cut(
     """S1: cut the power of a node's log files under concurrent enqueues (unsynced writes
     lost, the last one torn), restart on what the disk kept, with the partition state kept or
     rebuilt; check no acknowledged enqueue is lost, no task appears from nowhere, and retried
-    keys meet their twins. Prints the run's figure (RELIABILITY.md §11); exits 1 unless
+    keys meet their twins. Prints the run's figure; exits 1 unless
     valid."""
     import random
 
@@ -518,7 +518,7 @@ def chaos_lost_replies(
 ) -> None:
     """Test 7: proxies lose the replies of enqueues and of agents' completions after the node
     answered; clients and agents retry; check one task per key, one terminal state, idempotent
-    completions. Prints the run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    completions. Prints the run's figure; exits 1 unless valid."""
     import random
 
     from conveyor.streams.chaos.lost import LostConfig, run_lost_replies
@@ -546,7 +546,7 @@ def chaos_fan_in(
     """W1: workflows fan out to children (some fail, some fan-outs spill across partitions)
     while the node, agents and guests are killed with -9; check each workflow's barrier fired
     once with every child's result in its slot, and each child ended as it should. Prints the
-    run's figure (RELIABILITY.md §11); exits 1 unless valid."""
+    run's figure; exits 1 unless valid."""
     import random
 
     from conveyor.streams.chaos.fanin import FanInConfig, run_fan_in
