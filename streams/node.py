@@ -70,6 +70,7 @@ log = logging.getLogger("conveyor.node")
 T = TypeVar("T", TaskSpec, Completion, StepWrite, Checkpoint)
 DEFAULT_PARTITIONS = 8
 TASK_CACHE_MAX = 262_144
+NOT_LED_RETRY_MS = 500
 
 
 class Node:
@@ -158,7 +159,15 @@ class Node:
             raise
         (home / "state").mkdir(parents=True, exist_ok=True)
         stores = [_state_of(home, p, log_.end_offset(p)) for p in range(partitions)]
-        return cls(log_, events, stores, clock=clock, settings=settings, node_id=node_id)
+        node = cls(log_, events, stores, clock=clock, settings=settings, node_id=node_id)
+        for p in range(partitions):  # until the cluster gives it partitions (or ``start``)
+            refusal = TransientError(
+                f"partition {p} is not led by this node (yet); try again",
+                retry_after_ms=NOT_LED_RETRY_MS,
+            )
+            node._refusals[p] = refusal
+            node.processors[p].refuse(refusal)
+        return node
 
     @classmethod
     def in_memory(
@@ -175,6 +184,7 @@ class Node:
     async def start(self) -> None:
         """Lead every partition."""
         self._open.update(range(self.partitions))
+        self._refusals.clear()
         await asyncio.gather(*(p.start() for p in self.processors))
 
     # -- one partition at a time (the cluster's ownership) -----------------------------------
@@ -182,17 +192,22 @@ class Node:
     def is_open(self, p: int) -> bool:
         return p in self._open
 
-    async def start_partition(self, p: int) -> None:
-        """Lead partition ``p`` at a new epoch. A paused processor leads again as it is; a
+    async def start_partition(self, p: int, *, epoch_floor: int = 0) -> None:
+        """Lead partition ``p`` at a new epoch (at least ``epoch_floor``). A paused processor
+        leads again as it is; a
         closed one is made anew over the local store and replays the log from its applied
         offset (another node may have led ``p`` meanwhile: the rows it cached are stale)."""
         if p not in self._open:
             self._forget_cached(p)
-            self.processors[p] = self._new_processor(p)
-            await self.processors[p].start(lead=False)
+            processor = self.processors[p] = self._new_processor(p)
+            try:
+                await processor.start(lead=False)
+            except BaseException:  # cancelled mid-replay (revoked): nothing of it runs on
+                await processor.stop()
+                raise
             self._open.add(p)
             self._refusals.pop(p, None)
-        await self.processors[p].lead()
+        await self.processors[p].lead(epoch_floor=epoch_floor)
         self._paused.discard(p)
 
     async def pause_partition(self, p: int) -> None:
@@ -253,6 +268,12 @@ class Node:
 
     def partition_of(self, task_id: str) -> int:
         return partition_of(task_id, self.partitions)
+
+    def partition_for_unkeyed(self, turn: int) -> int:
+        """The ``turn``-th partition (cyclically) of those this node leads, for a task that may
+        live on any partition (no key routes it): a node of a cluster keeps it local."""
+        led = [p for p in range(self.partitions) if p not in self._refusals]
+        return led[turn % len(led)] if led else turn % self.partitions
 
     def route(self, tenant: str, idempotency_key: str | None, task_id: str | None) -> int:
         if task_id is not None:

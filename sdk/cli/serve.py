@@ -36,6 +36,7 @@ from conveyor.frozen import frozen
 
 if TYPE_CHECKING:
     from conveyor.store.blobs import Blobs
+    from conveyor.streams.cluster import ClusterMember
     from conveyor.streams.node import Node
 
 AGENT_MODULE = "conveyor.agents.host"
@@ -107,6 +108,14 @@ NodeIdOpt = Annotated[
 ClusterOpt = Annotated[
     str,
     typer.Option("--cluster", help="The cluster's name: its topics are <name>-log, <name>-..."),
+]
+SessionOpt = Annotated[
+    float,
+    typer.Option(
+        "--session-timeout-s",
+        min=3.0,
+        help="With --kafka: a node silent this long is dead, its partitions move",
+    ),
 ]
 
 MetricsKeyOpt = Annotated[
@@ -245,6 +254,7 @@ class KafkaConfig:
     bootstrap: str
     node_id: str
     cluster: str = "conveyor"
+    session_timeout_ms: int = 10_000  # a dead node's partitions move after this long
 
 
 @frozen
@@ -294,10 +304,13 @@ async def _run_node(
     metrics_config = metrics_config or MetricsConfig()
     metrics = Metrics(tenant_labels=TenantLabels(metrics_config.tenant_labels))
     metrics.watch(node)
+    record_log = node.log  # before time_appends wraps it: the cluster re-reads its fences
     time_appends(node, metrics)
-    await node.start()
+    if kafka is None:
+        await node.start()
     node.tune_gc()
     snapshot = None
+    member = None
     try:
         snapshot = await _open_snapshot(home, node, snapshot_config or SnapshotConfig(), metrics)
         key = ensure_dev_key(home)  # a client key; the agent's is bound to its app
@@ -316,6 +329,8 @@ async def _run_node(
             runner, url = await start(app, host, port)
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        if kafka is not None:
+            member = await _join(node, record_log, kafka)
         _banner(url, key, home)
         try:
             if run_agent is None:
@@ -326,9 +341,24 @@ async def _run_node(
         finally:
             await runner.cleanup()
     finally:
+        if member is not None:
+            await member.leave()  # first: the partitions move to the other nodes at once
         if snapshot is not None:
             await snapshot.close()  # before the node: its reads follow the events log
         await node.stop()
+
+
+async def _join(node: Node, record_log: Any, kafka: KafkaConfig) -> ClusterMember:
+    from conveyor.streams.cluster import join
+
+    return await join(
+        node,
+        record_log,
+        bootstrap=kafka.bootstrap,
+        topic=record_log.topic,
+        cluster=kafka.cluster,
+        session_timeout_ms=kafka.session_timeout_ms,
+    )
 
 
 async def _open_node(home: Path, partitions: int | None, kafka: KafkaConfig | None) -> Node:
@@ -349,14 +379,19 @@ async def _open_node(home: Path, partitions: int | None, kafka: KafkaConfig | No
         raise fail(f"{exc} (is Kafka running at {kafka.bootstrap}?)") from None
 
 
-def _kafka_config(bootstrap: str | None, node_id: str | None, cluster: str) -> KafkaConfig | None:
+def _kafka_config(
+    bootstrap: str | None, node_id: str | None, cluster: str, session_timeout_s: float
+) -> KafkaConfig | None:
     if bootstrap is None:
         if node_id is not None:
             raise fail("--node-id names a node of a Kafka cluster: give --kafka BOOTSTRAP too")
         return None
     if not node_id:
         raise fail("--kafka needs --node-id: a name for this node, unique in the cluster")
-    return KafkaConfig(bootstrap=bootstrap, node_id=node_id, cluster=cluster)
+    session_ms = int(session_timeout_s * 1000)
+    return KafkaConfig(
+        bootstrap=bootstrap, node_id=node_id, cluster=cluster, session_timeout_ms=session_ms
+    )
 
 
 @contextlib.contextmanager
@@ -423,6 +458,7 @@ def node(
     kafka: KafkaOpt = None,
     node_id: NodeIdOpt = None,
     cluster: ClusterOpt = "conveyor",
+    session_timeout_s: SessionOpt = 10.0,
 ) -> None:
     """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway.
 
@@ -430,7 +466,7 @@ def node(
     per-tenant series, and whoever reads the metrics is not shown customers' names.
     """
     _setup_logging(log_level)
-    kafka_config = _kafka_config(kafka, node_id, cluster)
+    kafka_config = _kafka_config(kafka, node_id, cluster, session_timeout_s)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts

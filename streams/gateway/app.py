@@ -23,7 +23,7 @@ from aiohttp import web
 from conveyor.errors import Unauthorized
 from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
-from conveyor.streams.gateway import dashboard, openapi, routes, usage, workflows
+from conveyor.streams.gateway import dashboard, health, openapi, routes, usage, workflows
 from conveyor.streams.gateway.auth import KeyStore, authenticate
 from conveyor.streams.gateway.breakers import BreakersCollector
 from conveyor.streams.gateway.errors import Handler, error_middleware
@@ -102,6 +102,7 @@ async def healthz(request: web.Request) -> web.Response:
     node = request.app[routes.GATEWAY].node
     halted = {str(p.partition): repr(p.halted) for p in node.processors if p.halted is not None}
     body: dict[str, Any] = {"ok": not halted, "partitions": node.partitions}
+    body.update(health.leadership(node))
     if halted:
         body["halted"] = halted
     return routes.reply(body, 503 if halted else 200)

@@ -652,7 +652,15 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "/healthz",
         "Liveness (no auth)",
         None,
-        obj({"ok": {"type": "boolean"}, "partitions": integer(1)}),
+        obj(
+            {
+                "ok": {"type": "boolean"},
+                "partitions": integer(1),
+                "node": {"type": "string"},
+                "leading": {"type": "object"},  # partition -> epoch, lag, caught_up
+                "halted": {"type": "object"},
+            }
+        ),
         [],
     ),
 ]

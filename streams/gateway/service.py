@@ -163,7 +163,7 @@ class Gateway:
     def _partition(self, tenant: str, key: str | None) -> int:
         if key is not None:
             return partition_for_key(tenant, key, self.node.partitions)
-        return next(self._round_robin) // STICKY_TASKS % self.node.partitions
+        return self.node.partition_for_unkeyed(next(self._round_robin) // STICKY_TASKS)
 
     async def task(self, tenant: str, task_id: str, wait_ms: int) -> dict[str, Any]:
         task = self.find(tenant, task_id)

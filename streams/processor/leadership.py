@@ -19,7 +19,9 @@ from conveyor.streams.machine.apply import accepts
 __all__ = ["accepts", "mint"]
 
 
-async def mint(log: Log, partition: int) -> int:
-    epoch = log.fence(partition) + 1
+async def mint(log: Log, partition: int, floor: int = 0) -> int:
+    """The next epoch above the fence, and at least ``floor`` (what a cluster's ownership
+    change asks for: ``streams/cluster/ownership.py``); the log is sealed there."""
+    epoch = max(log.fence(partition) + 1, floor)
     await log.seal(partition, epoch)
     return epoch

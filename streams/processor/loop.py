@@ -164,9 +164,10 @@ class PartitionProcessor:
         if lead:
             await self.lead()
 
-    async def lead(self) -> None:
-        """Become the leader at a new epoch and run the duties (supervised, rule 6)."""
-        await self._become_leader()
+    async def lead(self, *, epoch_floor: int = 0) -> None:
+        """Become the leader at a new epoch (at least ``epoch_floor``) and run the duties
+        (supervised, rule 6)."""
+        await self._become_leader(epoch_floor)
         self._supervisor = asyncio.create_task(self._supervise(), name=f"lead-{self.partition}")
         self._tasks.append(self._supervisor)
 
@@ -192,8 +193,8 @@ class PartitionProcessor:
         async for batch in self.log.read(self.partition, self.applied + 1, follow=False):
             self._apply_batch(batch, live=False)
 
-    async def _become_leader(self) -> None:
-        self.epoch = await leadership.mint(self.log, self.partition)
+    async def _become_leader(self, epoch_floor: int = 0) -> None:
+        self.epoch = await leadership.mint(self.log, self.partition, epoch_floor)
         self.leader = True
         offset = await self.propose(AnnounceEpoch(leader_id=self.leader_id))
         await self.wait_applied(offset)
