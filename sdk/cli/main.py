@@ -4,6 +4,7 @@ node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
 keys create|list                  API keys and their roles in the home's keys.json (keys.py)
+cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
 chaos kill9|soak|zombie|lost-replies|power-cut|fan-in
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from conveyor.cli import keys, schedules, serve, tasks, tools
+from conveyor.cli import cluster, keys, schedules, serve, tasks, tools
 from conveyor.cli.common import CliError, fail
 from conveyor.errors import ContractError
 from conveyor.process import tune_malloc
@@ -33,6 +34,7 @@ projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_hel
 chaos_app = typer.Typer(help="Fault-injection runs.", no_args_is_help=True)
 schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys and their roles (keys.json).", no_args_is_help=True)
+cluster_app = typer.Typer(help="A cluster of nodes on Kafka.", no_args_is_help=True)
 
 app.command()(serve.node)
 app.command()(serve.dev)
@@ -74,6 +76,8 @@ app.add_typer(projection_app, name="projection")
 app.add_typer(chaos_app, name="chaos")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(keys_app, name="keys")
+cluster_app.command("status")(cluster.status)
+app.add_typer(cluster_app, name="cluster")
 
 
 def main() -> None:

@@ -330,7 +330,7 @@ async def _run_node(
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         if kafka is not None:
-            member = await _join(node, record_log, kafka)
+            member = await _join(node, record_log, kafka, url)
         _banner(url, key, home)
         try:
             if run_agent is None:
@@ -348,7 +348,7 @@ async def _run_node(
         await node.stop()
 
 
-async def _join(node: Node, record_log: Any, kafka: KafkaConfig) -> ClusterMember:
+async def _join(node: Node, record_log: Any, kafka: KafkaConfig, url: str) -> ClusterMember:
     from conveyor.streams.cluster import join
 
     return await join(
@@ -358,6 +358,7 @@ async def _join(node: Node, record_log: Any, kafka: KafkaConfig) -> ClusterMembe
         topic=record_log.topic,
         cluster=kafka.cluster,
         session_timeout_ms=kafka.session_timeout_ms,
+        url=url,
     )
 
 

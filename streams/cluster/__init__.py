@@ -1,12 +1,14 @@
 """Nodes of one cluster on Kafka: which node leads which partition of the log.
 
-    membership.py   the consumer group that hands partitions out (sticky, dynamic members)
-    ownership.py    what a node does when a partition is assigned or revoked, and its epoch
+membership.py   the consumer group that hands partitions out (sticky, dynamic members)
+ownership.py    what a node does when a partition is assigned or revoked, and its epoch
+directory.py    every node's card (URL, partitions led, epochs, lag) in <cluster>-nodes
 """
 
 from __future__ import annotations
 
 from conveyor.frozen import frozen
+from conveyor.streams.cluster.directory import Card, Directory
 from conveyor.streams.cluster.membership import Membership
 from conveyor.streams.cluster.ownership import Fences, NotOwner, Ownership
 from conveyor.streams.node import Node
@@ -18,11 +20,24 @@ __all__ = ["ClusterMember", "NotOwner", "join"]
 class ClusterMember:
     ownership: Ownership
     membership: Membership
+    directory: Directory
+    node_id: str
 
     async def leave(self) -> None:
         """Leave the group, then stop taking partitions; the node is stopped by its owner."""
         await self.membership.stop()
         await self.ownership.close()
+        await self.directory.leave(self.node_id)
+
+
+def card(node: Node, url: str) -> Card:
+    """What the directory says of ``node``: where it serves, what it leads."""
+    leading = {
+        str(p.partition): {"epoch": p.epoch, "lag_records": p.lag_records()}
+        for p in node.processors
+        if p.leader
+    }
+    return {"node_id": node.node_id, "url": url, "leading": leading}
 
 
 async def join(
@@ -33,6 +48,7 @@ async def join(
     topic: str,
     cluster: str,
     session_timeout_ms: int,
+    url: str,
 ) -> ClusterMember:
     """Join ``cluster`` as ``node.node_id``: from now on ``node`` leads what the group gives
     it. ``fences``: the record log (a ``KafkaLog``), unwrapped."""
@@ -45,5 +61,9 @@ async def join(
         node_id=node.node_id,
         session_timeout_ms=session_timeout_ms,
     )
+    directory = Directory(bootstrap, cluster, lambda: card(node, url))
+    await directory.start()
     await membership.start()
-    return ClusterMember(ownership=ownership, membership=membership)
+    return ClusterMember(
+        ownership=ownership, membership=membership, directory=directory, node_id=node.node_id
+    )

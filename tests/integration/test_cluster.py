@@ -4,6 +4,10 @@ work of a partition survives its move."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,8 +18,8 @@ import pytest
 from test_gateway import NodeProcess, call
 from test_kafka_node import AGENT, CLIENT, kafka_node, start_agent, stop, wait_registered
 
-from conveyor.streams.routing import partition_of
 from conveyor.streams.log.kafka_broker import KafkaCluster
+from conveyor.streams.routing import partition_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -107,3 +111,81 @@ def test_a_joining_node_takes_half_and_a_leaving_one_hands_its_work_back(
         assert task["result"] == {"sku": "MUG", "box": "box-mug"}
     finally:
         stop(agent)
+
+
+TASKS_PER_NODE = 20
+SESSION_S = "6"  # --session-timeout-s: a dead node's partitions move after this long
+
+
+def cluster_status(bootstrap: str, cluster: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "conveyor.cli", "cluster", "status", "--kafka", bootstrap]
+    done = subprocess.run(
+        [*cmd, "--cluster", cluster, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def enqueue_delayed(base: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        body = {"task_type": "pack_item", "app": "shop", "payload": {"sku": f"S{i}"}}
+        status, reply = call(base, "POST", "/v1/tasks", {**body, "delay_ms": 3_000}, key=CLIENT)
+        assert status == 201, reply
+        ids.append(reply["task_id"])
+    return ids
+
+
+def test_kill_9_of_a_node_moves_its_partitions_and_every_task_finishes(
+    kafka_three: KafkaCluster, tmp_path: Path, cluster_name: str
+) -> None:
+    bootstrap = kafka_three.bootstrap
+    made = [kafka_node(tmp_path, bootstrap, f"n{i}", cluster_name) for i in (1, 2, 3)]
+    for node in made:
+        node.command = (*node.command, "--session-timeout-s", SESSION_S)
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        for node in made:
+            node.start()
+        wait_for("three nodes to share the partitions", lambda: settled(made))
+        for i, node in enumerate(made):
+            agents.append(start_agent(node.base, tmp_path / f"agent{i}.out"))
+            wait_registered(node.base)
+        n1, n2, n3 = made
+        report = cluster_status(bootstrap, cluster_name)
+        assert sorted(report["nodes"]) == ["n1", "n2", "n3"], report
+        victim = set(leading(n2))
+        assert {int(p) for p, i in report["partitions"].items() if i["owner"] == "n2"} == victim
+
+        ids = [t for node in made for t in enqueue_delayed(node.base, TASKS_PER_NODE)]
+        killed_ms = time.time() * 1000
+        assert n2.stop(signal.SIGKILL) == -signal.SIGKILL
+        survivors = [n1, n3]
+        wait_for("the survivors to lead every partition", lambda: settled(survivors))
+        moved_ms = time.time() * 1000
+
+        owner = {p: n for n in survivors for p in leading(n)}
+        first_dispatch_ms = []
+        for task_id in ids:
+            p = partition_of(task_id, PARTITIONS)
+            base = owner[p].base
+            status, task = call(base, "GET", f"/v1/tasks/{task_id}?wait_ms=30000", key=CLIENT)
+            assert status == 200 and task["status"] == "SUCCEEDED", (p, task)
+            if p in victim:
+                first_dispatch_ms.append(min(a["started_ms"] for a in task["attempts"]))
+        assert len(first_dispatch_ms) >= 1  # the killed node held tasks, and they ran
+        print(
+            f"kill -9 -> partitions moved: {(moved_ms - killed_ms) / 1000:.1f} s; "
+            f"-> first dispatch of a moved partition: "
+            f"{(min(first_dispatch_ms) - killed_ms) / 1000:.1f} s "
+            f"(session timeout {SESSION_S} s, heartbeat 1 s, tasks due 3 s after enqueue)"
+        )
+        after = cluster_status(bootstrap, cluster_name)
+        assert {i["owner"] for i in after["partitions"].values()} <= {"n1", "n3"}, after
+    finally:
+        for agent in agents:
+            stop(agent)
+        for node in made:
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()

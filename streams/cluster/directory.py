@@ -1,0 +1,153 @@
+"""Who leads what: every node's card in the compacted topic ``<cluster>-nodes``, keyed by node id.
+
+    key b"n1"  value {"node_id": "n1", "url": "http://127.0.0.1:7401", "ts_ms": ...,
+                      "leading": {"0": {"epoch": 3145729, "lag_records": 0}, ...}}
+
+A node publishes its card every ``PUBLISH_S`` and a tombstone when it leaves. A node killed
+leaves its last card behind; the partitions on it are led by others at higher epochs by then,
+so the owner of a partition is the card that lists it at the highest epoch (and a card's age
+says how stale it is). Readers (``conveyor cluster status``) read the topic whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+log = logging.getLogger("conveyor.cluster")
+
+PUBLISH_S = 1.0
+READ_POLL_MS = 200
+
+Card = dict[str, Any]
+
+
+def topic_of(cluster: str) -> str:
+    return f"{cluster}-nodes"
+
+
+async def ensure_topic(bootstrap: str, cluster: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if topic_of(cluster) in await admin.list_topics():
+            return
+        brokers = len((await admin.describe_cluster())["brokers"])
+        rf = min(3, brokers)
+        config = {"cleanup.policy": "compact", "min.insync.replicas": "2" if rf >= 3 else "1"}
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics([NewTopic(topic_of(cluster), 1, rf, None, config)])
+    finally:
+        await admin.close()
+
+
+async def read_cards(bootstrap: str, cluster: str) -> dict[str, Card]:
+    """Every node's last card, by node id (the nodes that left are not there)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    tp = TopicPartition(topic_of(cluster), 0)
+    cards: dict[str, Card] = {}
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        # An explicit seek: after seek_to_beginning, position() may answer the end first.
+        consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
+        while await consumer.position(tp) < end:
+            for message in (await consumer.getmany(tp, timeout_ms=READ_POLL_MS)).get(tp, []):
+                _note(cards, message.key, message.value)
+    finally:
+        await consumer.stop()
+    return cards
+
+
+def _note(cards: dict[str, Card], key: bytes | None, value: bytes | None) -> None:
+    if key is None:
+        return
+    if value is None:
+        cards.pop(key.decode(), None)
+    else:
+        cards[key.decode()] = json.loads(value)
+
+
+def owners(cards: dict[str, Card]) -> dict[int, Card]:
+    """Partition -> the card that lists it at the highest epoch."""
+    best: dict[int, tuple[int, Card]] = {}
+    for card in cards.values():
+        for p, info in card.get("leading", {}).items():
+            epoch = int(info["epoch"])
+            if int(p) not in best or epoch > best[int(p)][0]:
+                best[int(p)] = (epoch, card)
+    return {p: card for p, (_, card) in best.items()}
+
+
+class Directory:
+    """Publishes this node's card and follows everyone's (``owners``)."""
+
+    def __init__(self, bootstrap: str, cluster: str, card: Callable[[], Card]) -> None:
+        self._bootstrap = bootstrap
+        self._topic = topic_of(cluster)
+        self._cluster = cluster
+        self._card = card
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self.cards: dict[str, Card] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await ensure_topic(self._bootstrap, self._cluster)
+        await self._producer.start()
+        await self.publish()
+        self._tasks = [
+            asyncio.create_task(self._publish_loop()),
+            asyncio.create_task(self._follow()),
+        ]
+
+    def owner_url(self, partition: int) -> str | None:
+        card = owners(self.cards).get(partition)
+        return None if card is None else str(card["url"])
+
+    async def publish(self) -> None:
+        card = {**self._card(), "ts_ms": int(time.time() * 1000)}
+        key = str(card["node_id"]).encode()
+        await self._producer.send_and_wait(self._topic, json.dumps(card).encode(), key=key)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PUBLISH_S)
+            try:
+                await self.publish()
+            except KafkaError as exc:
+                log.warning("publishing this node's card failed: %r", exc)
+
+    async def _follow(self) -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
+        tp = TopicPartition(self._topic, 0)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
+            while True:
+                got = await consumer.getmany(tp, timeout_ms=READ_POLL_MS)
+                for message in got.get(tp, []):
+                    _note(self.cards, message.key, message.value)
+        finally:
+            await consumer.stop()
+
+    async def leave(self, node_id: str) -> None:
+        """Tombstone this node's card, then stop."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                await task
+        with contextlib.suppress(KafkaError):
+            await self._producer.send_and_wait(self._topic, None, key=node_id.encode())
+        await self._producer.stop()
