@@ -9,7 +9,7 @@ state looks like, so they stay outside the deterministic core.
 
 Points:
     lease-granted   the gateway holds leases that are durable in the log and not yet sent
-                    to the agent that polled for them (RELIABILITY.md P5)
+                    to the agent that polled for them (tests/PLAN.md P5)
     message-shipped messages to other partitions are appended to their logs and not yet
                     deleted here: they are shipped again (``processor/messages.py``)
 """

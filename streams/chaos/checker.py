@@ -2,7 +2,7 @@
 
 Pure functions: the runner gathers the evidence (the history, the specs found in the log, the
 tasks found in the stopped node's state, the execution journal) and ``check`` turns it into the
-figure of RELIABILITY.md §11. ``valid`` is ``True`` only when every safety count is 0, the drain
+figure of tests/PLAN.md. ``valid`` is ``True`` only when every safety count is 0, the drain
 completed and the run was non-trivial (enough kills and acks): the anti-vacuity guard, so a run
 where everything errored or nothing was killed can never pass.
 """

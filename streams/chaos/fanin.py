@@ -1,4 +1,4 @@
-"""W1 of RELIABILITY.md: fan-in barriers under kill -9 (``conveyor chaos fan-in``).
+"""W1 of tests/PLAN.md: fan-in barriers under kill -9 (``conveyor chaos fan-in``).
 
 Phases: start a node and agents; start ``workflows`` runs of the chaos app's ``fan_in`` (each
 fans out to a seeded number of ``child`` tasks, a seeded few of which fail FATAL) through

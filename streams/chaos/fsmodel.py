@@ -17,7 +17,7 @@ Rules of the model, and why:
    xfs do; the LMDB "fdatasync after growth" trap is for file systems that do not).
 
 ``random_tears`` picks one crash state (a power cut); ``replay`` and ``crash_choices``
-enumerate them all for a recorded run (RELIABILITY.md section 7,
+enumerate them all for a recorded run (tests/PLAN.md,
 ``tests/chaos/test_crash_states.py``).
 """
 

@@ -1,4 +1,4 @@
-"""A Jepsen-style history: one JSON object per line, RELIABILITY.md §2.
+"""A Jepsen-style history: one JSON object per line (tests/PLAN.md).
 
 Every operation is an ``invoke`` followed by exactly one completion of the same ``process``:
 ``ok`` (the server answered yes), ``fail`` (the server answered no: nothing happened) or

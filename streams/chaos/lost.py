@@ -1,4 +1,4 @@
-"""Lost replies, test 7 of RELIABILITY.md §0 (``conveyor chaos lost-replies``).
+"""Lost replies (tests/PLAN.md) (``conveyor chaos lost-replies``).
 
 Two ``LossyProxy`` in front of one node: the clients enqueue through the first, which loses
 the reply of a ``POST /v1/tasks`` with probability ``p`` after the node answered; the agents

@@ -6,7 +6,7 @@ role with SIGKILL (an agent together with its guests, found as its children), an
 wait that only watches the node (an agent may be down on purpose while the node starts).
 
 ``Nemesis`` kills a seeded random role at seeded random intervals and restarts it after a
-seeded delay: the supervisor of RELIABILITY.md §3. Every kill and restart goes into the history.
+seeded delay: the supervisor of tests/PLAN.md. Every kill and restart goes into the history.
 It only ever signals pids it spawned (``Cluster.procs``) and their children. Its strikes:
 
     node, agent, guest   kill -9 of one process (an agent with its guests) (P1, P6)
@@ -36,7 +36,7 @@ from conveyor.streams.bench.e2e import START_TIMEOUT_S, Cluster, _dev_key, _free
 from conveyor.streams.chaos.history import History
 
 APP_REF = "conveyor.streams.chaos.app:app"
-# RELIABILITY.md §3: time compression, so a killed agent's leases lapse within the run.
+# tests/PLAN.md: time compression, so a killed agent's leases lapse within the run.
 # The chaos app's handlers append each execution to a history file on the host's disk, which a
 # sandboxed guest cannot write (by design): its agents run the trusted harness code unsandboxed.
 # The sandbox itself is tried by the escape tests.

@@ -1,4 +1,4 @@
-"""S1 of RELIABILITY.md at the node: power cuts under load (``conveyor chaos power-cut``).
+"""S1 of tests/PLAN.md at the node: power cuts under load (``conveyor chaos power-cut``).
 
 Each run: a ``Node`` whose record log and events log go through one ``FaultyFileIO``; clients
 enqueue keyed tasks concurrently; at a seeded file operation the power is cut (unsynced writes

@@ -1,4 +1,4 @@
-"""A TCP proxy on 127.0.0.1 that loses replies: test 7 of RELIABILITY.md §0.
+"""A TCP proxy on 127.0.0.1 that loses replies (the lost-replies run of tests/PLAN.md).
 
 Each client connection carries one HTTP/1.1 request: the proxy reads its head and its
 ``Content-Length`` body, sends it upstream on a fresh connection with ``Connection: close``,

@@ -1,4 +1,4 @@
-"""P1, P4, P5, P6 of RELIABILITY.md: total-queue under kill -9 (``conveyor chaos kill9``,
+"""P1, P4, P5, P6 of tests/PLAN.md: total-queue under kill -9 (``conveyor chaos kill9``,
 ``--scenario``), and the long mixed soak (``conveyor chaos soak``).
 
 Scenarios differ only in the nemesis and the agents' prefetch (``SCENARIOS``):

@@ -1,4 +1,4 @@
-"""P2 of RELIABILITY.md: the zombie lease holder (``conveyor chaos zombie``).
+"""P2 of tests/PLAN.md: the zombie lease holder (``conveyor chaos zombie``).
 
 Phases: start a node and two agents with a short lease; enqueue a bounded batch of tasks whose
 handler sleeps a little and then appends ``task attempt guest_pid`` to the journal; once work
@@ -15,7 +15,7 @@ zombie's, ran on another agent, and the result (the handler returns its attempt 
 that attempt's. ``stale_ops.accepted`` counts held attempts whose outcome the state shows.
 
 A pause SHORTER than the lease (``pause_leases`` below ``SHORT_PAUSE_MAX``) is N1 of
-RELIABILITY.md instead: a live agent that stalls, or loses the network, for less than its
+tests/PLAN.md instead: a live agent that stalls, or loses the network, for less than its
 lease. No lease may lapse and no task may be handed to the other agent: the held attempts
 must be the ones that finish (``spurious_releases`` = 0).
 """

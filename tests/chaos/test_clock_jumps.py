@@ -1,4 +1,4 @@
-"""C2 of RELIABILITY.md: the node's clock jumps, at the processor level with an injected clock.
+"""C2 of tests/PLAN.md: the node's clock jumps, at the processor level with an injected clock.
 
 The processor's time base is its clock: ``now_ms`` (wall) stamps every record it proposes and
 decides which timers are due; ``monotonic_ms`` times lease deadlines. The machine takes "now"

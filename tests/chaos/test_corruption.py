@@ -1,4 +1,4 @@
-"""S3 of RELIABILITY.md: corruption in the middle of a partition's log is fail-stop for that
+"""S3 of tests/PLAN.md: corruption in the middle of a partition's log is fail-stop for that
 partition only.
 
 A bit flip in an acknowledged record can not be repaired on one machine, and skipping it would

@@ -1,4 +1,4 @@
-"""Section 7 of RELIABILITY.md: every crash state of a small log workload, enumerated.
+"""The crash states of tests/PLAN.md: every crash state of a small log workload, enumerated.
 
 The workload runs once on a recording ``FaultyFileIO``: it creates the log, appends groups
 that roll segments (so a sealed segment's index is written and synced), seals the partition

@@ -1,4 +1,4 @@
-"""S1, S2, S4, S5 of RELIABILITY.md: the local log over ``FaultyFileIO``.
+"""S1, S2, S4, S5 of tests/PLAN.md: the local log over ``FaultyFileIO``.
 
 After every fault and a reopen on the real file system, the log must hold:
 - every append that returned (acked) at the offset it returned, with its bytes;
@@ -149,7 +149,7 @@ def test_power_cut_loses_only_unacknowledged_writes(tmp_path: Path, seed: int) -
 
 
 def test_power_cut_figures() -> None:
-    """The S1 figure line (RELIABILITY.md section 11); the asserts above make lost and
+    """The S1 figure line (tests/PLAN.md); the asserts above make lost and
     unexpected 0. Anti-vacuity: most cuts must land while the writers were running."""
     if S1["seeds"] < len(SEEDS):
         pytest.skip("needs the seeded power-cut runs above (run the whole file)")

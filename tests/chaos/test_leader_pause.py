@@ -1,4 +1,4 @@
-"""P3 of RELIABILITY.md on the local log: SIGSTOP the node that leads every partition, then
+"""P3 of tests/PLAN.md on the local log: SIGSTOP the node that leads every partition, then
 try to make a new leader take over, then SIGCONT.
 
 With the embedded log a second leader can not exist while the first process lives: the log

@@ -1,4 +1,4 @@
-"""Test 7 of RELIABILITY.md §0 at CI size: replies lost after the node answered.
+"""The lost-replies run of tests/PLAN.md at CI size: replies lost after the node answered.
 
 A proxy loses 20% of the enqueue replies, another 20% of the agent's completion replies; the
 SDK and the agent resend. Fixed seed; a few seconds.

@@ -1,4 +1,4 @@
-"""Table A of RELIABILITY.md: hostile Avro in a partition's log, fed to the real processor.
+"""Table A of tests/PLAN.md: hostile Avro in a partition's log, fed to the real processor.
 
 Mutated encodings of real records (every record kind) are appended between good records and
 applied by a ``PartitionProcessor``. Mutations hit three layers: the envelope bytes; the body

@@ -1,4 +1,4 @@
-"""Hostile HTTP from RELIABILITY.md §5 (table H) that ``test_gateway.py`` does not already cover.
+"""Hostile HTTP from tests/PLAN.md (table H) that ``test_gateway.py`` does not already cover.
 
 Every case must be a structured 4xx (``{"error": {"code", ...}}``), answered promptly, and must
 change nothing: the tenant's task count (and schedule list) is the same before and after.

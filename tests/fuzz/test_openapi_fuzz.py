@@ -1,4 +1,4 @@
-"""Schemathesis against the gateway's own ``/openapi.json`` on a real node (RELIABILITY.md §5).
+"""Schemathesis against the gateway's own ``/openapi.json`` on a real node (tests/PLAN.md).
 
 Every operation gets a small, fixed number of generated requests (valid and invalid, derandomized
 so a run is reproducible) sent with a valid API key. Checks: no 5xx, the status code and content

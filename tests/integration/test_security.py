@@ -1,4 +1,4 @@
-"""The security table of RELIABILITY.md §6 (X1-X6, X8) against a real node on 127.0.0.1.
+"""The security table of tests/PLAN.md (X1-X6, X8) against a real node on 127.0.0.1.
 
 Two tenants, alpha and beta, each with its own key; "agent" calls use the tenant's key on the
 worker API, as ``conveyor agent`` does. Every case tries the attack, asserts the refusal, and

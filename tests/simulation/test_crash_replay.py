@@ -1,6 +1,6 @@
 """Deterministic simulation: crashes, lost state batches and torn log tails change nothing.
 
-A partition's state is a pure function of its log prefix (DESIGN.md). Per seed:
+A partition's state is a pure function of its log prefix (tests/PLAN.md). Per seed:
 
 (B) a crashing run. A seeded workload of client records (enqueues, cancels, dead-letter
     retries, duplicates, garbage), agent records (completions, failures, checkpoints for the
@@ -16,7 +16,7 @@ A partition's state is a pure function of its log prefix (DESIGN.md). Per seed:
 (A) an uninterrupted run over the log that survived, into a fresh KV.
 
 With real RocksDB, crashes also delete the database or restore an older copy of its directory
-(S7 of RELIABILITY.md); the rebuilt state must have the reference's state hash.
+(S7 of tests/PLAN.md); the rebuilt state must have the reference's state hash.
 
 The two KVs must be byte-identical. Outbox rows are compared as the flattened stream of the
 events they hold, not row by row: a row is keyed by the offset that ended its write batch, and

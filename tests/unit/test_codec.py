@@ -1,5 +1,5 @@
 """The codec: dataclasses match their Avro schemas, every record round-trips, and hostile bytes
-raise ``RecordDecodeError`` and nothing else (RELIABILITY.md A: hostile Avro, huge lengths)."""
+raise ``RecordDecodeError`` and nothing else (tests/PLAN.md: hostile Avro, huge lengths)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Import direction: ``schemas`` <- ``store`` <- ``streams``; ``agents`` and the SDK talk to
-the platform over its APIs (STYLE.md, "Let the layout show the data flow").
+the platform over its APIs, so the folders follow the data flow.
 
     schemas/  imports nothing from conveyor.store, conveyor.streams, conveyor.agents
     store/    imports nothing from conveyor.streams, conveyor.agents

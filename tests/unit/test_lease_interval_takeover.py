@@ -2,8 +2,8 @@
 on time.
 
 An agent polls with its own ``lease_ms`` (the worker API allows up to an hour) and heartbeats
-well inside it. A new leader gives every running lease "a fresh lease interval from takeover"
-(DESIGN.md): that interval must be the lease's own, or a lease that is heartbeated on time
+well inside it. A new leader gives every running lease "a fresh lease interval from takeover":
+that interval must be the lease's own, or a lease that is heartbeated on time
 lapses after the takeover and its task runs twice.
 """
 

@@ -1,5 +1,5 @@
 """The pure core stays pure: ``streams/machine/`` imports no clock, randomness, I/O or
-concurrency, and has no async code (STYLE.md, "The pure core"). ``hashlib`` is allowed: jitter
+concurrency, and has no async code. ``hashlib`` is allowed: jitter
 and derived ids are hashes of ids and offsets.
 
 Like TigerBeetle's ``tidy.zig``: the rule is checked on the source, so it cannot rot.

@@ -1,4 +1,4 @@
-"""Hypothesis stateful test of the task state machine (RELIABILITY.md 8.7).
+"""Hypothesis stateful test of the task state machine (tests/PLAN.md).
 
 Random client, agent and leader records go through the harness; after every step the model
 checks what the machine promised:
