@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 import schemathesis
+
+# Imported here, at collection, not lazily inside the fixture: pytest rewrites the asserts of
+# schemathesis' modules as it imports them, and CPython 3.11.7 can fail that compile with a
+# spurious "AST constructor recursion depth mismatch" SystemError when it runs after Hypothesis
+# has changed the recursion limit in this process (fixed in CPython 3.11.8).
+import schemathesis.specs.openapi.schemas
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
