@@ -209,9 +209,14 @@ class AttemptInfo:
     log_url: str | None = None  # what the attempt printed: ``client.attempt_log(attempt)``
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 @frozen(kw_only=True)
 class TaskInfo:
-    """A task as ``GET /v1/tasks/{id}`` describes it (lists leave out payload/attempts)."""
+    """A task as ``GET /v1/tasks/{id}`` describes it. Lists leave out payload and attempts,
+    and a list read from the query snapshot does not know priority and run_at (``None``)."""
 
     task_id: str
     app: str
@@ -219,7 +224,7 @@ class TaskInfo:
     status: str
     attempt: int
     queue: str = "default"
-    priority: int = 0
+    priority: int | None = 0
     created_ms: int | None = None
     updated_ms: int | None = None
     run_at_ms: int | None = None
@@ -256,7 +261,7 @@ class TaskInfo:
             status=str(data["status"]),
             attempt=int(data.get("attempt", 0)),
             queue=str(data.get("queue", "default")),
-            priority=int(data.get("priority", 0)),
+            priority=_optional_int(data.get("priority", 0)),
             created_ms=data.get("created_ms"),
             updated_ms=data.get("updated_ms"),
             run_at_ms=data.get("run_at_ms"),
