@@ -13,6 +13,9 @@ chaos kill9|soak|zombie|lost-replies|power-cut|fan-in
 
 from __future__ import annotations
 
+from importlib.metadata import version as package_version
+from typing import Annotated
+
 import typer
 
 from conveyor.cli import cluster, keys, schedules, serve, tasks, tools
@@ -24,7 +27,7 @@ app = typer.Typer(
     name="conveyor",
     help="Durable background jobs for Python.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_show_locals=False,
 )
 log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=True)
@@ -35,6 +38,25 @@ chaos_app = typer.Typer(help="Fault-injection runs.", no_args_is_help=True)
 schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys and their roles (keys.json).", no_args_is_help=True)
 cluster_app = typer.Typer(help="A cluster of nodes on Kafka.", no_args_is_help=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"conveyor {package_version('conveyor')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Durable background jobs for Python."""
+
 
 app.command()(serve.node)
 app.command()(serve.dev)
