@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar, cast
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import expand_schema
 
+from conveyor.errors import InvariantError
 from conveyor.schemas import types as t
 
 SCHEMA_DIR = Path(__file__).parent
@@ -44,7 +45,8 @@ def _history(kind: str) -> list[Any]:
         (int(path.stem.rpartition(".v")[2]), path)
         for path in (SCHEMA_DIR / "records" / "history").glob(f"{kind}.v*.avsc")
     )
-    assert [n for n, _ in found] == list(range(1, len(found) + 1)), f"{kind}: gap in history"
+    if [n for n, _ in found] != list(range(1, len(found) + 1)):
+        raise InvariantError(f"{kind}: gap in the schema history {[p.name for _, p in found]}")
     schemas = []
     for _, path in found:
         with open(path) as fh:
@@ -475,7 +477,8 @@ def _events_history() -> list[tuple[Any, Any]]:
     """The (EventBatch, EventExtras) schemas of every former events version, oldest first."""
     root = SCHEMA_DIR / "events" / "history"
     found = sorted((int(d.name[1:]), d) for d in root.glob("v*") if d.is_dir())
-    assert [n for n, _ in found] == list(range(1, len(found) + 1)), "events: gap in history"
+    if [n for n, _ in found] != list(range(1, len(found) + 1)):
+        raise InvariantError(f"events: gap in the schema history {[p.name for _, p in found]}")
     out = []
     for _, folder in found:
         pair = []

@@ -3,7 +3,8 @@
 ConveyorError
 ├── ContractError   the caller's fault; never retried; HTTP 4xx
 ├── FencedError     a newer epoch or lease exists; stop and drop
-└── TransientError  retryable, carries retry_after_ms
+├── TransientError  retryable, carries retry_after_ms
+└── InvariantError  a guard on state failed: a bug; the partition that hit it stops
 
 User code raises RetryableError or FatalError to steer the retry policy.
 """
@@ -96,6 +97,15 @@ class RateLimited(TransientError):
 
     code = "rate_limited"
     http_status = 429
+
+
+class InvariantError(ConveyorError):
+    """A guard on state failed: the platform has a bug, and the state it guards must not be
+    written on. Raised by explicit checks, never ``assert``, so that ``python -O`` keeps them;
+    the partition that raises it halts (nothing after the record is applied), the rest go on."""
+
+    code = "internal_error"
+    http_status = 500
 
 
 # --- raised by user code --------------------------------------------------------------------

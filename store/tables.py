@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
+from conveyor.errors import InvariantError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     Attempt,
@@ -130,7 +131,8 @@ class Tables:
         if state is None:
             return None
         head = self._get(keys.head(task_id))
-        assert head is not None, f"task {task_id} has a state row but no head row"
+        if head is None:
+            raise InvariantError(f"task {task_id} has a state row but no head row")
         task = codec.TASK.decode(head, state, self._get(keys.detail(task_id)))
         # Handlers edit the row in place and then put it; keep the same object for the batch.
         self._tasks[task_id] = task
@@ -148,7 +150,8 @@ class Tables:
         """Every task of the partition, in task id order (for listings and checks)."""
         for key, _ in self.scan(keys.TASKS):
             task = self.task(key[1:].decode())
-            assert task is not None
+            if task is None:
+                raise InvariantError(f"task row {key!r} vanished during a scan")
             yield task
 
     def spec(self, task_id: str) -> TaskSpec | None:
@@ -306,7 +309,8 @@ class Tables:
     def _bump(self, key: bytes, delta: int) -> None:
         raw = self._get(key)
         n = (0 if raw is None else keys.read_u64(raw)) + delta
-        assert n >= 0, f"ready count below zero at {key!r}"
+        if n < 0:
+            raise InvariantError(f"ready count below zero at {key!r}")
         self._put(key, keys.u64(n) if n else None)
 
     def add_ready(self, task: Task) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from conveyor.errors import ContractError, NotFound, TransientError
+from conveyor.errors import ContractError, InvariantError, NotFound, TransientError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     CancelTasks,
@@ -64,6 +64,7 @@ from conveyor.streams.machine import Reply
 from conveyor.streams.processor.leases import CONTINUE
 from conveyor.streams.processor.loop import PartitionProcessor, Settings
 from conveyor.streams.processor.pool import Lease, WaitingPool
+from conveyor.streams.processor.signals import CancelSignals
 from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
 log = logging.getLogger("conveyor.node")
@@ -89,6 +90,7 @@ class Node:
         self.stores = list(stores)
         self.clock = clock or SystemClock()
         self.pool = WaitingPool(self.clock)
+        self.signals = CancelSignals(self.clock)  # cancels pushed to their agents
         # One bound for the whole node: a decoded task costs ~1.3 KB of Python heap.
         self.cache = TaskCache(TASK_CACHE_MAX)
         self.partitions = log_.partitions
@@ -113,6 +115,7 @@ class Node:
             cache=self.cache,
         )
         processor.observers.extend(self._observers)
+        processor.leases.signals = self.signals
         return processor
 
     @classmethod
@@ -328,7 +331,8 @@ class Node:
         for pairs in results:
             for i, reply in pairs:
                 ordered[i] = reply
-        assert all(r is not None for r in ordered), "an item got no reply"
+        if any(r is None for r in ordered):
+            raise InvariantError("an enqueued item got no reply from its partition")
         return [r for r in ordered if r is not None]
 
     async def enqueue(self, specs: Sequence[TaskSpec]) -> list[Reply]:
@@ -395,7 +399,8 @@ class Node:
     async def wait_finished(self, tenant: str, task_id: str, timeout_ms: float) -> Task:
         self.get(tenant, task_id)
         task = await self.processors[self.partition_of(task_id)].wait_finished(task_id, timeout_ms)
-        assert task is not None
+        if task is None:
+            raise InvariantError(f"task {task_id} was found, then vanished")
         return task
 
     # -- schedules --------------------------------------------------------------------------

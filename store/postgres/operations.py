@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from conveyor.errors import InvariantError
 from conveyor.frozen import frozen
 from conveyor.store.postgres.queries import TaskQuery
 
@@ -109,7 +110,8 @@ async def create(
         RUNNING,
         now_ms,
     )
-    assert row is not None
+    if row is None:
+        raise InvariantError("the operations query returned no row")
     return _row(row)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from conveyor.errors import ContractError
+from conveyor.errors import ContractError, InvariantError
 from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
 from conveyor.store import keys
@@ -92,7 +92,8 @@ def list_tasks(
         tables = node.tables(p)
         for key, _ in tables.scan(keys.TASKS, first):
             task = tables.task(key[len(keys.TASKS) :].decode())
-            assert task is not None
+            if task is None:
+                raise InvariantError(f"task row {key!r} vanished during a scan")
             scanned += 1
             if matches(task, tenant, flt):
                 found.append(task)

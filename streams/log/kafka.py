@@ -74,7 +74,7 @@ from aiokafka.errors import (
     for_code,
 )
 
-from conveyor.errors import ContractError
+from conveyor.errors import ContractError, InvariantError
 from conveyor.streams.log.api import LogRecord, LogSealed, LogTrimmed, LogUnavailable
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,8 @@ class _Owner:
             if sealed is not None:
                 raise sealed
             await self.start_producer()
-        assert self._producer is not None
+        if self._producer is None:
+            raise InvariantError(f"partition {self._partition}: the producer did not start")
         return self._producer
 
     async def start_producer(self) -> None:

@@ -100,7 +100,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from crc32c import crc32c
 
-from conveyor.errors import ContractError, ConveyorError, TransientError
+from conveyor.errors import ContractError, ConveyorError, InvariantError, TransientError
 from conveyor.streams.log.api import LogCorruption, LogRecord, LogSealed, LogTrimmed
 from conveyor.streams.log.fileio import OS_IO, FileIO
 
@@ -659,7 +659,8 @@ class _Partition:
         self.segments = segments
         self.bases = [s.base for s in segments]
         active = segments[-1]
-        assert active.index is not None
+        if active.index is None:
+            raise InvariantError(f"the active segment at {active.base} has no index")
         self.next_index = active.index.last()[1] + INDEX_INTERVAL
         self.write_fd = self.idx_fd = -1
         if corrupt is None:
@@ -983,7 +984,8 @@ class LocalLog:
     ) -> None:
         """A group is durable: advance the segment, answer its appenders, wake readers."""
         p.inflight = []
-        assert seg.index is not None
+        if seg.index is None:
+            raise InvariantError(f"a group was made durable in sealed segment {seg.base}")
         for o, pos in entries:
             seg.index.add(o, pos)
         first = seg.end

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
+from conveyor.errors import InvariantError
 from conveyor.schemas.types import (
     COMPENSATING_CLASS,
     Attempt,
@@ -34,7 +35,8 @@ SPARE_BASE = 1 << 23
 
 
 def ready_seq(meta: Meta, index: int) -> int:
-    assert 0 <= index < SEQ_SLOTS, f"record item index {index} out of range"
+    if not 0 <= index < SEQ_SLOTS:
+        raise InvariantError(f"record item index {index} out of range [0, {SEQ_SLOTS})")
     return (meta.offset + 1) * SEQ_SLOTS + index
 
 
@@ -314,7 +316,8 @@ def attempt_failed(
     retry_after_ms: int | None = None,
 ) -> None:
     """A LEASED attempt failed: retry after a backoff, or fail the task for good."""
-    assert task.status == TaskStatus.LEASED
+    if task.status != TaskStatus.LEASED:
+        raise InvariantError(f"task {task.task_id}: an attempt failed while {task.status}")
     record_attempt(tables, task, meta, "FAILED", error_class, error_message, error_stack)
     if task.cancel_cause == CancelCause.CANCEL and task.compensable and not task.compensating:
         begin_compensation(tables, task, meta, out, task.cancel_reason)
@@ -332,7 +335,8 @@ def attempt_failed(
         )
         return
     spec = tables.spec(task.task_id)
-    assert spec is not None, f"task {task.task_id} has no spec"
+    if spec is None:
+        raise InvariantError(f"task {task.task_id} has no spec")
     exhausted = task.attempt - task.budget_base >= spec.attempts_max
     if fatal or exhausted or error_class in spec.non_retryable:
         finish(

@@ -10,6 +10,7 @@ processor stops rather than write a forked history.
 
 from __future__ import annotations
 
+from conveyor.errors import InvariantError
 from conveyor.schemas.types import Task, TaskStatus
 
 E, L, R = TaskStatus.ENQUEUED, TaskStatus.LEASED, TaskStatus.RETRY_WAIT
@@ -52,7 +53,8 @@ TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
 
 
 def move(task: Task, to: TaskStatus) -> None:
-    assert (task.status, to) in TRANSITIONS, f"illegal move {task.status} -> {to} of {task}"
+    if (task.status, to) not in TRANSITIONS:
+        raise InvariantError(f"illegal move {task.status} -> {to} of {task}")
     task.status = to
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conveyor.errors import TransientError
+from conveyor.errors import InvariantError, TransientError
 from conveyor.schemas.types import GrantLeases, LeaseRequest
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
@@ -139,7 +139,8 @@ class Dispatcher:
         tables = self._p.reader()
         task = tables.task(grant.task_id)
         payload = tables.payload(grant.task_id)
-        assert task is not None and payload is not None
+        if task is None or payload is None:
+            raise InvariantError(f"granted task {grant.task_id} has no row or no payload")
         return Lease(
             partition=self._p.partition,
             task_id=grant.task_id,

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from conveyor.errors import InvariantError
+
 if TYPE_CHECKING:
     from conveyor.streams.processor.pool import Lease
 
@@ -93,7 +95,8 @@ class Mailboxes:
         nothing was granted, or the GrantLeases was never written)."""
         box = self._boxes.setdefault(key, Mailbox())
         box.owed -= slots
-        assert box.owed >= 0, f"mailbox {key}: more slots settled than owed"
+        if box.owed < 0:
+            raise InvariantError(f"mailbox {key}: more slots settled than owed")
         box.leases.extend(leases)
         self._drop_if_empty(key, box)
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from conveyor.errors import InvariantError
 from conveyor.frozen import frozen
 from conveyor.schemas.types import StepRow
 from conveyor.store.lanes import lanes_of
@@ -423,7 +424,8 @@ class WaitingPool:
         dispatcher, lane = choice
         by_type = dispatcher.ready[lane][tenant]
         task_type = _served(entry, by_type)
-        assert task_type is not None, "a holder has ready work the entry serves"
+        if task_type is None:
+            raise InvariantError(f"entry {entry.entry_id}: a holder with no ready work it serves")
         by_type[task_type] -= 1
         if _served(entry, by_type) is None:
             choices.remove(choice)

@@ -51,6 +51,7 @@ from typing import Any
 
 import asyncpg
 
+from conveyor.errors import InvariantError
 from conveyor.store.postgres import connect_pool, projection
 from conveyor.store.postgres.server import DSN_ENV
 from conveyor.streams.clock import Clock
@@ -231,8 +232,8 @@ class ShippedLog:
     async def read(
         self, partition: int, from_offset: int, *, follow: bool = False, max_batch: int = 1024
     ) -> AsyncIterator[list[LogRecord]]:
-        assert follow, "a projector process only follows"
-        assert partition not in self._queues, "each partition is read once"
+        if not follow or partition in self._queues:
+            raise InvariantError(f"partition {partition}: a projector process follows each once")
         queue = self._queues[partition] = asyncio.Queue(SHIPPED_MAX)
         self._next[partition] = from_offset
         self._writer.write(_frame(READ, partition, from_offset))

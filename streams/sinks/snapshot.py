@@ -16,6 +16,7 @@ from pathlib import Path
 
 import asyncpg
 
+from conveyor.errors import InvariantError
 from conveyor.store.postgres import EmbeddedPostgres, connect_pool
 from conveyor.store.postgres.server import configured_dsn
 from conveyor.streams.log.api import Log
@@ -64,7 +65,8 @@ class Snapshot:
 
     def start(self) -> None:
         """Follow the events stream in the background until ``close``."""
-        assert self._task is None, "the projector is already running"
+        if self._task is not None:
+            raise InvariantError("the projector is already running")
         self._task = asyncio.create_task(self._supervise(), name="projector")
 
     async def _supervise(self) -> None:

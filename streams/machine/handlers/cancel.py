@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from conveyor.errors import InvariantError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
     CancelCause,
@@ -75,7 +76,8 @@ def request_stop(
     task.cancel_reason = reason
     task.grace_until_ms = meta.ts_ms + task.cancel_grace_ms
     new = grace_timer(task)
-    assert new is not None
+    if new is None:
+        raise InvariantError(f"task {task.task_id}: a grace deadline and no grace timer")
     tables.add_timer(new)
     touch(task, meta)
     tables.put_task(task)

@@ -20,6 +20,7 @@ of the tasks it can take. A task no waiting agent serves stays ENQUEUED until on
 
 from __future__ import annotations
 
+from conveyor.errors import InvariantError
 from conveyor.schemas.types import EventKind, GrantLeases, LeaseRequest, TaskStatus
 from conveyor.store import keys
 from conveyor.store.tables import Tables
@@ -82,7 +83,8 @@ def _more(
 
 def _lease(tables: Tables, task_id: str, request: LeaseRequest, meta: Meta, out: Outcome) -> Grant:
     task = tables.task(task_id)
-    assert task is not None and task.status == TaskStatus.ENQUEUED, f"ready {task_id} not ready"
+    if task is None or task.status != TaskStatus.ENQUEUED:
+        raise InvariantError(f"ready task {task_id} is not ENQUEUED: {task}")
     tables.remove_ready(task, taken=True)
     task.ready_seq = 0
     move(task, TaskStatus.LEASED)

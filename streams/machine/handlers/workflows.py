@@ -43,6 +43,7 @@ import hashlib
 import json
 from collections import defaultdict
 
+from conveyor.errors import InvariantError
 from conveyor.schemas import codec
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEPS_BYTES_MAX
 from conveyor.schemas.types import (
@@ -141,7 +142,8 @@ def fan_out_attempt(tables: Tables, task: Task, item: Completion, meta: Meta, ou
             tables, task, meta, out, error_class="BadFanOut", error_message=specs, fatal=True
         )
         return
-    assert fan is not None
+    if fan is None:
+        raise InvariantError(f"task {task.task_id}: a fan-out step with no fan-out")
     if stopped_instead(tables, task, meta, out, expired=WAIT_EXPIRED):
         return
     barrier = tables.barrier(task.task_id, fan.identity)
