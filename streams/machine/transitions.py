@@ -2,8 +2,9 @@
 
 Rule 1: terminal states (SUCCEEDED, FAILED, CANCELED, EXPIRED) are final. A dead-letter retry
 makes a new task; it never revives the FAILED one.
-Rule 2: a move that is not in the table is a broken invariant: ``move`` asserts, and the
-processor stops rather than write a forked history.
+Rule 2: a move that is not in the table is a broken invariant: ``move`` raises
+``InvariantError`` (an explicit check, kept under ``python -O``), and the processor stops
+rather than write a forked history.
 
 ``conveyor docs lifecycle`` prints the table as a Mermaid state diagram.
 """
