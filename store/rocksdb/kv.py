@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import (
+    BlockBasedOptions,
+    Checkpoint,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 WRITE_BUFFER_BYTES = 16 << 20
 BLOOM_BITS_PER_KEY = 10  # ~1% false positives
@@ -75,6 +83,13 @@ class RocksKV:
     def flush(self) -> None:
         """Persist memtables (on clean shutdown, and before a snapshot)."""
         self._db.flush(True)
+
+    def checkpoint(self, path: str | Path) -> None:
+        """A consistent copy of the store in the new directory ``path`` (table files hard
+        linked): every write batch committed before the call and none after, since a batch
+        is atomic. The memtables are flushed first, as writes skip the WAL."""
+        self._db.flush(True)
+        Checkpoint(self._db).create_checkpoint(str(path))
 
     def close(self) -> None:
         self._db.flush(True)

@@ -3,6 +3,9 @@
 membership.py   the consumer group that hands partitions out (sticky, dynamic members)
 ownership.py    what a node does when a partition is assigned or revoked, and its epoch
 directory.py    every node's card (URL, partitions led, epochs, lag) in <cluster>-nodes
+snapshots.py    partition snapshots: taken by the owner on a schedule, restored by a node that
+                takes a partition, the log trimmed below the oldest kept (snapshot_store.py:
+                a directory or S3)
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ from __future__ import annotations
 from conveyor.frozen import frozen
 from conveyor.streams.cluster.directory import Card, Directory
 from conveyor.streams.cluster.membership import Membership
-from conveyor.streams.cluster.ownership import Fences, NotOwner, Ownership
+from conveyor.streams.cluster.ownership import Fences, NotOwner, Ownership, restore
+from conveyor.streams.cluster.snapshots import Snapshots
 from conveyor.streams.node import Node
 
-__all__ = ["ClusterMember", "NotOwner", "join"]
+__all__ = ["ClusterMember", "NotOwner", "Snapshots", "join", "leading"]
 
 
 @frozen
@@ -22,9 +26,13 @@ class ClusterMember:
     membership: Membership
     directory: Directory
     node_id: str
+    snapshots: Snapshots | None = None
 
     async def leave(self) -> None:
-        """Leave the group, then stop taking partitions; the node is stopped by its owner."""
+        """Stop snapshotting, leave the group, then stop taking partitions; the node is
+        stopped by its owner."""
+        if self.snapshots is not None:
+            await self.snapshots.stop()
         await self.membership.stop()
         await self.ownership.close()
         await self.directory.leave(self.node_id)
@@ -49,10 +57,13 @@ async def join(
     cluster: str,
     session_timeout_ms: int,
     url: str,
+    snapshots: Snapshots | None = None,
 ) -> ClusterMember:
     """Join ``cluster`` as ``node.node_id``: from now on ``node`` leads what the group gives
-    it. ``fences``: the record log (a ``KafkaLog``), unwrapped."""
-    ownership = Ownership(node, fences)
+    it. ``fences``: the record log (a ``KafkaLog``), unwrapped. ``snapshots``: restores the
+    partitions taken here and snapshots those led here (``snapshots.start`` is called)."""
+    restore_partition = restore if snapshots is None else snapshots.restore
+    ownership = Ownership(node, fences, restore_partition=restore_partition)
     membership = Membership(
         bootstrap,
         topic,
@@ -64,6 +75,17 @@ async def join(
     directory = Directory(bootstrap, cluster, lambda: card(node, url))
     await directory.start()
     await membership.start()
+    if snapshots is not None:
+        snapshots.start()
     return ClusterMember(
-        ownership=ownership, membership=membership, directory=directory, node_id=node.node_id
+        ownership=ownership,
+        membership=membership,
+        directory=directory,
+        node_id=node.node_id,
+        snapshots=snapshots,
     )
+
+
+def leading(node: Node, p: int) -> bool:
+    """Whether ``node`` leads partition ``p`` now (what snapshots may be taken of)."""
+    return node.is_open(p) and node.processors[p].leader

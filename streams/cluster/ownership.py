@@ -11,10 +11,11 @@ The rules, and why:
    assignment that follows decides: a partition that came back (the sticky assignor keeps
    every partition that need not move where it was) leads again at once, without a replay; a
    partition that went away is closed, and every call for it is refused with ``NotOwner``.
-2. Taking a partition: open its processor if it was closed (``restore`` first: the seam where
-   a snapshot will replace the local store; it does nothing yet), replay the log from the
-   applied offset, then mint the epoch, seal the log there, announce it through the log and
-   start the leader duties (``PartitionProcessor.lead``).
+2. Taking a partition: open its processor if it was closed (``restore`` first: with
+   snapshots on, ``snapshots.py`` puts the newest snapshot in place of an older local store;
+   without, nothing), replay the log from the applied offset, then mint the epoch, seal the
+   log there, announce it through the log and start the leader duties
+   (``PartitionProcessor.lead``).
 3. The epoch comes from the ownership change: at least ``generation << GENERATION_SHIFT``,
    where generation is the group's generation in which this node was assigned the partition,
    and above the persisted fence. Kafka gives each generation one assignment, and each
@@ -26,7 +27,9 @@ The rules, and why:
    machine ignores leader records below the last announced epoch, and the log's seal fences
    the zombie's producer at the broker, so its writes are harmless.
 4. Taking retries (doubling pauses) while the partition stays assigned: Kafka may be
-   changing under us (a broker restarting, a leader being elected).
+   changing under us (a broker restarting, a leader being elected), the snapshot store may
+   be unreachable, or the log may have been trimmed past the local store since ``restore``
+   looked (``LogTrimmed``): the next try restores again.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from conveyor.errors import FencedError, TransientError
+from conveyor.streams.log.api import LogTrimmed
 from conveyor.streams.node import Node
 
 log = logging.getLogger("conveyor.cluster")
@@ -68,9 +72,9 @@ class Fences(Protocol):
 
 
 async def restore(partition: int) -> None:
-    """Make the local store of ``partition`` fit to replay from: where a partition snapshot
-    will be restored (the store is then the snapshot's and replays from its offset). Until
-    snapshots exist the local store is always fit: it replays whatever it lacks from the log."""
+    """Make the local store of ``partition`` fit to replay from. Without snapshots the local
+    store is always fit: the log is never trimmed, so it replays whatever it lacks
+    (``Snapshots.restore`` is the one with snapshots)."""
 
 
 def epoch_floor(generation: int) -> int:
@@ -135,14 +139,20 @@ class Ownership:
                 if not self.node.is_open(p):
                     await self._restore(p)
                 await self.node.start_partition(p, epoch_floor=floor)
-            except (TransientError, FencedError) as exc:
+            except (TransientError, FencedError, LogTrimmed) as exc:
                 log.warning("taking partition %d failed (%s); again in %.1f s", p, exc, pause_s)
                 await self.node.pause_partition(p)
                 await asyncio.sleep(pause_s)
                 pause_s = min(2 * pause_s, TAKE_RETRY_MAX_S)
                 continue
             self.taken_ms[p] = self.node.clock.now_ms()
-            log.info("partition %d: led here at epoch %d", p, self.node.processors[p].epoch)
+            processor = self.node.processors[p]
+            log.info(
+                "partition %d: led here at epoch %d, %d records applied since it opened",
+                p,
+                processor.epoch,
+                processor.records_applied,
+            )
             return
 
     async def _cancel_takes(self, partitions: Iterable[int]) -> None:

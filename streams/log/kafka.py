@@ -487,6 +487,19 @@ class KafkaLog:
         return self._end[partition]
 
     def start_offset(self, partition: int) -> int:
+        """The log start as this log last saw it (at open, or its own trim)."""
+        return self._start[partition]
+
+    async def refresh_start_offset(self, partition: int) -> int:
+        """The log start as the broker has it now: another node may have trimmed."""
+        tp = TopicPartition(self.topic, partition)
+        consumer = _consumer(self.bootstrap)
+        await _translated("read the log start", consumer.start())
+        try:
+            starts = await _translated("read the log start", consumer.beginning_offsets([tp]))
+        finally:
+            await consumer.stop()
+        self._start[partition] = max(self._start[partition], int(starts[tp]))
         return self._start[partition]
 
     def fence(self, partition: int) -> int:
