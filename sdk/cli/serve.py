@@ -117,6 +117,33 @@ SessionOpt = Annotated[
         help="With --kafka: a node silent this long is dead, its partitions move",
     ),
 ]
+SnapshotsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--snapshots",
+        envvar="CONVEYOR_SNAPSHOTS",
+        help="With --kafka: keep partition snapshots in this directory or s3://bucket/prefix "
+        "(credentials from the AWS environment variables), so a node taking a partition "
+        "restores it and replays only the tail, and trim the log below the oldest kept "
+        "[default: off, the log is never trimmed]",
+        show_default=False,
+    ),
+]
+SnapshotIntervalOpt = Annotated[
+    str, typer.Option("--snapshot-interval", help="With --snapshots: how often, e.g. 30s, 5m")
+]
+SnapshotKeepOpt = Annotated[
+    int, typer.Option("--snapshot-keep", min=1, help="With --snapshots: how many to keep")
+]
+S3EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--s3-endpoint",
+        help="With --snapshots s3://...: an S3-compatible endpoint URL [default: "
+        "AWS_ENDPOINT_URL, else AWS]",
+        show_default=False,
+    ),
+]
 
 MetricsKeyOpt = Annotated[
     str | None,
@@ -255,6 +282,10 @@ class KafkaConfig:
     node_id: str
     cluster: str = "conveyor"
     session_timeout_ms: int = 10_000  # a dead node's partitions move after this long
+    snapshots: str | None = None  # a directory or s3://bucket/prefix; None: none taken
+    snapshot_interval_ms: int = 30_000
+    snapshot_keep: int = 2
+    s3_endpoint: str | None = None
 
 
 @frozen
@@ -330,7 +361,7 @@ async def _run_node(
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         if kafka is not None:
-            member = await _join(node, record_log, kafka, url)
+            member = await _join(node, record_log, kafka, url, home)
         _banner(url, key, home)
         try:
             if run_agent is None:
@@ -348,9 +379,26 @@ async def _run_node(
         await node.stop()
 
 
-async def _join(node: Node, record_log: Any, kafka: KafkaConfig, url: str) -> ClusterMember:
-    from conveyor.streams.cluster import join
+async def _join(
+    node: Node, record_log: Any, kafka: KafkaConfig, url: str, home: Path
+) -> ClusterMember:
+    from conveyor.streams.cluster import Snapshots, join, leading
+    from conveyor.streams.cluster.snapshot_store import open_store
 
+    snapshots = None
+    if kafka.snapshots is not None:
+        snapshots = Snapshots(
+            open_store(kafka.snapshots, endpoint_url=kafka.s3_endpoint),
+            node.stores,
+            lambda p: leading(node, p),
+            record_log,
+            cluster=kafka.cluster,
+            node_id=kafka.node_id,
+            work_dir=home / "snapshots",
+            clock=node.clock,
+            interval_ms=kafka.snapshot_interval_ms,
+            keep=kafka.snapshot_keep,
+        )
     return await join(
         node,
         record_log,
@@ -359,6 +407,7 @@ async def _join(node: Node, record_log: Any, kafka: KafkaConfig, url: str) -> Cl
         cluster=kafka.cluster,
         session_timeout_ms=kafka.session_timeout_ms,
         url=url,
+        snapshots=snapshots,
     )
 
 
@@ -392,6 +441,36 @@ def _kafka_config(
     session_ms = int(session_timeout_s * 1000)
     return KafkaConfig(
         bootstrap=bootstrap, node_id=node_id, cluster=cluster, session_timeout_ms=session_ms
+    )
+
+
+def _with_snapshots(
+    config: KafkaConfig | None, where: str | None, interval: str, keep: int, endpoint: str | None
+) -> KafkaConfig | None:
+    """``config`` with the --snapshots options, checked before anything starts."""
+    if where is None:
+        return config
+    if config is None:
+        raise fail("--snapshots are of a node on Kafka: give --kafka BOOTSTRAP too")
+    from dataclasses import replace
+
+    from conveyor.durations import to_ms
+    from conveyor.errors import ContractError
+    from conveyor.streams.cluster.snapshot_store import open_store
+
+    try:
+        interval_ms = to_ms(interval, field="--snapshot-interval")
+        open_store(where, endpoint_url=endpoint)  # a bad URL or directory fails here
+    except (ContractError, ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    if interval_ms < 1:
+        raise fail("--snapshot-interval must be above 0, e.g. 30s")
+    return replace(
+        config,
+        snapshots=where,
+        snapshot_interval_ms=interval_ms,
+        snapshot_keep=keep,
+        s3_endpoint=endpoint,
     )
 
 
@@ -460,6 +539,10 @@ def node(
     node_id: NodeIdOpt = None,
     cluster: ClusterOpt = "conveyor",
     session_timeout_s: SessionOpt = 10.0,
+    snapshots: SnapshotsOpt = None,
+    snapshot_interval: SnapshotIntervalOpt = "30s",
+    snapshot_keep: SnapshotKeepOpt = 2,
+    s3_endpoint: S3EndpointOpt = None,
 ) -> None:
     """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway.
 
@@ -468,6 +551,9 @@ def node(
     """
     _setup_logging(log_level)
     kafka_config = _kafka_config(kafka, node_id, cluster, session_timeout_s)
+    kafka_config = _with_snapshots(
+        kafka_config, snapshots, snapshot_interval, snapshot_keep, s3_endpoint
+    )
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
