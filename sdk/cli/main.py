@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli import cluster, keys, schedules, serve, tasks, tools
+from conveyor.cli import cluster, keys, schedules, serve, tasks, tools, webhooks
 from conveyor.cli.common import CliError, fail
 from conveyor.errors import ContractError
 from conveyor.process import tune_malloc
@@ -100,6 +100,7 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(keys_app, name="keys")
 cluster_app.command("status")(cluster.status)
 app.add_typer(cluster_app, name="cluster")
+webhooks.register(app)
 
 
 def main() -> None:

@@ -32,6 +32,15 @@ from conveyor.cli.common import (
     fail,
     home_dir,
 )
+from conveyor.cli.webhooks import (
+    BACKOFF_MAX_S_DEFAULT,
+    RETRY_S_DEFAULT,
+    WebhooksAllowPrivateOpt,
+    WebhooksBackoffOpt,
+    WebhooksRetryOpt,
+    attach_webhooks,
+    webhook_settings,
+)
 from conveyor.frozen import frozen
 
 if TYPE_CHECKING:
@@ -322,6 +331,7 @@ async def _run_node(
     sandbox: str = "auto",
     metrics_config: MetricsConfig | None = None,
     kafka: KafkaConfig | None = None,
+    webhooks: Any = None,
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
@@ -356,6 +366,7 @@ async def _run_node(
             logs=AttemptLogs(home / "logs"),
             metrics_key=metrics_config.key,
         )
+        attach_webhooks(app, home, node.events, webhooks)
         try:
             runner, url = await start(app, host, port)
         except OSError as exc:
@@ -539,6 +550,9 @@ def node(
     node_id: NodeIdOpt = None,
     cluster: ClusterOpt = "conveyor",
     session_timeout_s: SessionOpt = 10.0,
+    webhooks_allow_private: WebhooksAllowPrivateOpt = False,
+    webhooks_retry_s: WebhooksRetryOpt = RETRY_S_DEFAULT,
+    webhooks_backoff_max_s: WebhooksBackoffOpt = BACKOFF_MAX_S_DEFAULT,
     snapshots: SnapshotsOpt = None,
     snapshot_interval: SnapshotIntervalOpt = "30s",
     snapshot_keep: SnapshotKeepOpt = 2,
@@ -568,6 +582,9 @@ def node(
             blobs=blobs,
             metrics_config=metrics,
             kafka=kafka_config,
+            webhooks=webhook_settings(
+                webhooks_allow_private, webhooks_retry_s, webhooks_backoff_max_s
+            ),
         )
     )
 
@@ -618,6 +635,7 @@ def dev(
             _mode(sandbox),
             metrics_config=metrics,
             kafka=kafka_config,
+            webhooks=webhook_settings(loopback=True),
         )
         _run_agent_command(node)
 

@@ -7,11 +7,12 @@ from typing import Any
 from aiohttp import web
 
 from conveyor.errors import ContractError
-from conveyor.streams.gateway import render, schedules, validation, worker_requests
+from conveyor.streams.gateway import events, render, schedules, validation, worker_requests
 from conveyor.streams.gateway.auth import Grant
 from conveyor.streams.gateway.errors import PayloadTooLarge, UnsupportedMediaType, dumps
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
 from conveyor.streams.gateway.service import Gateway
+from conveyor.streams.webhooks import api as webhooks_api
 
 GATEWAY = web.AppKey("gateway", Gateway)
 TENANT = web.RequestKey("tenant", str)  # set by the auth middleware
@@ -231,3 +232,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/worker/complete", complete)
     app.router.add_post("/worker/checkpoint", checkpoint)
     app.router.add_post("/worker/steps", steps)
+    events.add_routes(app)  # GET /v1/events (events.py)
+    webhooks_api.add_routes(app)  # /v1/webhooks (streams/webhooks/api.py)
