@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from conveyor.agents import bwrap
 from conveyor.agents.breaker import Breaker, BreakerPolicy, Breakers
+from conveyor.agents.cluster import ClusterWorkerAPI
 from conveyor.agents.completer import Completer
 from conveyor.agents.inline import InlineExecutor
 from conveyor.agents.pool import GuestPool, import_path
@@ -53,7 +54,6 @@ from conveyor.agents.worker_api import (
     CANCEL,
     LOST,
     CheckpointItem,
-    HttpWorkerAPI,
     LeaseOffer,
     StepItem,
     WorkerAPI,
@@ -565,7 +565,7 @@ async def run_agent(
     is bwrap when it works here, else none with one warning."""
     policy = _sandbox_policy(sandbox, allow_net, memory_mb, in_process)
     _hide_credentials()
-    api = HttpWorkerAPI(url, api_key)
+    api = ClusterWorkerAPI(url, api_key)  # every node of its cluster (agents/cluster.py)
     executor = InlineExecutor(load_app(app_ref), threads=concurrency) if in_process else None
     agent = HostAgent(
         api,

@@ -37,6 +37,7 @@ T = TypeVar("T")
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
 RETRY_AFTER_MAX_MS = 60_000  # a reply's retry_after_ms is capped at this
+NODES_PATH = "/worker/nodes"
 
 
 @frozen(kw_only=True)
@@ -366,6 +367,18 @@ class HttpWorkerAPI:
             await self._post(path, {name: rows[lo : lo + WORKER_ITEMS_MAX]}, decode)
             for lo in range(0, len(rows), WORKER_ITEMS_MAX)
         ]
+
+    async def nodes(self) -> list[str] | None:
+        """The URLs of the nodes of the cluster that lead partitions (``GET /worker/nodes``,
+        ``agents/cluster.py``); None from a node without the endpoint (it serves alone)."""
+        try:
+            reply = await self._http.request("GET", NODES_PATH)
+        except TRANSPORT_ERRORS as exc:
+            raise TransientError(f"GET {NODES_PATH}: {exc!r}") from exc
+        if reply.status == 404:
+            return None
+        body = _parse(NODES_PATH, reply)
+        return _decoded(NODES_PATH, lambda b: [str(n["url"]) for n in b["nodes"]], body)
 
     async def close(self) -> None:
         await self._http.close()

@@ -336,6 +336,7 @@ async def _run_node(
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.gateway.auth import ensure_agent_key
+    from conveyor.streams.gateway.forward import forwarder
     from conveyor.streams.sinks.metrics import Metrics, TenantLabels, time_appends
 
     run_agent = _load_agent() if app_ref is not None else None
@@ -373,6 +374,7 @@ async def _run_node(
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         if kafka is not None:
             member = await _join(node, record_log, kafka, url, home)
+            forwarder(app).attach(member.directory, url)  # any request, to its owner
         _banner(url, key, home)
         try:
             if run_agent is None:

@@ -6,7 +6,9 @@
 A node publishes its card every ``PUBLISH_S`` and a tombstone when it leaves. A node killed
 leaves its last card behind; the partitions on it are led by others at higher epochs by then,
 so the owner of a partition is the card that lists it at the highest epoch (and a card's age
-says how stale it is). Readers (``conveyor cluster status``) read the topic whole.
+says how stale it is). Readers (``conveyor cluster status``) read the topic whole; a running
+node follows it (``Directory``): its gateway forwards what it does not lead to the owner
+(``gateway/forward.py``) and tells agents which nodes to poll (``nodes``).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class Directory:
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
         self.cards: dict[str, Card] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._news = asyncio.Event()  # set and replaced each time cards arrive
 
     async def start(self) -> None:
         await ensure_topic(self._bootstrap, self._cluster)
@@ -113,6 +116,26 @@ class Directory:
     def owner_url(self, partition: int) -> str | None:
         card = owners(self.cards).get(partition)
         return None if card is None else str(card["url"])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The nodes that own partitions now (a dead node's last card owns none once its
+        partitions are led elsewhere), by node id."""
+        led: dict[str, list[int]] = {}
+        for p, card in owners(self.cards).items():
+            led.setdefault(str(card["node_id"]), []).append(p)
+        return [
+            {"node_id": n, "url": str(self.cards[n]["url"]), "partitions": sorted(ps)}
+            for n, ps in sorted(led.items())
+            if n in self.cards
+        ]
+
+    async def wait_owner_changed(self, partition: int, url: str | None, timeout_s: float) -> None:
+        """Until the owner of ``partition`` is not ``url``, or ``timeout_s`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.owner_url(partition) == url and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), left)
 
     async def publish(self) -> None:
         card = {**self._card(), "ts_ms": int(time.time() * 1000)}
@@ -138,6 +161,9 @@ class Directory:
                 got = await consumer.getmany(tp, timeout_ms=READ_POLL_MS)
                 for message in got.get(tp, []):
                     _note(self.cards, message.key, message.value)
+                if got:
+                    self._news.set()
+                    self._news = asyncio.Event()
         finally:
             await consumer.stop()
 

@@ -1,6 +1,7 @@
 """The gateway's aiohttp application and server (PROTOCOL.md is the contract).
 
-    request -> error middleware -> auth middleware -> routes (parse, validate)
+    request -> error middleware -> auth middleware -> forward middleware (a partition led by
+            another node of the cluster: to its owner, forward.py) -> routes (parse, validate)
             -> service.Gateway (node calls) -> render -> JSON
 
 Shutdown: stop accepting, give in-flight requests ``SHUTDOWN_GRACE_S`` (long polls are cut
@@ -23,7 +24,15 @@ from aiohttp import web
 from conveyor.errors import Unauthorized
 from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
-from conveyor.streams.gateway import dashboard, health, openapi, routes, usage, workflows
+from conveyor.streams.gateway import (
+    dashboard,
+    forward,
+    health,
+    openapi,
+    routes,
+    usage,
+    workflows,
+)
 from conveyor.streams.gateway.auth import KeyStore, authenticate
 from conveyor.streams.gateway.breakers import BreakersCollector
 from conveyor.streams.gateway.errors import Handler, error_middleware
@@ -130,7 +139,8 @@ def build_app(
         metrics = Metrics()
         metrics.watch(node)
     app = web.Application(
-        middlewares=[error_middleware, timing_middleware, auth_middleware],
+        # forward after auth: a bad key is refused here (forward.py rule 1)
+        middlewares=[error_middleware, timing_middleware, auth_middleware, forward.middleware],
         client_max_size=BODY_BYTES_MAX,  # routes.read_body turns the overflow into a 413
     )
     app[routes.GATEWAY] = Gateway(
@@ -146,6 +156,7 @@ def build_app(
     app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)
     routes.add_routes(app)
+    forward.add_to(app, node)
     _run_operations(app, app[routes.GATEWAY].operations)
     usage.add_route(app, metrics)
     workflows.add_routes(app)

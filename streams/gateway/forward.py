@@ -1,0 +1,363 @@
+"""Any node of a cluster takes any request: what this node does not lead goes to its owner.
+
+Each partition is led by one node (``streams/cluster/``); a request about a task, a keyed
+enqueue or a worker report belongs to one partition (``streams/routing.py``), and only its
+leader can append for it and answer from its state. Two ways to serve such a request on
+another node were weighed:
+
+- produce the record to the log from here, then wait for the owner's apply. The append is
+  durable, but "applied" happens on another process: this node would have to read the
+  owner's state (or the events stream) to learn the outcome (a 409 for a key already used, a
+  refusal, the task's detail for a read), and a read of a task has no record to produce at
+  all. It also needs the owner's epoch to fence the append, which only the owner holds.
+- forward the HTTP request to the owner, which serves it as if it had come there. Chosen: an
+  answer is the owner's own, so an acknowledgement still means what it means on one node,
+  durable in the log AND applied by the partition's leader; reads, waits (``wait_ms``) and
+  refusals are exactly the owner's; nothing new is written anywhere.
+
+The rules:
+
+1. Where: ``middleware``, after authentication (a bad key is refused here, not
+   carried to the owner). A request goes out only if a partition it touches is not open on
+   this node (``Node.is_open``) and the directory names an owner other than this node. An
+   owner unknown (a rebalance under way, no card yet) is no reason to guess: the request is
+   served here and the node's refusal answers 503 with ``retry_after_ms``, as on one node.
+2. One hop: a forwarded request carries ``Conveyor-Forwarded: <node id>`` and is never
+   forwarded again, so a stale directory cannot make two nodes bounce it. A forwarded
+   request for a partition that is not open on its receiver is answered at once 503 with
+   ``Conveyor-Not-Owner: 1`` (nothing was done).
+3. The sender, on that answer or when the owner cannot be reached at all (the connection was
+   refused: nothing was sent), waits up to ``REFRESH_S`` for the directory to name another
+   owner and sends once more; then it answers the 503 (``retry_after_ms``). A request that
+   was sent and got no answer in time (``timeout_s``: ``FORWARD_TIMEOUT_S``, plus the
+   ``wait_ms`` of a read that waits) may have been applied: it answers 503 saying so, never
+   resent here. The caller resends it (a keyed enqueue, a completion fenced by its lease id
+   and every heartbeat are safe to resend).
+4. The caller's ``Authorization`` header goes with the request, unchanged: the owner checks
+   the key again (every node of a cluster holds the same keys). The key is never logged.
+5. Batches (``POST /v1/tasks:batch`` and the worker reports) are split per owner: the items
+   of each owner go to it in one request (the items led here through this node's own
+   gateway, marked forwarded), concurrently, and the replies are merged in the order of the
+   request. The batch is validated here first, so a bad item refuses the whole batch with
+   nothing written anywhere. If a part fails (a 409 for one key, a 503), its answer is the
+   answer, as when one partition of a node's batch fails: the other parts may be applied,
+   and resending the batch is safe for every keyed item. Unkeyed enqueues are placed on
+   partitions this node leads (``service.py`` rule 3), so they never leave it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from conveyor.errors import ContractError, TransientError
+from conveyor.streams.gateway import routes
+from conveyor.streams.gateway.errors import dumps, render
+from conveyor.streams.gateway.validation import parse_batch
+from conveyor.streams.node import Node
+from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
+
+log = logging.getLogger("conveyor.gateway")
+
+FORWARDED = "Conveyor-Forwarded"
+NOT_OWNER = "Conveyor-Not-Owner"
+FORWARD_TIMEOUT_S = 30.0
+REFRESH_S = 2.0  # a node publishes its card every second (``cluster/directory.py``)
+RETRY_AFTER_MS = 500
+NODES_PATH = "/worker/nodes"
+
+# POST path -> (the body's list of items, the reply's list: one entry per item, in order)
+_ITEMS = {
+    "/v1/tasks:batch": ("tasks", "results"),
+    "/worker/heartbeat": ("leases", "actions"),
+    "/worker/complete": ("completions", "results"),
+    "/worker/checkpoint": ("checkpoints", "results"),
+    "/worker/steps": ("steps", "results"),
+}
+_KEYED = frozenset({"/v1/tasks", "/v1/workflows"})  # POST: one task, routed by its key
+_PASSED_BACK = ("Content-Type", "Retry-After")
+
+
+class Owners(Protocol):
+    """What forwarding needs of the cluster's directory (``cluster/directory.py``)."""
+
+    def owner_url(self, partition: int) -> str | None: ...
+
+    async def wait_owner_changed(self, partition: int, url: str | None, timeout_s: float) -> None:
+        """Return once the owner of ``partition`` is not ``url`` any more, or after
+        ``timeout_s``."""
+        ...
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The nodes that lead partitions: ``{"node_id", "url", "partitions"}`` each."""
+        ...
+
+
+class Forwarder:
+    """This node's view of who leads what, set once it joins a cluster (``attach``)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.owners: Owners | None = None
+        self.url = ""  # this node's own gateway
+        self._http: aiohttp.ClientSession | None = None
+
+    def attach(self, owners: Owners, url: str) -> None:
+        self.owners, self.url = owners, url.rstrip("/")
+
+    def here(self, p: int | None) -> bool:
+        return p is None or self.node.is_open(p)
+
+    def owner(self, p: int | None) -> str | None:
+        """Where a request for ``p`` goes; None: served here (rule 1)."""
+        if self.here(p) or self.owners is None:
+            return None
+        assert p is not None
+        url = self.owners.owner_url(p)
+        return None if url is None or url.rstrip("/") == self.url else url.rstrip("/")
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+FORWARDER = web.AppKey("forwarder", Forwarder)
+
+
+def forwarder(app: web.Application) -> Forwarder:
+    return app[FORWARDER]
+
+
+# -- which partitions a request touches --------------------------------------------------------
+
+
+def _partition(fw: Forwarder, request: web.Request, item: Any, list_name: str) -> int | None:
+    """The partition of one item; None: any partition serves it, or the handler refuses it."""
+    if not isinstance(item, dict):
+        return None
+    partitions = fw.node.partitions
+    if list_name == "tasks":
+        key = item.get("idempotency_key")
+        if not isinstance(key, str):
+            return None
+        return partition_for_key(request[routes.TENANT], key, partitions)
+    task_id = item.get("task_id")
+    try:
+        return partition_of(task_id, partitions) if isinstance(task_id, str) else None
+    except ContractError:
+        return None
+
+
+def _of_path(fw: Forwarder, request: web.Request) -> int | None:
+    """The partition a path names (a task id, a schedule id), if any."""
+    task_id = request.match_info.get("task_id")
+    schedule_id = request.match_info.get("schedule_id")
+    try:
+        if task_id is not None:
+            return partition_of(task_id, fw.node.partitions)
+        if schedule_id is not None:
+            return partition_for_schedule(request[routes.TENANT], schedule_id, fw.node.partitions)
+    except ContractError:
+        return None
+    return None
+
+
+# -- the middleware ------------------------------------------------------------------------------
+
+
+@web.middleware
+async def middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    fw = request.app[FORWARDER]
+    if fw.owners is None or routes.TENANT not in request:
+        return await handler(request)
+    if request.method == "POST" and request.path in _ITEMS:
+        return await _items(fw, request, handler)
+    p = _of_path(fw, request)
+    if p is None and request.method == "POST" and request.path in _KEYED:
+        body = await routes.read_body(request)
+        p = _partition(fw, request, body, "tasks")
+    if p is None or fw.here(p):
+        return await handler(request)
+    if FORWARDED in request.headers:
+        return _not_owner(p)  # rule 2
+    if fw.owner(p) is None:
+        return await handler(request)  # rule 1: no owner known, the node's refusal answers
+    reply = await _send(fw, request, [p], await request.read(), _timeout_s(request))
+    return _response(reply)
+
+
+async def _items(
+    fw: Forwarder,
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Rule 5."""
+    list_name, reply_name = _ITEMS[request.path]
+    body = await routes.read_body(request)
+    items = body.get(list_name) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return await handler(request)  # the handler says what is wrong with it
+    parts = [_partition(fw, request, item, list_name) for item in items]
+    if all(fw.here(p) for p in parts):
+        return await handler(request)
+    if FORWARDED in request.headers:
+        return _not_owner(next(p for p in parts if not fw.here(p)))
+    if list_name == "tasks":
+        parse_batch(body)  # all or nothing: a bad item refuses the batch before any part goes
+    groups: dict[str | None, list[int]] = defaultdict(list)
+    for i, p in enumerate(parts):
+        groups[fw.owner(p)].append(i)
+    if None in groups and len(groups) == 1:
+        return await handler(request)
+
+    async def part(url: str | None, ix: list[int]) -> _Reply:
+        sub = dumps({**body, list_name: [items[i] for i in ix]}).encode()
+        return await _send(fw, request, [parts[i] for i in ix], sub, _timeout_s(request), url)
+
+    urls = list(groups)
+    replies = await asyncio.gather(*(part(url, groups[url]) for url in urls))
+    merged: list[Any] = [None] * len(items)
+    for url, reply in zip(urls, replies, strict=True):
+        if reply.status >= 300:
+            return _response(reply)
+        got = json.loads(reply.body).get(reply_name, [])
+        for i, entry in zip(groups[url], got, strict=True):
+            merged[i] = entry
+    status = 201 if any(r.status == 201 for r in replies) else 200
+    return routes.reply({reply_name: merged}, status)
+
+
+def _not_owner(p: int | None) -> web.Response:
+    response = render(
+        TransientError(
+            f"partition {p} is not led by this node; send the request again (to any node)",
+            retry_after_ms=RETRY_AFTER_MS,
+        )
+    )
+    response.headers[NOT_OWNER] = "1"
+    return response
+
+
+def _timeout_s(request: web.Request) -> float:
+    try:
+        wait_ms = max(0, int(request.query.get("wait_ms", "0")))
+    except ValueError:
+        wait_ms = 0
+    return FORWARD_TIMEOUT_S + wait_ms / 1000
+
+
+# -- sending -------------------------------------------------------------------------------------
+
+
+class _Reply:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.status, self.body, self.headers = status, body, headers
+
+
+def _response(reply: _Reply) -> web.Response:
+    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+
+def _unavailable(message: str) -> _Reply:
+    response = render(TransientError(message, retry_after_ms=RETRY_AFTER_MS))
+    assert isinstance(response.body, bytes)
+    return _Reply(response.status, response.body, dict(response.headers))
+
+
+async def _send(
+    fw: Forwarder,
+    request: web.Request,
+    partitions: Sequence[int | None],
+    body: bytes,
+    timeout_s: float,
+    url: str | None = None,
+) -> _Reply:
+    """Rules 2-4: to the owner of ``partitions`` (``url``: a part of a batch whose owner was
+    looked up; None there: this node), once more after the directory changed."""
+    first = next((p for p in partitions if p is not None), None)
+    target = url if url is not None or not partitions else fw.owner(first)
+    for again in (True, False):
+        target = target or fw.url  # a part led here: through this node's own gateway
+        try:
+            reply = await _post(fw, request, target, body, timeout_s)
+        except aiohttp.ClientConnectorError:
+            why = f"the owner of partition {first} ({target}) cannot be reached"
+        except (aiohttp.ClientError, TimeoutError):
+            return _unavailable(
+                f"the owner of partition {first} ({target}) did not answer in time; the "
+                "request may have been applied: send it again (a keyed enqueue is applied "
+                "once)"
+            )
+        else:
+            if NOT_OWNER not in reply.headers:
+                return reply
+            why = f"{target} no longer leads partition {first}"
+        if not again or fw.owners is None or first is None:
+            return _unavailable(f"{why}; the cluster is moving partitions: send it again")
+        log.info("forwarding: %s; waiting for the directory", why)
+        await fw.owners.wait_owner_changed(first, target, REFRESH_S)
+        target = fw.owner(first)
+    raise AssertionError("unreachable")
+
+
+async def _post(
+    fw: Forwarder, request: web.Request, url: str, body: bytes, timeout_s: float
+) -> _Reply:
+    headers = {FORWARDED: fw.node.node_id}
+    for name in ("Authorization", "Content-Type"):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    async with fw.http().request(
+        request.method,
+        url + request.path_qs,
+        data=body or None,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    ) as response:
+        got = await response.read()
+        back = {k: response.headers[k] for k in _PASSED_BACK if k in response.headers}
+        if NOT_OWNER in response.headers:
+            back[NOT_OWNER] = response.headers[NOT_OWNER]
+        return _Reply(response.status, got, back)
+
+
+# -- the cluster's nodes, for agents -------------------------------------------------------------
+
+
+async def nodes_route(request: web.Request) -> web.Response:
+    """``GET /worker/nodes``: the nodes an agent polls (each leads partitions); a node of no
+    cluster answers itself alone."""
+    fw = request.app[FORWARDER]
+    if fw.owners is None:
+        own = {"node_id": fw.node.node_id, "url": "", "partitions": list(range(fw.node.partitions))}
+        return routes.reply({"nodes": [own]})
+    return routes.reply({"nodes": fw.owners.nodes()})
+
+
+def add_to(app: web.Application, node: Node) -> None:
+    """Forwarding and ``GET /worker/nodes`` on ``app`` (the middleware is in ``build_app``)."""
+    fw = Forwarder(node)
+    app[FORWARDER] = fw
+    app.router.add_get(NODES_PATH, nodes_route, allow_head=False)
+
+    async def close(_: web.Application) -> None:
+        await fw.close()
+
+    app.on_cleanup.append(close)
