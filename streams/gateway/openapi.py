@@ -875,3 +875,145 @@ ENDPOINTS.extend(
     ]
 )
 CREATES = CREATES | {("post", "/v1/workflows")}
+
+
+# -- the events stream and webhooks (events.py, streams/webhooks/) -----------------
+
+
+def _events_section() -> None:
+    from conveyor.streams.gateway import events
+    from conveyor.streams.webhooks import api as webhooks
+    from conveyor.streams.webhooks.stream import EVENT_TYPES
+
+    global CREATES
+    event_type: Schema = {"enum": sorted(EVENT_TYPES)}
+    event = obj(
+        {
+            "id": {"type": "string", "description": "the event's id, stable across re-reads"},
+            "type": event_type,
+            "task_id": TASK_ID,
+            "app": {"type": "string"},
+            "task_type": {"type": "string"},
+            "queue": {"type": "string"},
+            "status": {"enum": [s.value for s in TaskStatus]},
+            "attempt": integer(0),
+            "ts_ms": integer(),
+            "agent_id": {"type": "string"},
+            "error": obj({"class": TEXT, "message": TEXT}),
+        },
+        *("id", "type", "task_id", "app", "task_type", "queue", "status", "attempt", "ts_ms"),
+    )
+    listed = {"type": "string", "description": "comma-separated, or the parameter repeated"}
+    webhook = obj(
+        {
+            "webhook_id": {"type": "string"},
+            "url": {"type": "string"},
+            "events": array(event_type, 1, len(EVENT_TYPES)),
+            "task_types": nullable(array(NAME, 1, webhooks.TASK_TYPES_MAX)),
+            "created_ms": integer(),
+        },
+        "webhook_id",
+        "url",
+        "events",
+        "task_types",
+        "created_ms",
+    )
+    delivery = obj(
+        {
+            "delivery_id": {"type": "string", "description": "the event's id (webhook-id)"},
+            "event_type": event_type,
+            "status": {"enum": ["pending", "succeeded", "failed"]},
+            "attempts": integer(0),
+            "created_ms": integer(),
+            "updated_ms": integer(),
+            "next_attempt_ms": nullable(integer()),
+            "last_status": nullable(integer()),
+            "last_error": TEXT,
+        },
+        "delivery_id",
+        "event_type",
+        "status",
+        "attempts",
+    )
+    hook_id = _param("webhook_id", {"type": "string"}, "path")
+    ENDPOINTS.extend(
+        [
+            (
+                "get",
+                "/v1/events",
+                "The tenant's task events from a cursor: with Accept: text/event-stream a "
+                "Server-Sent Events stream (each event's id is the cursor after it; resume with "
+                "Last-Event-ID), else a long poll answering {events, cursor}; a bad cursor is "
+                "a 400",
+                None,
+                obj({"events": _list(event), "cursor": {"type": "string"}}, "events", "cursor"),
+                [
+                    _param("after", {"type": "string", "description": "a cursor, or start"}),
+                    _param("state", listed),
+                    _param("task_type", listed),
+                    _param("queue", listed),
+                    _param("type", listed),
+                    _param("wait_ms", integer(0, validation.WAIT_MS_MAX)),
+                    _param("limit", integer(1, events.LIMIT_MAX)),
+                ],
+            ),
+            (
+                "post",
+                "/v1/webhooks",
+                "Register a webhook (201); the answer carries its signing secret, shown once. "
+                "A URL to a loopback, link-local or private address is a 400 unless the node "
+                "allows them",
+                obj(
+                    {
+                        "url": {"type": "string", "format": "uri"},
+                        "events": array(event_type, 1, len(EVENT_TYPES)),
+                        "task_types": nullable(array(NAME, 1, webhooks.TASK_TYPES_MAX)),
+                    },
+                    "url",
+                    "events",
+                ),
+                {**webhook, "properties": {**webhook["properties"], "secret": {"type": "string"}}},
+                [],
+            ),
+            (
+                "get",
+                "/v1/webhooks",
+                "The tenant's webhooks, without secrets",
+                None,
+                obj({"webhooks": _list(webhook)}, "webhooks"),
+                [],
+            ),
+            (
+                "delete",
+                "/v1/webhooks/{webhook_id}",
+                "Delete a webhook and drop its pending deliveries",
+                None,
+                obj({"webhook_id": {"type": "string"}, "deleted": {"type": "boolean"}}),
+                [hook_id],
+            ),
+            (
+                "get",
+                "/v1/webhooks/{webhook_id}/deliveries",
+                "A webhook's deliveries, the most recently changed first",
+                None,
+                obj({"webhook_id": {"type": "string"}, "deliveries": _list(delivery)}),
+                [
+                    hook_id,
+                    _param("status", {"enum": ["pending", "succeeded", "failed"]}),
+                    _param("limit", integer(1, webhooks.DELIVERIES_LIMIT_MAX)),
+                ],
+            ),
+            (
+                "post",
+                "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}:redeliver",
+                "Send a delivery again, due now, with the same webhook-id",
+                None,
+                obj({"delivery_id": {"type": "string"}, "status": {"enum": ["pending"]}}),
+                [hook_id, _param("delivery_id", {"type": "string"}, "path")],
+            ),
+        ]
+    )
+    CREATES = CREATES | {("post", "/v1/webhooks")}
+
+
+_events_section()

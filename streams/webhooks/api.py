@@ -126,7 +126,7 @@ async def redeliver(request: web.Request) -> web.Response:
     service, tenant = _service(request)
     webhook_id, delivery_id = request.match_info["webhook_id"], request.match_info["delivery_id"]
     await service.redeliver(tenant, webhook_id, delivery_id)
-    return routes.reply({"delivery_id": delivery_id, "status": PENDING}, 202)
+    return routes.reply({"delivery_id": delivery_id, "status": PENDING})
 
 
 def add_routes(app: web.Application) -> None:
