@@ -1,0 +1,115 @@
+"""The ``conveyor`` command: one typer app, commands grouped by what they touch.
+
+node, dev, agent                  long-running processes (serve.py)
+enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
+schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
+keys create|list                  API keys and their roles in the home's keys.json (keys.py)
+cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
+log inspect|verify, bench, docs   operator tools (tools.py)
+projection rebuild                the Postgres snapshot (tools.py)
+chaos kill9|soak|zombie|lost-replies|power-cut|fan-in
+                                  fault-injection runs (tools.py, streams/chaos)
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version as package_version
+from typing import Annotated
+
+import typer
+
+from conveyor.cli import cluster, keys, schedules, serve, tasks, tools, webhooks
+from conveyor.cli.common import CliError, fail
+from conveyor.errors import ContractError
+from conveyor.process import tune_malloc
+
+app = typer.Typer(
+    name="conveyor",
+    help="Durable background jobs for Python.",
+    no_args_is_help=True,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
+    pretty_exceptions_show_locals=False,
+)
+log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
+projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
+chaos_app = typer.Typer(help="Fault-injection runs.", no_args_is_help=True)
+schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys and their roles (keys.json).", no_args_is_help=True)
+cluster_app = typer.Typer(help="A cluster of nodes on Kafka.", no_args_is_help=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"conveyor {package_version('conveyor')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Durable background jobs for Python."""
+
+
+app.command()(serve.node)
+app.command()(serve.dev)
+app.command()(serve.agent)
+app.command()(tasks.enqueue)
+app.command()(tasks.get)
+app.command("list")(tasks.list_tasks)
+app.command()(tasks.cancel)
+app.command()(tasks.retry)
+schedule_app.command("add")(schedules.add)
+schedule_app.command("list")(schedules.list_schedules)
+schedule_app.command("pause")(schedules.pause)
+schedule_app.command("resume")(schedules.resume)
+schedule_app.command("rm")(schedules.rm)
+keys_app.command("create")(keys.create)
+keys_app.command("list")(keys.list_keys)
+log_app.command("inspect")(tools.log_inspect)
+log_app.command("verify")(tools.log_verify)
+bench_app.command("log")(tools.bench_log)
+bench_app.command("engine")(tools.bench_engine)
+bench_app.command("fanout")(tools.bench_fanout)
+bench_app.command("fairness")(tools.bench_fairness)
+bench_app.command("e2e")(tools.bench_e2e)
+bench_app.command("projection")(tools.bench_projection)
+bench_app.command("query")(tools.bench_query)
+bench_app.command("bulk")(tools.bench_bulk)
+projection_app.command("rebuild")(tools.projection_rebuild)
+docs_app.command("lifecycle")(tools.docs_lifecycle)
+chaos_app.command("kill9")(tools.chaos_kill9)
+chaos_app.command("soak")(tools.chaos_soak)
+chaos_app.command("zombie")(tools.chaos_zombie)
+chaos_app.command("lost-replies")(tools.chaos_lost_replies)
+chaos_app.command("power-cut")(tools.chaos_power_cut)
+chaos_app.command("fan-in")(tools.chaos_fan_in)
+app.add_typer(log_app, name="log")
+app.add_typer(bench_app, name="bench")
+app.add_typer(docs_app, name="docs")
+app.add_typer(projection_app, name="projection")
+app.add_typer(chaos_app, name="chaos")
+app.add_typer(schedule_app, name="schedule")
+app.add_typer(keys_app, name="keys")
+cluster_app.command("status")(cluster.status)
+app.add_typer(cluster_app, name="cluster")
+webhooks.register(app)
+
+
+def main() -> None:
+    """The console script. A ``CliError`` from any command (a refused request, no API key) or a
+    ``ContractError`` (what it was asked cannot be done: a data directory another node holds)
+    is one line on stderr and exit status 1, never a traceback."""
+    tune_malloc()
+    try:
+        app()
+    except (CliError, ContractError) as exc:
+        fail(str(exc))  # prints the line
+        raise SystemExit(1) from None
