@@ -7,7 +7,7 @@ keys create|list                  API keys and their roles in the home's keys.js
 cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
-chaos kill9|soak|zombie|lost-replies|power-cut|fan-in
+chaos kill9|soak|zombie|lost-replies|power-cut|fan-in|failover
                                   fault-injection runs (tools.py, streams/chaos)
 """
 
@@ -91,6 +91,7 @@ chaos_app.command("zombie")(tools.chaos_zombie)
 chaos_app.command("lost-replies")(tools.chaos_lost_replies)
 chaos_app.command("power-cut")(tools.chaos_power_cut)
 chaos_app.command("fan-in")(tools.chaos_fan_in)
+chaos_app.command("failover")(tools.chaos_failover)
 app.add_typer(log_app, name="log")
 app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")

@@ -560,3 +560,37 @@ def chaos_fan_in(
     )
     result = asyncio.run(run_fan_in(config))
     _judge(result, as_json)
+
+
+def chaos_failover(
+    duration: Annotated[
+        str, typer.Option("--duration", help="Load under faults: 60s, 2m (each fault once)")
+    ] = "60s",
+    seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """F1: three Kafka brokers, three nodes of one cluster and an agent each, under load:
+    kill -9 of a node (restarted with its id and home), of a broker (restarted), and a
+    SIGSTOP of a node past its session timeout (the zombie). Checks no lost acks, one terminal
+    state, no record of a stale epoch in the log, the zombie stepping down, and reports the
+    failover time. Prints the run's figure; exits 1 unless valid."""
+    import random
+
+    from conveyor.durations import to_ms
+    from conveyor.errors import ContractError
+    from conveyor.streams.chaos.failover import FailoverConfig, run_failover
+
+    try:
+        seconds = to_ms(duration, field="--duration") / 1000
+    except ContractError as exc:
+        raise fail(str(exc)) from None
+    if seconds <= 0:
+        raise fail(f"--duration {duration!r}: give a duration above 0, such as 40s or 2m")
+    config = FailoverConfig(
+        seconds=seconds,
+        seed=random.randrange(2**31) if seed is None else seed,
+        home=home,
+    )
+    result = asyncio.run(run_failover(config))
+    _judge(result, as_json)

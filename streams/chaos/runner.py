@@ -30,14 +30,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from conveyor.aclient import AsyncClient
+from conveyor.aclient import AsyncClient, AsyncTaskHandle
 from conveyor.errors import ContractError, NotFound
 from conveyor.frozen import frozen
 from conveyor.streams.chaos import checker
 from conveyor.streams.chaos.history import History
 from conveyor.streams.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
+from conveyor.wire import TaskInfo
 
 APP = "chaos"
 TASK = "work"
@@ -106,6 +107,27 @@ def scenario(name: str, **overrides: Any) -> Config:
     return Config(test=test, nemesis=nemesis, prefetch=prefetch, thresholds=thresholds, **overrides)
 
 
+class Client(Protocol):
+    """What the phases ask of a client: ``AsyncClient``, or a router over a cluster's nodes
+    (``failover.py``)."""
+
+    async def enqueue(
+        self, task: str, payload: Any, *, idempotency_key: str
+    ) -> AsyncTaskHandle[Any]: ...
+
+    async def get(self, task_id: str) -> TaskInfo: ...
+
+
+class Recording(Protocol):
+    """What the load, the reads and the drain share: ``Run``, or another fault run's own
+    (``failover.py``)."""
+
+    history: History
+    journal: Path
+    acked: dict[str, str]
+    pending: set[str]
+
+
 @dataclass
 class Run:
     """The state one run shares between its coroutines."""
@@ -160,7 +182,7 @@ async def _phases(run: Run, config: Config) -> bool:
         return await _drain(run, client, config.drain_s)
 
 
-async def _warm_up(run: Run, client: AsyncClient) -> None:
+async def _warm_up(run: Run, client: Client) -> None:
     """Until the agent has registered the task type, an enqueue is ``unknown_task_type``."""
     deadline = time.monotonic() + 60.0
     while not await enqueue_recorded(run, client, 0, "warm-up"):
@@ -170,7 +192,7 @@ async def _warm_up(run: Run, client: AsyncClient) -> None:
 
 
 async def _client(
-    run: Run, client: AsyncClient, process: int, until: float, pace: float, rng: random.Random
+    run: Recording, client: Client, process: int, until: float, pace: float, rng: random.Random
 ) -> None:
     """Closed loop at about ``1 / pace`` ops/s: a new key, resent until it gets an answer."""
     n = 0
@@ -183,8 +205,8 @@ async def _client(
 
 
 async def enqueue_recorded(
-    run: Run,
-    client: AsyncClient,
+    run: Recording,
+    client: Client,
     process: int,
     key: str,
     payload: dict[str, Any] | None = None,
@@ -209,7 +231,7 @@ async def enqueue_recorded(
     return True
 
 
-async def _sampler(run: Run, client: AsyncClient, until: float, rng: random.Random) -> None:
+async def _sampler(run: Recording, client: Client, until: float, rng: random.Random) -> None:
     """Reads a few acked tasks per round while faults happen, so I3 (a terminal state never
     changes) has observations made across crashes, not only the final ones."""
     while time.monotonic() < until:
@@ -219,7 +241,7 @@ async def _sampler(run: Run, client: AsyncClient, until: float, rng: random.Rand
             await _read(run, client, "read", task_id)
 
 
-async def _read(run: Run, client: AsyncClient, f: str, task_id: str) -> dict[str, Any] | None:
+async def _read(run: Recording, client: Client, f: str, task_id: str) -> dict[str, Any] | None:
     """GET one task and record what it showed (status None: not found); None if the reply
     was lost."""
     op = run.history.invoke(-1, f, {"task_id": task_id})
@@ -230,11 +252,13 @@ async def _read(run: Run, client: AsyncClient, f: str, task_id: str) -> dict[str
     except Exception as exc:
         run.history.complete(op, "info", {"error": type(exc).__name__})
         return None
-    seen = {"status": info.status, "finished_ms": info.finished_ms, "attempt": info.attempt}
+    seen: dict[str, Any] = {"status": info.status, "finished_ms": info.finished_ms}
+    seen["attempt"] = info.attempt
+    seen["started_ms"] = [a.started_ms for a in info.attempts if a.started_ms is not None]
     return run.history.complete(op, "ok", seen).value
 
 
-async def _resolve(run: Run, client: AsyncClient) -> None:
+async def _resolve(run: Recording, client: Client) -> None:
     """After the heal, resend each key that never got an answer (same key, new ops)."""
     for _ in range(RESOLVE_ROUNDS):
         for key in sorted(run.pending):
@@ -244,7 +268,7 @@ async def _resolve(run: Run, client: AsyncClient) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _drain(run: Run, client: AsyncClient, deadline_s: float) -> bool:
+async def _drain(run: Recording, client: Client, deadline_s: float) -> bool:
     """Read every acked task until it is terminal; the last read of each is its final read.
     False if some task was still live (or unreadable) at the deadline."""
     deadline = time.monotonic() + deadline_s
@@ -260,7 +284,7 @@ async def _drain(run: Run, client: AsyncClient, deadline_s: float) -> bool:
 
 
 async def _read_round(
-    run: Run, client: AsyncClient, ids: list[str], *, final_all: bool
+    run: Recording, client: Client, ids: list[str], *, final_all: bool
 ) -> list[str]:
     """One pass of reads; a terminal read (or any read, on the last pass) is also recorded as
     the task's final read. Returns the ids to read again."""
@@ -293,18 +317,24 @@ def _evidence(node_home: Path, journal: Path, drained: bool) -> checker.Evidence
 
 def _log_keys(log_root: Path) -> list[str | None]:
     """The idempotency key of every task spec in the log's ``EnqueueTasks`` records."""
-    from conveyor.schemas import codec, types
     from conveyor.streams.log.tools import inspect
 
     keys: list[str | None] = []
     for _, _, payload in inspect(log_root):
-        envelope = codec.decode_envelope(payload)
-        if codec.kind_of(envelope)[0] != "EnqueueTasks":
-            continue  # only enqueues can create tasks: the others need not even be decoded
-        record = codec.decode_body(envelope)
-        assert isinstance(record, types.EnqueueTasks)
-        keys.extend(codec.TASK_SPEC.decode(raw).idempotency_key for raw in record.tasks)
+        keys.extend(enqueued_keys(payload))
     return keys
+
+
+def enqueued_keys(payload: bytes) -> list[str | None]:
+    """The idempotency keys of the task specs of one record, if it is an ``EnqueueTasks``."""
+    from conveyor.schemas import codec, types
+
+    envelope = codec.decode_envelope(payload)
+    if codec.kind_of(envelope)[0] != "EnqueueTasks":
+        return []  # only enqueues can create tasks: the others need not even be decoded
+    record = codec.decode_body(envelope)
+    assert isinstance(record, types.EnqueueTasks)
+    return [codec.TASK_SPEC.decode(raw).idempotency_key for raw in record.tasks]
 
 
 def _state_keys(state_root: Path) -> dict[str, str | None]:
