@@ -10,39 +10,43 @@ Ready work is counted per (lane, tenant, task type), so the pool deals a slot on
 ready task of a type the poll serves waits, and each LeaseRequest names the types the machine
 may take for it (the poll's types that have ready work here: a few names, not the agent's
 whole list).
+
+The slots themselves (dealt here and not proposed, claimed in a record not yet applied) are
+counted by the node's slot ledger (``slots.py``); the dispatcher reaches its partition through
+the ``Partition`` protocol (``duties.py``) and the live leases through its ``LeaseTracker``.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from conveyor.errors import InvariantError, TransientError
 from conveyor.schemas.types import GrantLeases, LeaseRequest
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant, Offer
-from conveyor.streams.processor.pool import Entry, Lease, WaitingPool
+from conveyor.streams.processor.duties import Partition
+from conveyor.streams.processor.leases import LeaseTracker
+from conveyor.streams.processor.pool import ReadyCounts, WaitingPool
+from conveyor.streams.processor.slots import Entry, Lease
 from conveyor.streams.processor.waiting import Poke, back_off
-
-if TYPE_CHECKING:
-    from conveyor.streams.processor.loop import PartitionProcessor
 
 READY_PEEK = 64  # ready tasks counted per (partition, lane, tenant, type): enough for a round
 
-# lane -> tenant -> task type -> ready tasks here (up to READY_PEEK, minus slots dealt)
-ReadyCounts = dict[str, dict[str, dict[str, int]]]
-
 
 class Dispatcher:
-    def __init__(self, processor: PartitionProcessor, pool: WaitingPool) -> None:
-        self._p = processor
+    def __init__(self, partition: Partition, pool: WaitingPool, leases: LeaseTracker) -> None:
+        self._p = partition
         self._pool = pool
-        self._poke = Poke(processor.clock)
-        self.ready: ReadyCounts = {}
-        # (entry id, tenant, lane, task type) -> slots dealt, not yet proposed
-        self._dealt: dict[tuple[str, str, str, str], tuple[Entry, int]] = {}
-        self._claims: dict[str, tuple[Entry, LeaseRequest]] = {}  # proposed, not yet applied
+        self._ledger = pool.ledger
+        self._leases = leases
+        self._poke = Poke(partition.clock)
+        self._ready: ReadyCounts = {}
         self.granted = 0
         pool.register(self)
+
+    @property
+    def ready(self) -> ReadyCounts:
+        """lane -> tenant -> task type -> ready tasks here (up to READY_PEEK, minus the slots
+        dealt here)."""
+        return self._ready
 
     @property
     def leading(self) -> bool:
@@ -54,11 +58,11 @@ class Dispatcher:
 
     def touch(self, lease: Lease) -> None:
         """A late lease reached its agent: its interval starts now (``mailbox.py`` rule 4)."""
-        self._p.leases.heartbeat(lease.task_id, lease.lease_id)
+        self._leases.heartbeat(lease.task_id, lease.lease_id)
 
     def holds(self, lease: Lease) -> bool:
         """The lease is live here: granted by this leader, not ended, not expiring."""
-        live = self._p.leases.live.get(lease.task_id)
+        live = self._leases.live.get(lease.task_id)
         return (
             self._p.leader
             and live is not None
@@ -73,11 +77,11 @@ class Dispatcher:
             tenant: {t: min(READY_PEEK, n) for t, n in tables.ready_types(lane, tenant).items()}
             for tenant in tables.ready_tenants(lane)
         }
-        for (_, tenant, dealt_lane, task_type), (_, n) in self._dealt.items():
+        for _, tenant, dealt_lane, task_type, n in self._ledger.dealt(self._p.partition):
             by_type = counts.get(tenant) if dealt_lane == lane else None
             if by_type is not None and task_type in by_type:
                 by_type[task_type] -= n
-        self.ready[lane] = counts
+        self._ready[lane] = counts
 
     def poke(self) -> None:
         """Ready work changed here (enqueued, back from backoff, leased): recount and deal.
@@ -87,53 +91,34 @@ class Dispatcher:
         the counts kept stay current; one that leaves the ready queue silently (canceled,
         expired) leaves a count too high until a grant comes back short (``deliver``)."""
         apps = self._pool.apps()
-        for app in [a for a in self.ready if a not in apps]:
-            del self.ready[app]
+        for app in [a for a in self._ready if a not in apps]:
+            del self._ready[app]
         for app in apps:
             self.refresh(app)
         self._pool.deal()
 
-    def holding(self, tenant: str) -> int:
-        """Leases of ``tenant`` live here, plus slots dealt or in flight for it."""
-        dealt = sum(n for (_, t, _, _), (_, n) in self._dealt.items() if t == tenant)
-        claimed = sum(r.capacity for _, r in self._claims.values() if r.tenants == [tenant])
-        return self._p.leases.running[tenant] + dealt + claimed
-
-    def assign(self, entry: Entry, tenant: str, lane: str, task_type: str) -> None:
-        key = (entry.entry_id, tenant, lane, task_type)
-        _, n = self._dealt.get(key, (entry, 0))
-        self._dealt[key] = (entry, n + 1)
-
-    def unclaim(self, entry_id: str) -> None:
-        """Slots dealt to an entry that no longer wants them: the ready work is free again."""
-        for key in [k for k in self._dealt if k[0] == entry_id]:
-            _, n = self._dealt.pop(key)
-            _, tenant, lane, task_type = key
-            self._hand_back(tenant, lane, task_type, n)
-
-    def _hand_back(self, tenant: str, lane: str, task_type: str, n: int) -> None:
+    def hand_back(self, tenant: str, lane: str, task_type: str, n: int) -> None:
         """``n`` slots dealt here and never proposed: their ready tasks count as ready again
         (dealing took them off the count, and no grant will bring a recount for them)."""
-        counts = self.ready.get(lane)
+        counts = self._ready.get(lane)
         if counts is not None:
             by_type = counts.setdefault(tenant, {})
             by_type[task_type] = by_type.get(task_type, 0) + n
 
     def wake(self) -> None:
-        if self._dealt:
+        if self._ledger.has_dealt(self._p.partition):
             self._poke.poke()
 
     def deliver(self, offer: Offer) -> None:
-        claim = self._claims.pop(offer.request_id, None)
-        if claim is None:
+        request = self._ledger.request(self._p.partition, offer.request_id)
+        if request is None:
             return  # not ours (a replayed record of an earlier leader): leases lapse
-        entry, request = claim
         leases = [self._lease(g, request.lease_ms) for g in offer.grants]
         self.granted += len(leases)
-        self._p.leases.track_all(offer.grants, request.tenants[0])
+        self._leases.track_all(offer.grants, request.tenants[0])
         if len(leases) < request.capacity:
             self.refresh(request.app)  # fewer ready than counted: recount before dealing again
-        self._pool.settled(entry, request.capacity, leases)
+        self._pool.settled(self._p.partition, offer.request_id, leases)
 
     def _lease(self, grant: Grant, lease_ms: int) -> Lease:
         tables = self._p.reader()
@@ -162,14 +147,13 @@ class Dispatcher:
         )
 
     def clear(self) -> None:
-        for entry, n in self._dealt.values():
-            if not (entry.closed or entry.answered):
-                entry.remaining += n
-        self._dealt.clear()
-        self.ready.clear()
-        claims, self._claims = list(self._claims.values()), {}
-        for entry, request in claims:  # the grants may land, but this leader hands out none
-            self._pool.settled(entry, request.capacity, [])
+        """Stepped down: the slots dealt here go back to their polls, the claims in flight
+        are settled empty (the grants may land, but this leader hands out none)."""
+        partition = self._p.partition
+        self._ledger.undeal(partition=partition)
+        self._ready.clear()
+        for _, request in self._ledger.claims(partition):
+            self._pool.settled(partition, request.request_id, [])
         self._pool.deal()
 
     async def run(self) -> None:
@@ -195,9 +179,8 @@ class Dispatcher:
         with no more events never dealt them again. Not on a halted partition (its record
         may be written but is never applied): it would only draw more slots to grant none."""
         for request in requests:
-            claim = self._claims.pop(request.request_id, None)
-            if claim is not None:
-                self._pool.settled(claim[0], request.capacity, [])
+            if self._ledger.request(self._p.partition, request.request_id) is not None:
+                self._pool.settled(self._p.partition, request.request_id, [])
                 if self._p.halted is None:
                     self.refresh(request.app)  # their tasks are still ready in committed state
 
@@ -217,20 +200,18 @@ class Dispatcher:
                 app_version=entry.app_version,
                 task_types=self._types_for(entry, tenant, lane, dealt),
             )
-            entry.claimed += n
-            self._claims[request.request_id] = (entry, request)
+            self._ledger.claim(self._p.partition, entry, request)
             requests.append(request)
-        self._dealt.clear()
         return requests
 
     def _grouped(self) -> dict[tuple[str, str, str], tuple[Entry, int, set[str]]]:
         """The slots dealt per (entry, tenant, lane), and the types they were counted on: one
         request each, in which the machine picks by priority, then age, across the types."""
         grouped: dict[tuple[str, str, str], tuple[Entry, int, set[str]]] = {}
-        for (entry_id, tenant, lane, task_type), (entry, n) in self._dealt.items():
-            _, before, types = grouped.get((entry_id, tenant, lane), (entry, 0, set()))
+        for entry, tenant, lane, task_type, n in self._ledger.dealt(self._p.partition):
+            _, before, types = grouped.get((entry.entry_id, tenant, lane), (entry, 0, set()))
             types.add(task_type)
-            grouped[(entry_id, tenant, lane)] = (entry, before + n, types)
+            grouped[(entry.entry_id, tenant, lane)] = (entry, before + n, types)
         return grouped
 
     def _types_for(self, entry: Entry, tenant: str, lane: str, dealt: set[str]) -> list[str] | None:
@@ -238,5 +219,5 @@ class Dispatcher:
         (None: it serves any)."""
         if entry.task_types is None:
             return None
-        ready = self.ready.get(lane, {}).get(tenant, {})
+        ready = self._ready.get(lane, {}).get(tenant, {})
         return sorted(dealt | {t for t in ready if t in entry.task_types})

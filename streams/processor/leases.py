@@ -7,19 +7,16 @@ it finds in the ``leased`` index with a fresh interval from its takeover.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from conveyor.errors import TransientError
 from conveyor.schemas.types import ExpireLeases, LeaseRef
 from conveyor.store.tables import Tables
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant
+from conveyor.streams.processor.duties import Partition
+from conveyor.streams.processor.slots import SlotLedger
 from conveyor.streams.processor.waiting import Poke, back_off
-
-if TYPE_CHECKING:
-    from conveyor.streams.processor.loop import PartitionProcessor
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
 TICK_MAX_MS = 1_000.0  # the longest the duty sleeps between looks for lapsed leases
@@ -36,11 +33,15 @@ class Live:
 
 
 class LeaseTracker:
-    def __init__(self, processor: PartitionProcessor) -> None:
-        self._p = processor
+    """The live leases of one partition while it leads. Each is counted in the node's slot
+    ledger too (``slots.py``: the concurrency caps read the leases per tenant there)."""
+
+    def __init__(self, partition: Partition, ledger: SlotLedger, lease_ms: int) -> None:
+        self._p = partition
+        self._ledger = ledger
+        self._lease_ms = lease_ms  # for a lease taken over that never said its interval
         self.live: dict[str, Live] = {}
-        self.running: Counter[str] = Counter()  # live leases per tenant (concurrency caps)
-        self._poke = Poke(processor.clock)
+        self._poke = Poke(partition.clock)
         self.expired = 0
 
     def track_all(self, grants: list[Grant], tenant: str) -> None:
@@ -51,17 +52,14 @@ class LeaseTracker:
             self._poke.poke()  # it may sleep past this lease's end: plan the wake again
 
     def _add(self, task_id: str, live: Live) -> None:
-        old = self.live.get(task_id)
-        if old is not None:
-            self.running[old.tenant] -= 1
         self.live[task_id] = live
-        self.running[live.tenant] += 1
+        self._ledger.lease_on(self._p.partition, task_id, live.tenant)
 
     def take_over(self, tables: Tables) -> None:
         """Every running lease restarts with its own interval (the one its agent asked for)."""
         now = self._p.clock.monotonic_ms()
         for task_id, lease_id, interval in tables.leased():
-            lease_ms = interval or self._p.settings.lease_ms
+            lease_ms = interval or self._lease_ms
             task = tables.task(task_id)
             cancel = task is not None and task.cancel_cause is not None
             tenant = task.tenant if task is not None else ""
@@ -73,9 +71,7 @@ class LeaseTracker:
         if live is None or live.lease_id != lease_id:
             return None
         del self.live[task_id]
-        self.running[live.tenant] -= 1
-        if self.running[live.tenant] <= 0:
-            del self.running[live.tenant]
+        self._ledger.lease_off(self._p.partition, task_id)
         return live.tenant
 
     def mark_cancel(self, task_id: str, lease_id: int) -> None:
@@ -93,7 +89,7 @@ class LeaseTracker:
 
     def clear(self) -> None:
         self.live.clear()
-        self.running.clear()
+        self._ledger.leases_off(self._p.partition)
 
     async def run(self) -> None:
         while self._p.leader:

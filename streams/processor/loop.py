@@ -136,12 +136,14 @@ class PartitionProcessor:
         self._finished: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._appended: dict[bytes, _Appended] = {}
+        # The leader duties reach this processor through the ``Partition`` protocol only
+        # (``duties.py``), and their other collaborators are handed to them here.
         self.pool = pool or WaitingPool(clock)
-        self.dispatch = Dispatcher(self, self.pool)
-        self.leases = LeaseTracker(self)
-        self.timers = TimerScanner(self)
-        self.outbox = OutboxShipper(self, events_log)
-        self.messages = MessageShipper(self)
+        self.leases = LeaseTracker(self, self.pool.ledger, self.settings.lease_ms)
+        self.dispatch = Dispatcher(self, self.pool, self.leases)
+        self.timers = TimerScanner(self, self.settings.timer_batch)
+        self.outbox = OutboxShipper(self, kv, events_log)
+        self.messages = MessageShipper(self, kv, log_)
         self._tasks: list[asyncio.Task[None]] = []
         self._duties: list[asyncio.Task[None]] = []  # the leader's (rule 6)
         self.duty_failures = 0

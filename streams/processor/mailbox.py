@@ -32,78 +32,47 @@ after a poll are retried only after their lease interval, as if it had crashed h
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from conveyor.errors import InvariantError
+from conveyor.streams.processor.slots import AgentKey, Lease
 
-if TYPE_CHECKING:
-    from conveyor.streams.processor.pool import Lease
-
-# Who a late lease is for: (agent id, app, app version, tenants, queues) of the poll.
-AgentKey = tuple[str, str, "str | None", tuple[str, ...], tuple[str, ...]]
 SWEEP_EVERY_MS = 1_000.0
 
 
-@dataclass(slots=True)
-class Mailbox:
-    leases: list[Lease] = field(default_factory=list)  # granted, for the agent's next polls
-    owed: int = 0  # slots of answered polls whose GrantLeases is still in flight
-
-
 class Mailboxes:
-    """The mailboxes of one node's waiting pool. ``live(lease)``: the lease is still the
-    task's live lease on a leading partition (else it is dropped, rule 2); ``touch(lease)``:
-    restart its interval (rule 4)."""
+    """The mailboxes of one node's waiting pool: the late leases granted for each agent key,
+    for its next polls. ``live(lease)``: the lease is still the task's live lease on a leading
+    partition (else it is dropped, rule 2); ``touch(lease)``: restart its interval (rule 4).
+    The slots still in flight for a key (``owed``) are counted by the slot ledger
+    (``slots.py``), with every other slot."""
 
     def __init__(self, live: Callable[[Lease], bool], touch: Callable[[Lease], None]) -> None:
         self._live = live
         self._touch = touch
-        self._boxes: dict[AgentKey, Mailbox] = {}
+        self._boxes: dict[AgentKey, list[Lease]] = {}
         self._swept_ms = 0.0
 
     def __len__(self) -> int:
         return len(self._boxes)
 
-    def owed(self, key: AgentKey) -> int:
-        box = self._boxes.get(key)
-        return 0 if box is None else box.owed
-
     def held(self, key: AgentKey) -> int:
-        box = self._boxes.get(key)
-        return 0 if box is None else len(box.leases)
+        return len(self._boxes.get(key, ()))
 
     def take(self, key: AgentKey, capacity: int) -> list[Lease]:
         """Up to ``capacity`` live late leases for ``key``, oldest first (rule 1)."""
         box = self._boxes.get(key)
         if box is None or capacity <= 0:
             return []
-        box.leases = [lease for lease in box.leases if self._live(lease)]
-        taken, box.leases = box.leases[:capacity], box.leases[capacity:]
-        self._drop_if_empty(key, box)
+        box = [lease for lease in box if self._live(lease)]
+        taken, box = box[:capacity], box[capacity:]
+        self._put(key, box)
         for lease in taken:
             self._touch(lease)
         return taken
 
-    def owe(self, key: AgentKey, slots: int) -> None:
-        """An answered poll still has ``slots`` in flight."""
-        if slots > 0:
-            self._boxes.setdefault(key, Mailbox()).owed += slots
-
-    def arrive(self, key: AgentKey, slots: int, leases: list[Lease]) -> None:
-        """A claim of ``slots`` of an answered poll was settled with ``leases`` (maybe none:
-        nothing was granted, or the GrantLeases was never written)."""
-        box = self._boxes.setdefault(key, Mailbox())
-        box.owed -= slots
-        if box.owed < 0:
-            raise InvariantError(f"mailbox {key}: more slots settled than owed")
-        box.leases.extend(leases)
-        self._drop_if_empty(key, box)
-
     def keep(self, key: AgentKey, leases: list[Lease]) -> None:
-        """Leases a cancelled poll held (rule 3)."""
+        """Leases granted for an answered poll, or that a cancelled poll held (rule 3)."""
         if leases:
-            self._boxes.setdefault(key, Mailbox()).leases.extend(leases)
+            self._boxes.setdefault(key, []).extend(leases)
 
     def sweep(self, now_ms: float) -> None:
         """Drop leases no longer live, and mailboxes left with nothing (at most once a
@@ -112,9 +81,10 @@ class Mailboxes:
             return
         self._swept_ms = now_ms
         for key, box in list(self._boxes.items()):
-            box.leases = [lease for lease in box.leases if self._live(lease)]
-            self._drop_if_empty(key, box)
+            self._put(key, [lease for lease in box if self._live(lease)])
 
-    def _drop_if_empty(self, key: AgentKey, box: Mailbox) -> None:
-        if not box.leases and box.owed == 0:
+    def _put(self, key: AgentKey, box: list[Lease]) -> None:
+        if box:
+            self._boxes[key] = box
+        else:
             del self._boxes[key]

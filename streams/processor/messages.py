@@ -16,24 +16,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 from conveyor.schemas import codec
 from conveyor.store import keys
+from conveyor.store.api import KV
 from conveyor.streams import failpoints
+from conveyor.streams.log.api import Log
+from conveyor.streams.processor.duties import Partition
 from conveyor.streams.processor.waiting import Poke, ship_while
-
-if TYPE_CHECKING:
-    from conveyor.streams.processor.loop import PartitionProcessor
 
 SHIP_MAX = 256  # message rows per round
 SHIP_BYTES_MAX = 8 * 2**20  # and their bytes (a message holds up to 2 MiB of items)
 
 
 class MessageShipper:
-    def __init__(self, processor: PartitionProcessor) -> None:
-        self._p = processor
-        self._poke = Poke(processor.clock)
+    def __init__(self, partition: Partition, kv: KV, log: Log) -> None:
+        self._p = partition
+        self._kv = kv  # the partition's store: the message rows, deleted once shipped
+        self._log = log  # the record log: the messages go to their partitions there
+        self._poke = Poke(partition.clock)
         self.shipped = 0
         self._after: bytes | None = None  # the last row shipped: deleted rows are skipped
 
@@ -50,7 +51,7 @@ class MessageShipper:
         size = 0
         by_target: dict[int, list[bytes]] = defaultdict(list)
         now_ms = self._p.clock.now_ms()
-        for key, value in self._p.kv.scan(keys.MESSAGES, self._after):
+        for key, value in self._kv.scan(keys.MESSAGES, self._after):
             if key == self._after:
                 continue
             target, data = keys.parse_message_value(value)
@@ -62,10 +63,10 @@ class MessageShipper:
         if not rows:
             return False
         await asyncio.gather(
-            *(self._p.log.append(target, datas) for target, datas in by_target.items())
+            *(self._log.append(target, datas) for target, datas in by_target.items())
         )
         failpoints.hit("message-shipped")
-        self._p.kv.write({key: None for key in rows})
+        self._kv.write({key: None for key in rows})
         self._after = rows[-1]
         self.shipped += len(rows)
         return True

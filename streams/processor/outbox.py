@@ -8,14 +8,11 @@ crash between the append and the delete ships a batch twice; consumers dedupe on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from conveyor.store import keys
+from conveyor.store.api import KV
 from conveyor.streams.log.api import Log
+from conveyor.streams.processor.duties import Partition
 from conveyor.streams.processor.waiting import Poke, ship_while
-
-if TYPE_CHECKING:
-    from conveyor.streams.processor.loop import PartitionProcessor
 
 SHIP_MAX = 256  # outbox rows per append
 # Shipping is not on any task's critical path; a short pause between appends turns many small
@@ -24,10 +21,11 @@ SHIP_PAUSE_MS = 20.0
 
 
 class OutboxShipper:
-    def __init__(self, processor: PartitionProcessor, events_log: Log | None) -> None:
-        self._p = processor
+    def __init__(self, partition: Partition, kv: KV, events_log: Log | None) -> None:
+        self._p = partition
+        self._kv = kv  # the partition's store: the outbox rows, deleted once shipped
         self._events = events_log
-        self._poke = Poke(processor.clock)
+        self._poke = Poke(partition.clock)
         self.shipped = 0
         # Shipped rows are deleted; scanning from the last one skips their tombstones.
         self._after: bytes | None = None
@@ -42,7 +40,7 @@ class OutboxShipper:
 
     async def ship_once(self) -> bool:
         rows = []
-        for key, value in self._p.kv.scan(keys.OUTBOX, self._after):
+        for key, value in self._kv.scan(keys.OUTBOX, self._after):
             if key == self._after:
                 continue
             rows.append((key, value))
@@ -52,7 +50,7 @@ class OutboxShipper:
             return False
         if self._events is not None:
             await self._events.append(self._p.partition, [value for _, value in rows])
-        self._p.kv.write({key: None for key, _ in rows})
+        self._kv.write({key: None for key, _ in rows})
         self._after = rows[-1][0]
         self.shipped += len(rows)
         return True

@@ -33,67 +33,51 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from conveyor.errors import InvariantError
-from conveyor.frozen import frozen
-from conveyor.schemas.types import StepRow
 from conveyor.store.lanes import lanes_of
 from conveyor.streams.clock import Clock
-from conveyor.streams.processor.mailbox import AgentKey, Mailboxes
+from conveyor.streams.processor.mailbox import Mailboxes
+from conveyor.streams.processor.slots import AgentKey, Entry, Lease, SlotLedger
 
-if TYPE_CHECKING:
-    from conveyor.streams.processor.dispatch import Dispatcher
+__all__ = ["Dealer", "Entry", "Lease", "WaitingPool"]
 
-
-@frozen(kw_only=True)
-class Lease:
-    """What an agent receives for one granted lease."""
-
-    partition: int
-    task_id: str
-    lease_id: int
-    attempt: int
-    lease_ms: int
-    tenant: str
-    app: str
-    queue: str
-    task_type: str
-    payload: bytes
-    checkpoint: bytes | None
-    start_to_close_ms: int | None
-    # The durable-step snapshot the attempt checks every step call against, loaded once here
-    # rather than fetched per step; with the lease's start time (the platform's "now" for a
-    # replayed sleep) and the run key step idempotency keys derive from.
-    steps: list[StepRow]
-    started_ms: int
-    run_key: str
-    compensating: bool = False  # a canceled workflow: run its compensations, then stop
+# lane -> tenant -> task type -> ready tasks on a partition (minus the slots dealt there)
+ReadyCounts = dict[str, dict[str, dict[str, int]]]
 
 
-@dataclass(slots=True, kw_only=True)
-class Entry:
-    entry_id: str
-    agent_id: str
-    app: str
-    tenants: list[str]
-    queues: list[str]
-    capacity: int
-    lease_ms: int
-    remaining: int
-    future: asyncio.Future[list[Lease]]
-    key: AgentKey
-    app_version: str | None = None
-    task_types: frozenset[str] | None = None  # the types the agent serves; None: any
-    lanes: list[str] = field(default_factory=list)  # lanes_of(app, app_version)
-    slots: int | None = None  # the agent's slots in all (see Headroom); None: not said
-    claimed: int = 0  # slots in GrantLeases records not yet applied
-    reserved: int = 0  # slots kept for late leases of the agent's earlier polls
-    closed: bool = False  # timed out or cancelled: no new slots
-    answered: bool = False  # what arrives from now on goes to the agent's mailbox
-    leases: list[Lease] = field(default_factory=list)
-    linger: asyncio.TimerHandle | None = None  # answers with what it holds when it fires
+class Dealer(Protocol):
+    """What the pool needs of a partition's dispatcher (``dispatch.py``)."""
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def leading(self) -> bool: ...
+
+    @property
+    def ready(self) -> ReadyCounts: ...
+
+    def refresh(self, lane: str) -> None:
+        """Recount the ready work in ``lane`` from committed state."""
+        ...
+
+    def hand_back(self, tenant: str, lane: str, task_type: str, n: int) -> None:
+        """``n`` slots dealt and never proposed: their ready tasks count as ready again."""
+        ...
+
+    def wake(self) -> None:
+        """Slots were dealt to it: propose them."""
+        ...
+
+    def holds(self, lease: Lease) -> bool:
+        """The lease is live there: granted by this leader, not ended, not expiring."""
+        ...
+
+    def touch(self, lease: Lease) -> None:
+        """A late lease reached its agent: its interval starts now."""
+        ...
 
 
 # A poll holding leases while other claims of it are still being written waits this long for
@@ -145,17 +129,22 @@ class WaitingPool:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.caps: Callable[[str], int | None] = lambda tenant: None
-        self.entries: dict[str, Entry] = {}
-        self.dispatchers: list[Dispatcher] = []
+        self.ledger = SlotLedger()  # every slot's count (``slots.py``)
+        self.dispatchers: list[Dealer] = []
         self._ids = itertools.count()
         self._turn = 0
         self._last_tenant: dict[str, str] = {}
         self.mail = Mailboxes(self._live, self._touch)
-        self._by_partition: dict[int, Dispatcher] = {}
+        self._by_partition: dict[int, Dealer] = {}
         self._seen: dict[str, dict[str, float]] = {}  # app -> tenant -> last seen ready
         self._recheck: asyncio.TimerHandle | None = None
 
-    def register(self, dispatcher: Dispatcher) -> None:
+    @property
+    def entries(self) -> dict[str, Entry]:
+        """The polls waiting, by entry id."""
+        return self.ledger.entries
+
+    def register(self, dispatcher: Dealer) -> None:
         """A partition's dispatcher joins the deal."""
         self.dispatchers.append(dispatcher)
         self._by_partition[dispatcher.partition] = dispatcher
@@ -188,7 +177,6 @@ class WaitingPool:
         late = self.mail.take(key, capacity)
         if late:
             return late
-        reserved = min(self.mail.owed(key), capacity)
         entry = Entry(
             entry_id=f"{agent_id}/{next(self._ids)}",
             agent_id=agent_id,
@@ -197,8 +185,6 @@ class WaitingPool:
             queues=queues,
             capacity=capacity,
             lease_ms=lease_ms,
-            remaining=capacity - reserved,
-            reserved=reserved,
             key=key,
             future=asyncio.get_running_loop().create_future(),
             app_version=app_version,
@@ -206,7 +192,7 @@ class WaitingPool:
             slots=slots,
             task_types=task_types,
         )
-        self.entries[entry.entry_id] = entry
+        self.ledger.open(entry)
         for dispatcher in self.dispatchers:
             for lane in entry.lanes:
                 if lane not in dispatcher.ready:  # else kept current by pokes (see poke)
@@ -220,14 +206,14 @@ class WaitingPool:
         except asyncio.CancelledError:
             # The agent went away: what it held and what is in flight for it waits in its
             # mailbox in case it comes back, and lapses otherwise (retried, never lost).
-            held, entry.leases = entry.leases, []
+            held = self.ledger.drop_held(entry)
             entry.closed = True
             self._answer(entry)
             self.mail.keep(key, held)
             raise
         finally:
             timeout.cancel()
-            self.entries.pop(entry.entry_id, None)
+            self.ledger.close(entry)
 
     def _close(self, entry: Entry) -> None:
         """No new slots for this entry: it answers now, with what it holds. A poll that would
@@ -238,8 +224,7 @@ class WaitingPool:
         if not entry.closed and entry.claimed and not entry.leases:
             entry.closed = True  # no new slots; the claim in flight settles it (_settle)
             # Slots dealt but not proposed yet will never be: free again, as in _answer.
-            for dispatcher in self.dispatchers:
-                dispatcher.unclaim(entry.entry_id)
+            self._hand_back(self.ledger.undeal(entry_id=entry.entry_id))
             asyncio.get_running_loop().call_later(CLOSE_GRACE_MS / 1000, self._close, entry)
             return
         entry.closed = True
@@ -257,42 +242,41 @@ class WaitingPool:
     def _answer(self, entry: Entry) -> None:
         """Return ``entry.leases``; slots dealt but not proposed go back to the pool, slots in
         flight become the agent's mailbox's ``owed``."""
-        entry.answered = True
         if entry.linger is not None:
             entry.linger.cancel()
-        for dispatcher in self.dispatchers:
-            dispatcher.unclaim(entry.entry_id)
-        entry.remaining = entry.reserved = 0
-        self.mail.owe(entry.key, entry.claimed)
+        self._hand_back(self.ledger.answer(entry))
         if not entry.future.done():  # cancelled with its poll: the leases went to the mailbox
             entry.future.set_result(entry.leases)
 
-    def settled(self, entry: Entry, slots: int, leases: list[Lease]) -> None:
-        """A claim of ``slots`` for ``entry`` was applied with ``leases`` (or dropped: none)."""
-        entry.claimed -= slots
+    def settled(self, partition: int, request_id: str, leases: list[Lease]) -> None:
+        """A claim of ``partition`` was applied with ``leases`` (or dropped: none)."""
+        claim = self.ledger.settle(partition, request_id, leases)
+        if claim is None:
+            return
+        entry = claim[0]
         if entry.answered:
-            self.mail.arrive(entry.key, slots, leases)
+            self.mail.keep(entry.key, leases)
             self._hand_late(entry.key)
             return
-        entry.leases.extend(leases)
-        if not entry.closed:
-            entry.remaining += slots - len(leases)
         self._settle(entry)
+
+    def _hand_back(self, undealt: list[tuple[int, str, str, str, int]]) -> None:
+        for partition, tenant, lane, task_type, n in undealt:
+            dispatcher = self._by_partition.get(partition)
+            if dispatcher is not None:
+                dispatcher.hand_back(tenant, lane, task_type, n)
 
     def _hand_late(self, key: AgentKey) -> None:
         """Late leases fill the slots that waiting polls of ``key`` reserved for them; a
         reservation beyond what is still owed becomes an ordinary slot again."""
-        owed = self.mail.owed(key)
+        owed = self.ledger.owed(key)
         redeal = False
         for entry in list(self.entries.values()):
             if entry.key != key or entry.answered:
                 continue
-            late = self.mail.take(key, entry.reserved)
-            entry.reserved -= len(late)
-            entry.leases.extend(late)
+            self.ledger.reserve_to_held(entry, self.mail.take(key, entry.reserved))
             if entry.reserved > owed:
-                entry.remaining += entry.reserved - owed
-                entry.reserved = owed
+                self.ledger.reserve_to_free(entry, entry.reserved - owed)
                 redeal = True
             owed -= entry.reserved
             self._settle(entry)
@@ -308,7 +292,7 @@ class WaitingPool:
         if dispatcher is not None:
             dispatcher.touch(lease)
 
-    def _dispatcher(self, lease: Lease) -> Dispatcher | None:
+    def _dispatcher(self, lease: Lease) -> Dealer | None:
         return self._by_partition.get(lease.partition)
 
     def deal(self) -> None:
@@ -320,17 +304,16 @@ class WaitingPool:
             holders = self._holders(entry)
             for tenant in holders:
                 if tenant not in room and (cap := self.caps(tenant)) is not None:
-                    room[tenant] = cap - self._holding(tenant)
+                    room[tenant] = cap - self.ledger.holding(tenant)
             # What a tenant may still be dealt: node-wide (caps), and from this entry alone
             # (headroom); a tenant leaves the deal when either is spent.
             budgets = (room, self._headroom(entry, holders))
             for tenant in [t for t in holders if any(b.get(t, 1) <= 0 for b in budgets)]:
                 del holders[tenant]
-            stay: dict[str, tuple[Dispatcher, str]] = {}
+            stay: dict[str, tuple[Dealer, str]] = {}
             while entry.remaining > 0 and holders:
                 dispatcher, tenant, lane, task_type = self._next(entry, holders, stay)
-                dispatcher.assign(entry, tenant, lane, task_type)
-                entry.remaining -= 1
+                self.ledger.deal(entry, dispatcher.partition, tenant, lane, task_type)
                 woken.add(id(dispatcher))
                 for budget in budgets:
                     if tenant in budget:
@@ -341,12 +324,8 @@ class WaitingPool:
             if id(dispatcher) in woken:
                 dispatcher.wake()
 
-    def _holding(self, tenant: str) -> int:
-        """The tenant's live leases on this node, plus slots dealt or in flight for it."""
-        return sum(d.holding(tenant) for d in self.dispatchers)
-
     def _headroom(
-        self, entry: Entry, holders: dict[str, list[tuple[Dispatcher, str]]]
+        self, entry: Entry, holders: dict[str, list[tuple[Dealer, str]]]
     ) -> dict[str, int]:
         """{the heaviest tenant: the slots it may be dealt from ``entry``}, or nothing when
         there is no headroom to keep. See Headroom in the class's docstring."""
@@ -359,7 +338,7 @@ class WaitingPool:
         for tenant in [t for t, at in seen.items() if now - at > ACTIVE_MS]:
             del seen[tenant]
         served = [t for t in seen if not entry.tenants or t in entry.tenants]
-        held = {t: self._holding(t) for t in served}
+        held = {t: self.ledger.holding(t) for t in served}
         if not held or len(entry.tenants) == 1:
             return {}  # nobody active, or an agent of one tenant: nobody to keep a slot for
         heaviest = max(held, key=held.__getitem__)
@@ -384,10 +363,10 @@ class WaitingPool:
         self._recheck = None
         self.deal()
 
-    def _holders(self, entry: Entry) -> dict[str, list[tuple[Dispatcher, str]]]:
+    def _holders(self, entry: Entry) -> dict[str, list[tuple[Dealer, str]]]:
         """Tenant -> the (leading partition, lane) pairs with ready work of it for this
         entry."""
-        holders: dict[str, list[tuple[Dispatcher, str]]] = {}
+        holders: dict[str, list[tuple[Dealer, str]]] = {}
         for d in self.dispatchers:
             if not d.leading:
                 continue
@@ -402,9 +381,9 @@ class WaitingPool:
     def _next(
         self,
         entry: Entry,
-        holders: dict[str, list[tuple[Dispatcher, str]]],
-        stay: dict[str, tuple[Dispatcher, str]],
-    ) -> tuple[Dispatcher, str, str, str]:
+        holders: dict[str, list[tuple[Dealer, str]]],
+        stay: dict[str, tuple[Dealer, str]],
+    ) -> tuple[Dealer, str, str, str]:
         """The tenant after the last one served for this app, a partition and lane holding it,
         and a type of the entry's with ready work there; takes one ready task of that type off
         the counts (and the choice off ``holders`` when none the entry serves is left).

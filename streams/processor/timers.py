@@ -7,23 +7,20 @@ A timer proposed twice is harmless: the machine fires only timers that still exi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from conveyor.errors import TransientError
 from conveyor.schemas.types import FireTimers
 from conveyor.streams.log.api import LogSealed
+from conveyor.streams.processor.duties import Partition
 from conveyor.streams.processor.waiting import Poke, back_off
-
-if TYPE_CHECKING:
-    from conveyor.streams.processor.loop import PartitionProcessor
 
 IDLE_TICK_MS = 1_000.0
 
 
 class TimerScanner:
-    def __init__(self, processor: PartitionProcessor) -> None:
-        self._p = processor
-        self._poke = Poke(processor.clock)
+    def __init__(self, partition: Partition, batch: int) -> None:
+        self._p = partition
+        self._batch = batch  # due timers per FireTimers record
+        self._poke = Poke(partition.clock)
         self.fired = 0
         self.lag_ms = 0.0  # how late the last due timer was proposed
         self._wake_at_ms = 0.0  # when the scanner plans to look again
@@ -43,7 +40,7 @@ class TimerScanner:
     async def run(self) -> None:
         while self._p.leader:
             now = self._p.clock.now_ms()
-            due = self._p.reader().due_timers(now, self._p.settings.timer_batch, self._floor_ms)
+            due = self._p.reader().due_timers(now, self._batch, self._floor_ms)
             if due:
                 self._floor_ms = due[0].fire_at_ms
                 self.lag_ms = max(0, now - due[0].fire_at_ms)

@@ -118,7 +118,8 @@ def test_straggler_leader_is_fenced_by_the_log_and_by_the_machine() -> None:
             assert a.leader is False and not a.dispatch.leading
             assert a.leases.live == {}  # no heartbeat is answered CONTINUE by A any more
             assert a.leases.heartbeat(spec(1).task_id, 1) == "LOST"
-            assert a.dispatch._claims == {} and a.dispatch._dealt == {}
+            assert pool_a.ledger.claims(0) == [] and not pool_a.ledger.has_dealt(0)
+            pool_a.ledger.check()
             assert all(entry.claimed == 0 for entry in pool_a.entries.values())
             assert await waiting == []  # the poll is answered (empty) and never hangs
             clock.advance(2_000)  # the duties' next tick: they see they no longer lead

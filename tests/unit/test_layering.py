@@ -116,3 +116,56 @@ def test_a_guest_imports_no_http_client_and_no_storage() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Module -> the modules among ``modules`` it imports (every import counts, the
+    ``TYPE_CHECKING`` ones too)."""
+    return {
+        name: sorted({m for _, m in imports_of(path) if m in modules and m != name})
+        for name, path in modules.items()
+    }
+
+
+def import_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of ``graph``, as the module names around it, or None."""
+    state: dict[str, str] = {}  # name -> "open" (on the path) or "done"
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = "open"
+        for dep in graph[name]:
+            if state.get(dep) == "open":
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (found := visit(dep, [*path, dep])):
+                return found
+        state[name] = "done"
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (found := visit(name, [name])):
+            return found
+    return None
+
+
+def test_the_processor_modules_import_no_cycle() -> None:
+    """The leader duties reach their partition through ``duties.Partition`` and the pool its
+    dispatchers through ``pool.Dealer``: nothing imports ``loop.py`` back, nor ``dispatch.py``.
+    (The package's ``__init__`` only re-exports the processor.)"""
+    folder = ROOT / "streams" / "processor"
+    modules = {module_name(p): p for p in folder.glob("*.py") if p.name != "__init__.py"}
+    graph = import_graph(modules)
+    assert "conveyor.streams.processor.duties" in graph["conveyor.streams.processor.timers"]
+    assert import_cycle(graph) is None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The checker itself, on the shape the processor had: the loop imports its duties, and a
+    duty the loop (under ``TYPE_CHECKING``); the pool the dispatcher and back."""
+    graph = {"loop": ["timers"], "timers": ["loop", "waiting"], "waiting": []}
+    assert import_cycle(graph) == ["loop", "timers", "loop"]
+    assert import_cycle({"dispatch": ["pool"], "pool": ["dispatch"]}) == [
+        "dispatch",
+        "pool",
+        "dispatch",
+    ]
+    assert import_cycle({"loop": ["timers"], "timers": ["duties"], "duties": []}) is None

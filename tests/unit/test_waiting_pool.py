@@ -126,9 +126,11 @@ async def cluster() -> AsyncIterator[Cluster]:
         await proc.start()
     try:
         yield c
+        c.pool.ledger.check()  # every slot accounted for once the test's polls are done
     finally:
         for proc in c.procs:
             await proc.stop()
+        c.pool.ledger.check()  # and once the partitions stepped down
 
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
