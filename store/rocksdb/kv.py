@@ -44,11 +44,21 @@ class RocksKV:
         options.set_block_based_table_factory(table)
         # Named again for the default column family: on reopening, rocksdict takes a column
         # family's options from the OPTIONS file otherwise, which cannot hold the filter.
-        self._db = Rdict(str(path), options=options, column_families={"default": options})
+        self._options = options
+        self.path = Path(path)
+        self._db = self._open()
         self._write_opts = WriteOptions()
         # The stubs declare a method; at run time it is a property.
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]
-        self.path = Path(path)
+
+    def _open(self) -> Rdict:
+        options = self._options
+        return Rdict(str(self.path), options=options, column_families={"default": options})
+
+    def reopen(self) -> None:
+        """Open the database at ``path`` again after ``close``: its directory was replaced
+        (a restored snapshot). Whoever holds this store reads the new one from now on."""
+        self._db = self._open()
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)

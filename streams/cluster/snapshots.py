@@ -33,9 +33,11 @@ The rules, and why:
    applied less than it (or nothing). The archive is checked (size, SHA-256, the offset in the
    copy against the manifest) in a scratch directory beside the store, then swapped in with
    one ``renameat2(RENAME_EXCHANGE)``: a crash leaves the old store or the new one in place,
-   never a mix. A snapshot that cannot be read falls back to the next older one, then to the
-   local store, with a warning. The local store can replay only if the log still holds the
-   offset after its own; when it does not and no snapshot can be restored, ``RestoreFailed``
+   never a mix. The store object stays the same (closed, swapped, reopened with no await in
+   between), so whatever still holds it (a stopped processor's dispatcher) reads the new
+   one. A snapshot that cannot be read falls back to the next older one, then to the local
+   store, with a warning. The local store can replay only if the log still holds the offset
+   after its own; when it does not and no snapshot can be restored, ``RestoreFailed``
    (retryable: the store may come back) and the partition is not led.
 """
 
@@ -61,7 +63,7 @@ from conveyor.frozen import frozen
 from conveyor.store import keys
 from conveyor.store.api import KV
 from conveyor.store.rocksdb import RocksKV
-from conveyor.store.state_schemas import fingerprint, open_state
+from conveyor.store.state_schemas import fingerprint
 from conveyor.store.tables import Tables
 from conveyor.streams.clock import Clock
 from conveyor.streams.cluster.snapshot_store import SnapshotMissing, SnapshotStore, fsync_dir
@@ -352,12 +354,13 @@ class Snapshots:
             key = f"{partition_prefix(self.cluster, p)}{manifest.name}/{ARCHIVE}"
             await _thread(self.store.get_file, key, scratch / ARCHIVE)
             await _thread(_unpack, scratch / ARCHIVE, manifest, scratch / "db")
-            async with self._locks[p]:  # nothing reads the closed partition's store now
-                self.stores[p].close()
+            async with self._locks[p]:  # no checkpoint of it runs; the rest is on this thread
+                kv = _rocks(self.stores[p], p)
+                kv.close()
                 try:
                     exchange(scratch / "db", path)
                 finally:
-                    self.stores[p] = open_state(path)
+                    kv.reopen()  # the same object: every holder of the store sees the new one
         finally:
             shutil.rmtree(scratch, ignore_errors=True)  # the old store, after the exchange
         self.newest[p] = manifest
