@@ -16,6 +16,9 @@ Loops, all on one event loop:
 - heartbeat:  every ``heartbeat_s``, ONE call for all running leases (after flushing pending
               checkpoints). CANCEL -> the handler's ctx.cancelled, then a kill after the cancel
               grace. LOST -> kill and drop: nothing is reported for a lost lease.
+- signals:    ONE long-poll the node answers when a lease held here is asked to stop
+              (``agents/signals.py``): the same stop as a heartbeat's CANCEL, within a round
+              trip instead of up to ``heartbeat_s``.
 - deadlines:  the local start_to_close (ask the handler to stop, kill after the grace) and
               the kills due at the end of a grace.
 - complete:   ``completer.Completer``: batched completions, checkpoints first.
@@ -37,6 +40,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +54,7 @@ from conveyor.agents.prefetch import Prefetch
 from conveyor.agents.runner import app_ref_of, load_app
 from conveyor.agents.running import NOTHING, Running, final_result
 from conveyor.agents.sandbox import AttemptResult, Executor, Job, crashed, never_started
+from conveyor.agents.signals import SignalsAPI, listen
 from conveyor.agents.worker_api import (
     CANCEL,
     LOST,
@@ -130,6 +135,7 @@ class HostAgent:
         breaker: BreakerPolicy | None = None,
         complete_window_ms: float = 5.0,
         deploy: int | None = None,
+        home: str | Path | None = None,
     ) -> None:
         if isinstance(app, str):
             app_ref, app = app, load_app(app)
@@ -144,6 +150,7 @@ class HostAgent:
         self.deploy = deploy  # orders this agent's version among deploys (registry.py rule 2)
         self.agent_id = agent_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock: AgentClock = clock or RealClock()
+        self.home = Path(home if home is not None else os.environ.get("CONVEYOR_HOME", ".conveyor"))
         self.executor = executor or self._guest_pool(
             app_ref, fresh_process, memory_mb, cpu_s, log_dir, sandbox
         )
@@ -173,7 +180,7 @@ class HostAgent:
             raise ContractError(
                 f"guests import the app by reference: pass app_ref='module:attr' for {self.app}"
             )
-        home = Path(os.environ.get("CONVEYOR_HOME", ".conveyor"))
+        home = self.home  # guests' logs go under it; it is hidden from them
         return GuestPool(
             ref,
             log_dir=log_dir or home / "logs" / self.app.name,
@@ -222,6 +229,7 @@ class HostAgent:
                 ("heartbeat", self._heartbeats()),
                 ("deadlines", self._deadlines()),
                 ("complete", self.completer.run()),
+                *self._signals(),
                 ("poll", self._polls()),
             ):
                 loops.append(asyncio.create_task(loop, name=name))
@@ -505,6 +513,21 @@ class HostAgent:
         for item in items:
             await self._save_checkpoints([item])
 
+    def _signals(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
+        """The loop of cancels the node pushes (``agents/signals.py``), if the API has them."""
+        if not isinstance(self.api, SignalsAPI):
+            return []
+        api: SignalsAPI = self.api
+        return [
+            ("signals", listen(api, agent_id=self.agent_id, app=self.app.name, stop=self._signaled))
+        ]
+
+    def _signaled(self, task_id: str, lease_id: int) -> None:
+        """A pushed cancel: the same stop as a heartbeat's CANCEL, for that lease only."""
+        run = self.running.get(task_id)
+        if run is not None and run.offer.lease_id == lease_id and not run.lost:
+            self._request_stop(run, "CANCEL")
+
     def _request_stop(self, run: Running, reason: str) -> None:
         if run.stop(reason, self.clock.monotonic_ms()):
             self._dl_wake.set()
@@ -550,6 +573,7 @@ async def run_agent(
     deploy: int | None = None,
     sandbox: str = "bwrap",
     allow_net: bool = False,
+    home: str | Path | None = None,
 ) -> None:
     """Serve ``app_ref`` ("module:attr") against the gateway at ``url`` until SIGINT/SIGTERM
     (what ``conveyor agent`` and ``conveyor dev`` call).
@@ -562,7 +586,10 @@ async def run_agent(
     ``sandbox``: "bwrap" runs guests in bubblewrap (``agents/bwrap.py``; ``allow_net`` lets them
     reach the network), failing at once with ``bwrap.SandboxUnavailable`` when it cannot;
     "none" runs them as this process's user, for trusted code only; "auto" (``conveyor dev``)
-    is bwrap when it works here, else none with one warning."""
+    is bwrap when it works here, else none with one warning.
+
+    ``home``: the node's data directory (``--home``), where guests' logs go
+    (``<home>/logs/<app>``) unless ``log_dir`` says; default $CONVEYOR_HOME, else ./.conveyor."""
     policy = _sandbox_policy(sandbox, allow_net, memory_mb, in_process)
     _hide_credentials()
     api = ClusterWorkerAPI(url, api_key)  # every node of its cluster (agents/cluster.py)
@@ -583,6 +610,7 @@ async def run_agent(
         executor=executor,
         deploy=deploy,
         sandbox=policy,
+        home=home,
     )
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)

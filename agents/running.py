@@ -148,7 +148,8 @@ def clip(text: str | None, bytes_max: int, *, keep_end: bool = False) -> str | N
 
 def final_result(run: Running, result: AttemptResult) -> AttemptResult:
     """What to report: once the attempt was asked to stop, the reason decides, not the
-    handler (it may have returned, raised, or been killed)."""
+    handler (it may have returned, raised, or been killed); a canceled handler's return value
+    goes with the CANCELED outcome."""
     if run.stop_reason is None or run.stopped_ms is None:
         return result
     stc = run.offer.start_to_close_ms
@@ -167,6 +168,9 @@ def final_result(run: Running, result: AttemptResult) -> AttemptResult:
     how = "killed after the cancel grace" if killed else "the handler stopped"
     return AttemptResult(
         outcome="CANCELED",
+        # What a handler returned when it stopped on the cancel (say, how far it got) is kept
+        # with the canceled task.
+        result=result.result if result.outcome == "SUCCEEDED" and not killed else None,
         error_class="Canceled",
         error_message=f"canceled while running; {how}",
         log_ref=result.log_ref,

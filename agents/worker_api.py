@@ -224,6 +224,10 @@ def actions_from_json(reply: dict[str, Any]) -> dict[str, str]:
     return {str(a["task_id"]): str(a["action"]) for a in reply.get("actions", [])}
 
 
+def signals_from_json(reply: dict[str, Any]) -> list[tuple[str, int]]:
+    return [(str(s["task_id"]), int(s["lease_id"])) for s in reply.get("signals", [])]
+
+
 def warnings_from_json(reply: dict[str, Any]) -> list[str]:
     return [str(warning) for warning in reply.get("warnings", [])]
 
@@ -342,6 +346,13 @@ class HttpWorkerAPI:
         rows = [{"task_id": t, "lease_id": lease} for t, lease in leases]
         replies = await self._post_items("/worker/heartbeat", "leases", rows, actions_from_json)
         return {task_id: action for reply in replies for task_id, action in reply.items()}
+
+    async def signals(self, *, agent_id: str, app: str, wait_ms: int) -> list[tuple[str, int]]:
+        """The (task id, lease id) of leases this agent holds that were asked to stop, as soon
+        as one is; [] after ``wait_ms`` (``agents/signals.py``)."""
+        body = {"agent_id": agent_id, "app": app, "wait_ms": wait_ms}
+        timeout = wait_ms / 1000 + self._http.timeout
+        return await self._post("/worker/signals", body, signals_from_json, timeout=timeout)
 
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
         rows = [item.to_json() for item in items]

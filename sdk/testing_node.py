@@ -281,6 +281,9 @@ class NodeWorkerAPI:
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
         return {task_id: self.node.heartbeat(task_id, lease_id) for task_id, lease_id in leases}
 
+    async def signals(self, *, agent_id: str, app: str, wait_ms: int) -> list[tuple[str, int]]:
+        return await self.node.signals.wait(self.tenant, app, agent_id, wait_ms)
+
     async def complete(self, items: Sequence[CompletionItem]) -> list[ItemResult]:
         replies = await self.node.complete([self._completion(i) for i in items])
         return [_item_result(r) for r in replies]

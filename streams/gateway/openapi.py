@@ -15,6 +15,7 @@ from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
 from conveyor.schemas.types import Outcome, TaskStatus
 from conveyor.streams.gateway import fields, payloads, validation, worker_requests
 from conveyor.streams.gateway.errors import ERRORS
+from conveyor.streams.processor.signals import PENDING_MAX
 
 Schema = dict[str, Any]
 
@@ -328,6 +329,18 @@ def _worker_shapes() -> dict[str, Schema]:
         ),
         "CheckpointItem": obj({**LEASE_REF, "value": ANY}, "task_id", "lease_id"),
         "ItemResult": obj({"task_id": TASK_ID, "ok": {"type": "boolean"}, "reason": TEXT}),
+        "SignalsRequest": obj(
+            {
+                "agent_id": NAME,
+                "app": NAME,
+                "wait_ms": integer(0, w.SIGNALS_WAIT_MS_MAX),
+            },
+            "agent_id",
+            "app",
+        ),
+        "Signal": obj(
+            {**LEASE_REF, "action": {"enum": ["CANCEL"]}}, "task_id", "lease_id", "action"
+        ),
         "HeartbeatAction": obj(
             {"task_id": TASK_ID, "action": {"enum": ["CONTINUE", "CANCEL", "LOST"]}}
         ),
@@ -620,6 +633,14 @@ ENDPOINTS: list[tuple[str, str, str, Schema | None, Schema, list[Schema]]] = [
         "Keep leases alive; CONTINUE, CANCEL or LOST per lease",
         _wrap("leases", ref("LeaseRef"), 1, WORKER_ITEMS_MAX),
         _wrap("actions", ref("HeartbeatAction")),
+        [],
+    ),
+    (
+        "post",
+        "/worker/signals",
+        "Long-poll for cancels of the leases this agent holds (answers [] after wait_ms)",
+        ref("SignalsRequest"),
+        _wrap("signals", ref("Signal"), 0, PENDING_MAX),
         [],
     ),
     (

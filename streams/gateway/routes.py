@@ -191,6 +191,12 @@ async def heartbeat(request: web.Request) -> web.Response:
     return reply({"actions": gw.heartbeat(key, refs)})
 
 
+async def signals(request: web.Request) -> web.Response:
+    gw, key = worker_context(request)
+    req = worker_requests.parse_signals(await read_body(request))
+    return reply({"signals": await gw.signals(key, req)})
+
+
 async def complete(request: web.Request) -> web.Response:
     gw, key = worker_context(request)
     items = worker_requests.parse_complete(await read_body(request))
@@ -229,6 +235,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/worker/register", register)
     app.router.add_post("/worker/poll", poll)
     app.router.add_post("/worker/heartbeat", heartbeat)
+    app.router.add_post("/worker/signals", signals)
     app.router.add_post("/worker/complete", complete)
     app.router.add_post("/worker/checkpoint", checkpoint)
     app.router.add_post("/worker/steps", steps)

@@ -75,6 +75,7 @@ from conveyor.streams.gateway.worker_requests import (
     FanOutRequest,
     Poll,
     Register,
+    Signals,
     StepRequest,
     bad_fan_out,
 )
@@ -446,6 +447,14 @@ class Gateway:
             except TransientError:  # its partition cannot take it now: the lease lapses
                 log.warning("could not end %d lease(s) whose payload is unavailable", len(ended))
         return delivered
+
+    async def signals(self, key: Grant, req: Signals) -> list[dict[str, Any]]:
+        """The cancels of leases ``req.agent_id`` holds, pushed as they come
+        (``processor/signals.py``): [] when none came within ``req.wait_ms``."""
+        if not key.serves(req.app):
+            key.check_app(req.app, key.version)  # raises: the key serves another app
+        got = await self.node.signals.wait(key.tenant, req.app, req.agent_id, req.wait_ms)
+        return [{"task_id": t, "lease_id": lease, "action": "CANCEL"} for t, lease in got]
 
     def heartbeat(self, key: Grant, refs: list[LeaseRef]) -> list[dict[str, str]]:
         known = [self._reported(key, ref.task_id) for ref in refs]  # all checked first

@@ -5,6 +5,9 @@ dealt to it (``processor/pool.py``, Task types, says why the poll carries them r
 node looking them up). Absent or null, the agent takes any type of its app, as agents that do
 not send it always did. ``open_breakers`` lists the types the agent's circuit breaker keeps out
 of its polls (``agents/breaker.py``): the node shows them, it does not act on them.
+
+A signals call (``Signals``) is the agent's one long-poll for cancels of the leases it holds
+(``processor/signals.py``); it names only the agent: the node knows which leases are its.
 """
 
 from __future__ import annotations
@@ -99,6 +102,25 @@ def parse_poll(body: Any) -> Poll:
         lease_ms=f.int_or("lease_ms", LEASE_MS_MIN, LEASE_MS_MAX, 30_000),
         task_types=None if types is None else frozenset(types),
         open_breakers=f.strs("open_breakers", TASK_TYPES_MAX),
+    )
+
+
+SIGNALS_WAIT_MS_MAX = 60_000  # a signals call answers [] after this long at most
+
+
+@frozen(kw_only=True)
+class Signals:
+    agent_id: str
+    app: str
+    wait_ms: int
+
+
+def parse_signals(body: Any) -> Signals:
+    f = Fields(body, "", {"agent_id", "app", "wait_ms"})
+    return Signals(
+        agent_id=f.req_str("agent_id"),
+        app=f.req_str("app"),
+        wait_ms=f.int_or("wait_ms", 0, SIGNALS_WAIT_MS_MAX, 20_000),
     )
 
 

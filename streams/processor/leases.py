@@ -3,6 +3,9 @@
 Heartbeats never touch the log. The leader keeps a deadline per live lease; a heartbeat pushes
 it out; a lease past its deadline is proposed as ExpireLeases. A new leader starts every lease
 it finds in the ``leased`` index with a fresh interval from its takeover.
+
+A cancel marks the lease (its heartbeats answer CANCEL) and is pushed to its agent at once
+through ``signals`` (``signals.py``), when the node gave the tracker one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant
 from conveyor.streams.processor.duties import Partition
 from conveyor.streams.processor.slots import SlotLedger
+from conveyor.streams.processor.signals import CancelSignals
 from conveyor.streams.processor.waiting import Poke, back_off
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
@@ -43,6 +47,7 @@ class LeaseTracker:
         self.live: dict[str, Live] = {}
         self._poke = Poke(partition.clock)
         self.expired = 0
+        self.signals: CancelSignals | None = None  # the node's, set when it builds the processor
 
     def track_all(self, grants: list[Grant], tenant: str) -> None:
         now = self._p.clock.monotonic_ms()
@@ -78,6 +83,9 @@ class LeaseTracker:
         live = self.live.get(task_id)
         if live is not None and live.lease_id == lease_id:
             live.cancel = True
+            task = self._p.reader().task(task_id) if self.signals is not None else None
+            if self.signals is not None and task is not None:
+                self.signals.post(task.tenant, task.app, task.agent_id, task_id, lease_id)
 
     def heartbeat(self, task_id: str, lease_id: int) -> str:
         """CONTINUE, CANCEL (stop and report), or LOST (the lease is not yours: drop it)."""

@@ -55,7 +55,7 @@ def api_schema(node: NodeProcess) -> Any:
 
 
 def _cap_waits(case: Any) -> None:
-    if case.path == "/worker/poll" and isinstance(case.body, dict):
+    if case.path in ("/worker/poll", "/worker/signals") and isinstance(case.body, dict):
         wait_ms = case.body.get("wait_ms")  # absent: the default long poll
         if wait_ms is None or (isinstance(wait_ms, int) and not isinstance(wait_ms, bool)):
             case.body["wait_ms"] = min(wait_ms or WAIT_MS_CAP, WAIT_MS_CAP)

@@ -1,8 +1,9 @@
 """CancelTasks and RetryFailed.
 
 Cancel: a waiting task is CANCELED at once (its ready entry or timer removed in the same
-batch); a LEASED task is asked to stop (its next heartbeat answers CANCEL) and becomes CANCELED
-when the handler stops or the grace ends, whichever comes first.
+batch); a LEASED task is asked to stop (``CancelLease``: the leader pushes it to the holding
+agent, and its heartbeats answer CANCEL) and becomes CANCELED when the handler stops (keeping
+what it returned) or the grace ends, whichever comes first.
 
 RetryFailed: a FAILED task stays FAILED (terminal states are final). Its retry is a new task
 with the same spec and a fresh attempt budget, on the same partition, with an id derived from

@@ -2,6 +2,9 @@
 
 Rule: an item whose lease id is not the task's current lease of a LEASED task is rejected and
 changes nothing. That is what keeps a paused zombie agent from completing a task twice.
+
+A CANCELED completion of a task asked to stop (cancel requested) ends it CANCELED; the result it
+carries (what the handler returned when it saw ``ctx.cancelled``) is kept on the task.
 """
 
 from __future__ import annotations
@@ -94,8 +97,10 @@ def _complete(
             )
         case AttemptOutcome.CANCELED | AttemptOutcome.RELEASED if task.cancel_cause is not None:
             # The handler stopped on request (or never started): where the grace would have
-            # sent it.
+            # sent it, keeping what a canceled handler returned (say, how far it got).
             record_attempt(tables, task, meta, "CANCELED", "Canceled", item.error_message)
+            if item.result is not None and task.cancel_cause == CancelCause.CANCEL:
+                task.result = item.result
             end_stopped(tables, task, meta, out, expired=task.cancel_reason or "")
         case AttemptOutcome.FAILED | AttemptOutcome.FATAL | AttemptOutcome.CANCELED:
             attempt_failed(
