@@ -218,6 +218,21 @@ def bench_fanout(
         raise fail("the fan-in did not fire exactly once with the results in order")
 
 
+def bench_cancel(
+    count: Annotated[int, typer.Option("--count", min=1, max=10_000)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel N running cooperative tasks one by one on an idle ``conveyor dev`` (its agent
+    heartbeats every 10 s): cancel request -> the handler saw ctx.cancelled, p50 / p99 (ms).
+    Fails if p99 is 1,000 ms or more."""
+    from conveyor.streams.bench.cancel import P99_MS_MAX, bench_cancel as run
+
+    result = asyncio.run(run(count=count))
+    _print_result(result, as_json)
+    if result["p99_ms"] is None or result["p99_ms"] >= P99_MS_MAX:
+        raise fail(f"cancel p99 {result['p99_ms']} ms: not under {P99_MS_MAX} ms")
+
+
 def bench_fairness(
     backlog: Annotated[int, typer.Option("--backlog", min=0)] = 200_000,
     b_tasks: Annotated[int, typer.Option("--b-tasks", min=1)] = 300,
