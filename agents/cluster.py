@@ -23,6 +23,8 @@ Rule 3 (reports go where the lease came from): heartbeats, completions, checkpoi
 steps go to the node that granted the lease; if it cannot be reached, to another node,
 which forwards them to the partition's owner (``streams/gateway/forward.py``). Every one of
 them is safe to resend (``worker_api.py`` rule 2).
+Rule 3b (cancels pushed): the signals call (``agents/signals.py``) is out to every node at
+once, since a cancel comes from the node leading the task's partition.
 Rule 4 (idle slots move): with more than one node a poll waits at most
 ``CLUSTER_POLL_WAIT_MS``, so slots asked of a node with nothing to deal come back soon and
 are split again, over the nodes that have work too.
@@ -52,7 +54,7 @@ from conveyor.agents.worker_api import (
     StepItem,
     WorkerAPI,
 )
-from conveyor.errors import ConveyorError, InvariantError, TransientError
+from conveyor.errors import ContractError, ConveyorError, InvariantError, TransientError
 
 log = logging.getLogger("conveyor.agent")
 
@@ -123,6 +125,8 @@ class Member:
     failures: int = 0
     skip_until: float = 0.0
     poll: asyncio.Task[list[LeaseOffer]] | None = None
+    signals: asyncio.Task[list[tuple[str, int]]] | None = None
+    pushes: bool = True  # has the signals call (agents/signals.py)
 
 
 Discover = Callable[[str], Awaitable[list[str] | None]]
@@ -180,6 +184,8 @@ class ClusterWorkerAPI:
         for url in set(self.members) - urls:
             member = self.members[url]
             if member.poll is None:  # a poll still out ends first (its offers count)
+                if member.signals is not None:
+                    member.signals.cancel()
                 del self.members[url]
                 await member.api.close()
                 log.info("node %s leads nothing now: not polled any more", url)
@@ -318,6 +324,33 @@ class ClusterWorkerAPI:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._answered.wait(), timeout_s)
 
+    async def signals(self, *, agent_id: str, app: str, wait_ms: int) -> list[tuple[str, int]]:
+        """The cancels pushed by any node (``agents/signals.py``): one signals call out to
+        each node at a time, the signals of those answered first. A node without the call
+        (a ``ContractError``) is not asked again; when no node has it, the error is raised."""
+        for member in self._live():
+            if member.signals is None and member.pushes and hasattr(member.api, "signals"):
+                call = member.api.signals(agent_id=agent_id, app=app, wait_ms=wait_ms)
+                member.signals = asyncio.create_task(call, name=f"signals {member.url}")
+        out = [m.signals for m in self.members.values() if m.signals is not None]
+        if not out:
+            raise ContractError("no node of the cluster pushes cancels")
+        await asyncio.wait(out, return_when=asyncio.FIRST_COMPLETED)
+        got: list[tuple[str, int]] = []
+        for member in self.members.values():
+            task = member.signals
+            if task is None or not task.done():
+                continue
+            member.signals = None
+            exc = None if task.cancelled() else task.exception()
+            if exc is None and not task.cancelled():
+                got += task.result()
+            elif isinstance(exc, ContractError):
+                member.pushes = False
+            elif exc is not None:
+                log.info("signals of %s failed: %s", member.url, exc)
+        return got
+
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
         async def send(api: WorkerAPI, part: list[tuple[str, int]]) -> dict[str, str]:
             return await api.heartbeat(part)
@@ -388,11 +421,11 @@ class ClusterWorkerAPI:
             await asyncio.sleep(IDLE_S)
 
     async def close(self) -> None:
-        for member in self.members.values():
-            if member.poll is not None:
-                member.poll.cancel()
+        calls = [t for m in self.members.values() for t in (m.poll, m.signals) if t is not None]
+        for task in calls:
+            task.cancel()
+        for task in calls:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         for member in list(self.members.values()):
-            if member.poll is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await member.poll
             await member.api.close()

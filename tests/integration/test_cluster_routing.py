@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ KEYS = {
 HERE = Path(__file__).resolve().parent  # routing_app is imported from here
 HOLD_MS = 300
 PER_NODE = 4  # tasks per (node enqueued through, node that owns them)
+TIMED = 9  # enqueues timed per path (the median is printed)
 
 
 def key_for(partitions: set[int], taken: set[str]) -> str:
@@ -74,6 +76,17 @@ def most_at_once(log: Path) -> int:
         now += 1 if sign == "+" else -1
         most = max(most, now)
     return most
+
+
+def timed_ms(via: NodeProcess, partitions: set[int], taken: set[str], log: Path) -> float:
+    """The median time of ``TIMED`` keyed enqueues through ``via`` for ``partitions``."""
+    took = []
+    for _ in range(TIMED):
+        key = key_for(partitions, taken)
+        started = time.perf_counter()
+        enqueue(via.base, key, log)
+        took.append((time.perf_counter() - started) * 1000)
+    return sorted(took)[TIMED // 2]
 
 
 def ran(log: Path) -> set[str]:
@@ -155,6 +168,11 @@ def test_any_node_serves_any_partition_and_one_agent_works_for_both(
         again = enqueue(n2.base, keys[1], log, 200)  # a resent key answers its task, via any node
         assert again["task_id"] == reply["results"][1]["task_id"] and not again["created"]
 
+        print(
+            f"keyed enqueue, median of {TIMED}: through the owner "
+            f"{timed_ms(n1, owned[n1.base], taken, log):.1f} ms, "
+            f"forwarded by the other node {timed_ms(n2, owned[n1.base], taken, log):.1f} ms"
+        )
         for task_id, owner in tasks:  # read back through the other node, then the owner
             other = n2.base if owner == n1.base else n1.base
             task = finished(other, task_id)

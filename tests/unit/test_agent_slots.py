@@ -23,7 +23,7 @@ from conveyor.agents.worker_api import (
     LeaseOffer,
     StepItem,
 )
-from conveyor.errors import InvariantError, TransientError
+from conveyor.errors import ContractError, InvariantError, TransientError
 
 
 @pytest.mark.parametrize("free", range(0, 9))
@@ -62,6 +62,8 @@ class FakeNode:
         self.reports: list[str] = []
         self.down = False
         self.ids = 0
+        self.signal_calls = 0
+        self.pushed: asyncio.Future[list[tuple[str, int]]] | None = None
 
     async def register(self, **_: Any) -> None:
         if self.down:
@@ -85,6 +87,13 @@ class FakeNode:
             self.ids += 1
             offers.append(_offer(f"{self.url}-{self.ids}"))
         self.answer.set_result(offers)
+
+    async def signals(self, *, agent_id: str, app: str, wait_ms: int) -> list[tuple[str, int]]:
+        self.signal_calls += 1
+        if self.url == "old":
+            raise ContractError("no such call")
+        self.pushed = asyncio.get_running_loop().create_future()
+        return await self.pushed
 
     async def heartbeat(self, leases: Sequence[tuple[str, int]]) -> dict[str, str]:
         if self.down:
@@ -200,3 +209,33 @@ async def _reports() -> None:
     assert result.ok and nodes["a"].reports == [offer.task_id]
     nodes["a"].grant(0)
     await api.close()
+
+
+def test_cancels_pushed_by_any_node_come_through_and_an_older_node_is_not_asked_again() -> None:
+    async def signals(api: ClusterWorkerAPI) -> list[tuple[str, int]]:
+        for _ in range(3):  # an answer of [] (the older node's refusal) comes first, maybe
+            if got := await api.signals(agent_id="x", app="app", wait_ms=1_000):
+                return got
+        raise AssertionError("no signal came through")
+
+    async def main() -> None:
+        nodes = {url: FakeNode(url) for url in ("a", "b", "old")}
+        api = _cluster(nodes)
+        await _register(api)
+        call = asyncio.create_task(signals(api))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert nodes["b"].pushed is not None
+        nodes["b"].pushed.set_result([("t1", 3)])
+        assert await call == [("t1", 3)]
+        call = asyncio.create_task(signals(api))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert nodes["a"].pushed is not None
+        nodes["a"].pushed.set_result([("t2", 1)])
+        assert await call == [("t2", 1)]
+        assert nodes["a"].signal_calls == 1  # its call stayed out: never two at once
+        assert nodes["b"].signal_calls == 2 and nodes["old"].signal_calls == 1
+        await api.close()
+
+    asyncio.run(main())
