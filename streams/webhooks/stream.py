@@ -11,20 +11,23 @@ Rules, and why:
    second copy. An event a reader was shown is durable; nothing is shown that a crash undoes.
 2. A cursor is a position per partition of the events log: ``(next, skip, seen)``, the
    offset of the next record to read, how many events of that record were already taken,
-   and the ``offset`` of the last event batch taken (the record-log offset that caused it).
+   and the highest ``version`` taken (the record-log offset that caused the event).
    It is opaque to clients (``c1.`` + base64url of JSON), versioned by its prefix, and checked
    against this log (partition count, offsets within the retained log): a bad one is a
    ``ContractError`` (400) saying what to do.
 3. Nothing skipped, nothing repeated: every event taken moves its partition's position past
-   it, and the cursor handed out with an event is the position just after it. The outbox may
-   ship a batch twice (``processor/outbox.py``: a crash between its append and its delete);
-   the copy has a batch offset at or below ``seen`` and is skipped, so a reader resuming from
-   any cursor sees each event once.
+   it, and the cursor handed out with an event is the position just after it. A partition's
+   events come in ``version`` order, but the same fact may come twice: the outbox may ship a
+   batch twice (``processor/outbox.py``: a crash between its append and its delete), and a
+   processor killed before its store flushed replays records and emits their events again,
+   grouped into other batches. A copy has a version at or below ``seen`` and is skipped, so a
+   reader resuming from any cursor sees each event once.
 4. Bounded: the per-partition readers put decoded batches into a queue of ``QUEUE_MAX``
    entries and wait when it is full, so a slow consumer (an SSE client that does not read)
    holds at most that many batches, not the log.
-5. An event's id is ``evt_<partition>_<batch offset>_<index>``: the same for both copies of a
-   batch shipped twice, so it names the fact, not where it was read.
+5. An event's id is ``evt_<partition>_<version>_<n>``, the n-th event of the record at that
+   offset: the machine is deterministic, so every copy of a fact (rule 3) has the same id;
+   it names the fact, not where it was read.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ async def _tail(log: Log, p: int) -> Position:
     seen = -1
     if end > log.start_offset(p):  # the last batch's offset: a re-shipped copy is skipped
         async for records in log.read(p, end - 1, max_batch=1):
-            seen = EVENT_BATCH.decode(records[-1].data).offset
+            seen = EVENT_BATCH.decode(records[-1].data).offset  # no event shipped is newer
             break
     return Position(next=end, skip=0, seen=seen)
 
@@ -238,22 +241,24 @@ class Tail:
 
     def _take(self, read: _Read) -> None:
         """Queue the events of ``read`` not taken before, with the position after each."""
-        p, pos, batch = read.partition, self.positions[read.partition], read.batch
+        p, pos, events = read.partition, self.positions[read.partition], read.batch.events
         if read.offset < pos.next:  # a partial record resumed is the one at pos.next
             return
-        first = pos.skip if read.offset == pos.next else 0
-        after_record = Position(next=read.offset + 1, skip=0, seen=max(pos.seen, batch.offset))
-        duplicate = batch.offset <= pos.seen and first == 0
-        events = [] if duplicate else batch.events[first:]
-        if not events:  # nothing new in it: move past it at once
-            self.positions[p] = after_record
-            return
-        for i, event in enumerate(events, start=first):
-            event_id = f"evt_{batch.partition}_{batch.offset}_{i}"
+        partial = read.offset == pos.next and pos.skip > 0
+        per_version: dict[int, int] = {}
+        seen = pos.seen
+        for i, event in enumerate(events):
+            n = per_version[event.version] = per_version.get(event.version, -1) + 1
+            if (i < pos.skip) if partial else (event.version <= pos.seen):
+                continue  # taken before, or a copy of one taken before (rule 3)
+            seen = max(seen, event.version)
+            event_id = f"evt_{read.batch.partition}_{event.version}_{n}"
             self._pending.append(Event(id=event_id, partition=p, event=event))
-            last = i + 1 == len(batch.events)
+            last = i + 1 == len(events)
             self._pending_positions.append(
-                after_record
+                Position(next=read.offset + 1, skip=0, seen=seen)
                 if last
-                else Position(next=read.offset, skip=i + 1, seen=max(pos.seen, batch.offset))
+                else Position(next=read.offset, skip=i + 1, seen=seen)
             )
+        if not self._pending:  # nothing new in it: move past it at once
+            self.positions[p] = Position(next=read.offset + 1, skip=0, seen=pos.seen)

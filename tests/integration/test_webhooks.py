@@ -2,8 +2,9 @@
 127.0.0.1 that checks every delivery with ``standardwebhooks``' ``Webhook.verify``.
 
 Tasks are driven through the worker protocol by the test (poll, complete, cancel), so every
-terminal event it expects is one it caused. Each test runs its own node: their settings
-differ (address policy, retry window), and one is killed with -9.
+terminal event it expects is one it caused. The outage and kill -9 tests share a node (the
+second kills it with -9 and starts it again); the address policy and the retry window need
+nodes of their own.
 """
 
 from __future__ import annotations
@@ -133,6 +134,16 @@ def running(tmp_path: Path, name: str, *flags: str) -> Iterator[NodeProcess]:
         proc.stop(signal.SIGTERM)
 
 
+@pytest.fixture(scope="module")
+def fast_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """Loopback allowed, at most 1 s between attempts, the default retry window."""
+    node = start_node(tmp_path_factory.mktemp("webhooks"), "fast", *FAST)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
 def create_hook(base: str, url: str, events: list[str] = TERMINAL, **extra: Any) -> dict[str, Any]:
     status, reply = call(base, "POST", "/v1/webhooks", {"url": url, "events": events, **extra})
     assert status == 201, reply
@@ -194,58 +205,64 @@ def check_delivered(receiver: Receiver, expected: dict[str, str]) -> None:
 
 
 def test_every_terminal_event_is_delivered_after_the_receiver_was_down(
-    tmp_path: Path, receiver: Receiver
+    fast_node: NodeProcess, receiver: Receiver
 ) -> None:
-    with running(tmp_path, "down", *FAST) as node:
-        hook = create_hook(node.base, receiver.url, task_types=["echo"])
-        receiver.secret = hook["secret"]
-        expected = run_tasks(node.base, 9)
-        wait_for(lambda: len(receiver.delivered) == 9, 20, "the first deliveries")
-        receiver.stop()
-        expected |= run_tasks(node.base, 15)
-        time.sleep(10)  # down ~10 s: attempts fail with connection refused meanwhile
-        pending = deliveries(node.base, hook["webhook_id"], status="pending")
-        assert len(pending) == 15
-        assert all(d["attempts"] >= 1 and d["last_error"] for d in pending)
-        receiver.start()
-        wait_for(lambda: set(receiver.task_ids()) == set(expected), 30, "every delivery")
-        check_delivered(receiver, expected)
-        wait_for(
-            lambda: not deliveries(node.base, hook["webhook_id"], status="pending"),
-            10,
-            "no pending delivery",
-        )
-        listed = deliveries(node.base, hook["webhook_id"])
-        assert {d["status"] for d in listed} == {"succeeded"}
-        assert max(d["attempts"] for d in listed) > 1  # the outage was seen and retried
-
-
-def test_a_kill_9_of_the_node_loses_no_pending_delivery(tmp_path: Path, receiver: Receiver) -> None:
-    node = start_node(tmp_path, "kill9", *FAST)
+    node = fast_node
+    hook = create_hook(node.base, receiver.url, task_types=["echo"])
     try:
-        hook = create_hook(node.base, receiver.url)
-        receiver.secret = hook["secret"]
-        receiver.stop()  # every delivery stays pending
-        expected = run_tasks(node.base, 12)
-        wait_for(
-            lambda: len(deliveries(node.base, hook["webhook_id"], status="pending")) >= 4,
-            15,
-            "pending deliveries",
-        )
-        assert node.stop(signal.SIGKILL) == -signal.SIGKILL
-        node.start()  # the same home and port
-        status, listed = call(node.base, "GET", "/v1/webhooks")
-        assert status == 200
-        assert [h["webhook_id"] for h in listed["webhooks"]] == [hook["webhook_id"]]
-        assert all("secret" not in h for h in listed["webhooks"])
-        body = {"agent_id": "setup", "app": APP, "version": "1", "task_types": ["echo"]}
-        assert call(node.base, "POST", "/worker/register", body)[0] == 200
-        expected |= run_tasks(node.base, 6)
-        receiver.start()
-        wait_for(lambda: set(receiver.task_ids()) == set(expected), 30, "every delivery")
-        check_delivered(receiver, expected)
+        _outage(node, receiver, hook)
     finally:
-        node.stop()
+        call(node.base, "DELETE", f"/v1/webhooks/{hook['webhook_id']}")
+
+
+def _outage(node: NodeProcess, receiver: Receiver, hook: dict[str, Any]) -> None:
+    receiver.secret = hook["secret"]
+    expected = run_tasks(node.base, 9)
+    wait_for(lambda: len(receiver.delivered) == 9, 20, "the first deliveries")
+    receiver.stop()
+    expected |= run_tasks(node.base, 15)
+    time.sleep(10)  # down ~10 s: attempts fail with connection refused meanwhile
+    pending = deliveries(node.base, hook["webhook_id"], status="pending")
+    assert len(pending) == 15
+    assert all(d["attempts"] >= 1 and d["last_error"] for d in pending)
+    receiver.start()
+    wait_for(lambda: set(receiver.task_ids()) == set(expected), 30, "every delivery")
+    check_delivered(receiver, expected)
+    wait_for(
+        lambda: not deliveries(node.base, hook["webhook_id"], status="pending"),
+        10,
+        "no pending delivery",
+    )
+    listed = deliveries(node.base, hook["webhook_id"])
+    assert {d["status"] for d in listed} == {"succeeded"}
+    assert max(d["attempts"] for d in listed) > 1  # the outage was seen and retried
+
+
+def test_a_kill_9_of_the_node_loses_no_pending_delivery(
+    fast_node: NodeProcess, receiver: Receiver
+) -> None:
+    node = fast_node
+    hook = create_hook(node.base, receiver.url)
+    receiver.secret = hook["secret"]
+    receiver.stop()  # every delivery stays pending
+    expected = run_tasks(node.base, 12)
+    wait_for(
+        lambda: len(deliveries(node.base, hook["webhook_id"], status="pending")) >= 4,
+        15,
+        "pending deliveries",
+    )
+    assert node.stop(signal.SIGKILL) == -signal.SIGKILL
+    node.start()  # the same home and port
+    status, listed = call(node.base, "GET", "/v1/webhooks")
+    assert status == 200
+    assert hook["webhook_id"] in [h["webhook_id"] for h in listed["webhooks"]]
+    assert all("secret" not in h for h in listed["webhooks"])
+    body = {"agent_id": "setup", "app": APP, "version": "1", "task_types": ["echo"]}
+    assert call(node.base, "POST", "/worker/register", body)[0] == 200
+    expected |= run_tasks(node.base, 6)
+    receiver.start()
+    wait_for(lambda: set(receiver.task_ids()) == set(expected), 30, "every delivery")
+    check_delivered(receiver, expected)
 
 
 def test_private_addresses_are_refused_unless_allowed(tmp_path: Path, receiver: Receiver) -> None:
@@ -277,8 +294,6 @@ def test_private_addresses_are_refused_unless_allowed(tmp_path: Path, receiver: 
         hook = create_hook(node.base, "http://93.184.215.14/hook")
         status, _ = call(node.base, "DELETE", f"/v1/webhooks/{hook['webhook_id']}")
         assert status == 200
-    with running(tmp_path, "open", "--webhooks-allow-private") as node:
-        create_hook(node.base, receiver.url)
 
 
 def test_a_failed_delivery_is_redelivered_with_the_same_webhook_id(
