@@ -26,6 +26,13 @@ the set changes without a registration (a breaker opens and closes), registratio
 (every version's types merged), and a poll is one request per long-poll, not per task. An app's
 types are few (at most ``TASK_TYPES_MAX`` names, a few KiB at the worst), and only the types
 that have ready work on a partition go into its GrantLeases record.
+Slots: every slot a poll declared is counted in the node's ``SlotLedger`` (``slots.py``), the
+one structure with a ``check()`` of their invariants; the pool changes counts only through it.
+Time: what the pool decides from time (a tenant active for ``ACTIVE_MS``, and the deal again
+when that may have lapsed) reads the injected clock. A long-poll's own deadlines (its
+``wait_ms``, the linger and the close grace) are the caller's: the event loop's timers, so that
+a poll times out on a ``FakeClock`` that nobody advances (``conveyor.testing``) as it does on
+the real one.
 """
 
 from __future__ import annotations
@@ -137,7 +144,7 @@ class WaitingPool:
         self.mail = Mailboxes(self._live, self._touch)
         self._by_partition: dict[int, Dealer] = {}
         self._seen: dict[str, dict[str, float]] = {}  # app -> tenant -> last seen ready
-        self._recheck: asyncio.TimerHandle | None = None
+        self._recheck: asyncio.Task[None] | None = None
 
     @property
     def entries(self) -> dict[str, Entry]:
@@ -356,10 +363,10 @@ class WaitingPool:
         """Deal again once the light tenants may have gone quiet: a poll held back for them
         should not wait out its whole long-poll after they stop."""
         if self._recheck is None:
-            loop = asyncio.get_running_loop()
-            self._recheck = loop.call_later(ACTIVE_MS / 1000, self._rechecked)
+            self._recheck = asyncio.ensure_future(self._rechecked())
 
-    def _rechecked(self) -> None:
+    async def _rechecked(self) -> None:
+        await self.clock.sleep_ms(ACTIVE_MS + 1)  # the light tenants' ACTIVE_MS has passed
         self._recheck = None
         self.deal()
 
