@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
 from urllib.parse import quote
 
 from conveyor.ahttp import NOT_SENT_ERRORS, TRANSPORT_ERRORS, Session
@@ -16,8 +16,11 @@ from conveyor.client import (
     DEFAULT_URL,
     RETRIED_STATUSES,
     WAIT_SLICE_MS,
+    Decode,
     backoff_s,
     bulk_body,
+    decoded,
+    decoder_of,
     items_of,
     local_dev_key,
     outcome,
@@ -42,12 +45,20 @@ from conveyor.wire import (
     schedule_body,
 )
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-class AsyncTaskHandle:
-    def __init__(self, client: AsyncClient, task_id: str, created: bool = True) -> None:
+
+class AsyncTaskHandle(Generic[R]):
+    """``TaskHandle`` for ``AsyncClient``: ``await handle.result()`` is typed the same way."""
+
+    def __init__(
+        self, client: AsyncClient, task_id: str, created: bool = True, decode: Decode | None = None
+    ) -> None:
         self._client = client
         self.id = task_id
         self.created = created
+        self._decode = decode
 
     def __repr__(self) -> str:
         return f"<AsyncTaskHandle {self.id}>"
@@ -61,8 +72,10 @@ class AsyncTaskHandle:
     async def cancel(self) -> str:
         return await self._client.cancel(self.id)
 
-    async def result(self, timeout: float | None = None) -> Any:
-        return outcome(await self._client.wait(self.id, timeout), timeout)
+    async def result(self, timeout: float | None = None) -> R:
+        info = await self._client.wait(self.id, timeout)
+        value: R = decoded(outcome(info, timeout), self._decode)
+        return value
 
 
 class AsyncClient:
@@ -120,25 +133,47 @@ class AsyncClient:
             return parse(reply.status, reply.content, reply.headers)
         raise AssertionError("unreachable")
 
+    @overload
+    async def enqueue(
+        self,
+        task: TaskType[P, Coroutine[Any, Any, R]],
+        payload: Any = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> AsyncTaskHandle[R]: ...
+
+    @overload
+    async def enqueue(
+        self, task: TaskType[P, R], payload: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> AsyncTaskHandle[R]: ...
+
+    @overload
+    async def enqueue(
+        self, task: str, payload: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> AsyncTaskHandle[Any]: ...
+
     async def enqueue(
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
         **options: Unpack[EnqueueOptions],
-    ) -> AsyncTaskHandle:
+    ) -> AsyncTaskHandle[Any]:
         req = Enqueue(task, payload, **options)
         reply = await self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
-        return AsyncTaskHandle(self, reply["task_id"], bool(reply.get("created", True)))
+        created = bool(reply.get("created", True))
+        return AsyncTaskHandle(self, reply["task_id"], created, decoder_of(task))
 
     async def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
-    ) -> list[AsyncTaskHandle]:
-        bodies = [enqueue_body(it, self.app) for it in items_of(items)]
-        handles: list[AsyncTaskHandle] = []
+    ) -> list[AsyncTaskHandle[Any]]:
+        reqs = items_of(items)
+        bodies = [enqueue_body(it, self.app) for it in reqs]
+        decoders = iter([decoder_of(it.task) for it in reqs])
+        handles: list[AsyncTaskHandle[Any]] = []
         for chunk in chunks(bodies):
             reply = await self._send("POST", "/v1/tasks:batch", body={"tasks": chunk})
             for r in reply["results"]:
-                handles.append(AsyncTaskHandle(self, r["task_id"], bool(r.get("created", True))))
+                created = bool(r.get("created", True))
+                handles.append(AsyncTaskHandle(self, r["task_id"], created, next(decoders)))
         return handles
 
     async def get(self, task_id: str) -> TaskInfo:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from conveyor import typed
 from conveyor.durations import Duration, to_ms, to_ms_or_none
 from conveyor.errors import ContractError
 from conveyor.frozen import frozen
@@ -107,7 +108,8 @@ class TaskType(Generic[P, R]):
         self.fn = fn
         self.name = name
         self.options = options
-        self.takes_context = _takes_context(fn, name)
+        self.binding = typed.bind(fn, name)  # how it takes ctx and payload (``typed.py``)
+        self.takes_context = self.binding.context
         self.is_workflow = False  # registered with ``@app.workflow``
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -120,15 +122,31 @@ class TaskType(Generic[P, R]):
         return f"<TaskType {self.app.name}.{self.name}>"
 
     def invoke(self, ctx: Context, payload: Any) -> Any:
-        """Run the handler with the arguments its arity asks for (may return an awaitable)."""
-        fn: Callable[..., Any] = self.fn
-        return fn(ctx, payload) if self.takes_context else fn(payload)
+        """Run the handler on ``payload`` decoded as its signature asks (``typed.py``); its
+        result encoded as a JSON value (an awaitable of it, for an async handler)."""
+        value = self.binding.call(ctx, payload)
+        if inspect.isawaitable(value):
+            return self._encoded(value)
+        return self.binding.encode_result(value)
 
-    def enqueue(self, payload: Any = None, **opts: Any) -> TaskHandle:
+    async def _encoded(self, value: Awaitable[Any]) -> Any:
+        return self.binding.encode_result(await value)
+
+    def encode_payload(self, payload: Any) -> Any:
+        """``payload`` as the JSON value an enqueue sends (``typed.py`` rule 4)."""
+        if self.binding.style == "arguments" and isinstance(payload, tuple):
+            payload = list(payload)
+        return typed.encode(payload)
+
+    def decode_result(self, value: Any) -> Any:
+        """A SUCCEEDED task's JSON result as the handler's return annotation says."""
+        return self.binding.decode_result(value)
+
+    def enqueue(self, payload: Any = None, **opts: Any) -> TaskHandle[Any]:
         """Enqueue through the default client (``conveyor.set_default_client``)."""
         from conveyor.client import default_client
 
-        handle: TaskHandle = default_client().enqueue(self, payload, **opts)
+        handle: TaskHandle[Any] = default_client().enqueue(self, payload, **opts)
         return handle
 
 
@@ -184,7 +202,9 @@ class App:
         schedule_to_close: Duration | None = None,
         cancel_grace: Duration = "30s",
     ) -> Any:
-        """Register a handler ``def f(ctx, payload)`` or ``def f(payload)``, sync or async.
+        """Register a handler, sync or async: ``def f(ctx, payload)``, ``def f(payload)``,
+        ``def f(ctx)`` or Celery-style arguments ``def f(x: int, y: int)``; annotations type
+        the payload and the result (the rules are in ``conveyor.typed``).
 
         ``timeout`` is start_to_close: the limit of one attempt.
         """
@@ -265,23 +285,3 @@ def _check_name(name: str, what: str) -> str:
         hint = " (pass name=... to name the task otherwise)" if what == "task name" else ""
         raise ContractError(f"{what} {fault}{hint}", field=what.partition(" ")[0])
     return name
-
-
-def _takes_context(fn: Callable[..., Any], name: str) -> bool:
-    """``(ctx, payload)`` or ``(payload)``: decided by its positional parameters."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return True  # builtins and C callables: assume the full form
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if len(required) <= 2 and len(positional) >= 2:
-        return True
-    if len(required) <= 1 and len(positional) == 1:
-        return False
-    raise ContractError(
-        f"task {name!r}: a handler takes (ctx, payload) or (payload); it has "
-        f"{len(positional)} positional parameters, {len(required)} of them required"
-    )

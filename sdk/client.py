@@ -13,10 +13,10 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Unpack
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, Unpack, overload
 from urllib.parse import quote
 
 import httpx
@@ -41,6 +41,9 @@ from conveyor.wire import (
     schedule_body,
 )
 
+P = ParamSpec("P")
+R = TypeVar("R")
+Decode = Callable[[Any], Any]
 DEFAULT_URL = "http://127.0.0.1:7400"
 RETRIED_STATUSES = frozenset({429, 503})  # refused without an effect: send it again later
 WAIT_SLICE_MS = 30_000  # one long-poll of handle.result(); the HTTP timeout sits above it
@@ -97,11 +100,23 @@ class Backend(Protocol):
     def cancel(self, task_id: str) -> str: ...
 
 
-class TaskHandle:
-    def __init__(self, backend: Backend, task_id: str, created: bool = True) -> None:
+def decoder_of(task: TaskType[Any, Any] | str) -> Decode | None:
+    """How a handle decodes the result of ``task``: by its handler's return annotation."""
+    return task.decode_result if isinstance(task, TaskType) else None
+
+
+class TaskHandle(Generic[R]):
+    """An enqueued task. Typed by its task: ``client.enqueue(add, (1, 2))`` of
+    ``def add(x: int, y: int) -> int`` is a ``TaskHandle[int]``, and ``result()`` decodes the
+    result to the handler's return annotation (a dataclass comes back a dataclass)."""
+
+    def __init__(
+        self, backend: Backend, task_id: str, created: bool = True, decode: Decode | None = None
+    ) -> None:
         self._backend = backend
         self.id = task_id
         self.created = created  # False: the idempotency key matched an earlier enqueue
+        self._decode = decode
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.id}>"
@@ -115,10 +130,15 @@ class TaskHandle:
     def cancel(self) -> str:
         return self._backend.cancel(self.id)
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> R:
         """The handler's return value once the task SUCCEEDED; ``TaskFailed`` if it ended any
         other way; ``TimeoutError`` if it has not ended within ``timeout`` seconds."""
-        return outcome(self._backend.wait(self.id, timeout), timeout)
+        value: R = decoded(outcome(self._backend.wait(self.id, timeout), timeout), self._decode)
+        return value
+
+
+def decoded(value: Any, decode: Decode | None) -> Any:
+    return value if decode is None else decode(value)
 
 
 class Client:
@@ -185,26 +205,48 @@ class Client:
 
     # -- enqueue ----------------------------------------------------------------------------
 
+    @overload
+    def enqueue(
+        self,
+        task: TaskType[P, Coroutine[Any, Any, R]],
+        payload: Any = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> TaskHandle[R]: ...
+
+    @overload
+    def enqueue(
+        self, task: TaskType[P, R], payload: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> TaskHandle[R]: ...
+
+    @overload
+    def enqueue(
+        self, task: str, payload: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> TaskHandle[Any]: ...
+
     def enqueue(
         self,
         task: TaskType[Any, Any] | str,
         payload: Any = None,
         **options: Unpack[EnqueueOptions],
-    ) -> TaskHandle:
+    ) -> TaskHandle[Any]:
         req = Enqueue(task, payload, **options)
         reply = self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
-        return TaskHandle(self, reply["task_id"], bool(reply.get("created", True)))
+        created = bool(reply.get("created", True))
+        return TaskHandle(self, reply["task_id"], created, decoder_of(task))
 
     def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
-    ) -> list[TaskHandle]:
+    ) -> list[TaskHandle[Any]]:
         """Enqueue many tasks in ``/v1/tasks:batch`` calls of up to 1000; handles in order."""
-        bodies = [enqueue_body(it, self.app) for it in items_of(items)]
-        handles: list[TaskHandle] = []
+        reqs = items_of(items)
+        bodies = [enqueue_body(it, self.app) for it in reqs]
+        decoders = iter([decoder_of(it.task) for it in reqs])
+        handles: list[TaskHandle[Any]] = []
         for chunk in chunks(bodies):
             reply = self._send("POST", "/v1/tasks:batch", body={"tasks": chunk})
             for r in reply["results"]:
-                handles.append(TaskHandle(self, r["task_id"], bool(r.get("created", True))))
+                created = bool(r.get("created", True))
+                handles.append(TaskHandle(self, r["task_id"], created, next(decoders)))
         return handles
 
     # -- reads and control ------------------------------------------------------------------

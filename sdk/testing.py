@@ -30,7 +30,14 @@ from typing import Any, TypeVar, Unpack
 from conveyor.agents.host import HostAgent
 from conveyor.agents.inline import InlineExecutor
 from conveyor.app import App, TaskType
-from conveyor.client import EnqueueClient, TaskHandle, items_of, set_default_client
+from conveyor.client import (
+    Decode,
+    EnqueueClient,
+    TaskHandle,
+    decoder_of,
+    items_of,
+    set_default_client,
+)
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
 from conveyor.schemas import codec
@@ -258,10 +265,12 @@ class EngineClient:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def _enqueue_bodies(self, bodies: list[dict[str, Any]]) -> list[TaskHandle]:
+    def _enqueue_bodies(
+        self, bodies: list[dict[str, Any]], decoders: list[Decode | None]
+    ) -> list[TaskHandle[Any]]:
         engine = self._engine
 
-        async def go() -> list[TaskHandle]:
+        async def go() -> list[TaskHandle[Any]]:
             node = engine.node
             specs = [
                 spec_from_body(
@@ -274,7 +283,10 @@ class EngineClient:
                 for body in bodies
             ]
             replies = await node.enqueue(specs)
-            return [TaskHandle(self, check(r).task_id, r.created) for r in replies]
+            return [
+                TaskHandle(self, check(r).task_id, r.created, decode)
+                for r, decode in zip(replies, decoders, strict=True)
+            ]
 
         return engine.call(go())
 
@@ -283,15 +295,18 @@ class EngineClient:
         task: TaskType[Any, Any] | str,
         payload: Any = None,
         **options: Unpack[EnqueueOptions],
-    ) -> TaskHandle:
+    ) -> TaskHandle[Any]:
         req = Enqueue(task, payload, **options)
-        return self._enqueue_bodies([enqueue_body(req, self._engine.app.name)])[0]
+        body = enqueue_body(req, self._engine.app.name)
+        return self._enqueue_bodies([body], [decoder_of(task)])[0]
 
     def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
-    ) -> list[TaskHandle]:
+    ) -> list[TaskHandle[Any]]:
         app = self._engine.app.name
-        return self._enqueue_bodies([enqueue_body(it, app) for it in items_of(items)])
+        reqs = items_of(items)
+        bodies = [enqueue_body(it, app) for it in reqs]
+        return self._enqueue_bodies(bodies, [decoder_of(it.task) for it in reqs])
 
     def get(self, task_id: str) -> TaskInfo:
         engine = self._engine

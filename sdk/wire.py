@@ -28,6 +28,7 @@ from conveyor.errors import (
     Unauthorized,
 )
 from conveyor.frozen import frozen
+from conveyor.typed import encode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -95,7 +96,10 @@ def enqueue_body(req: Enqueue, default_app: str | None) -> dict[str, Any]:
         raise ContractError(
             f"enqueue of {name!r} needs an app: pass app= or a decorated task", field="app"
         )
-    body: dict[str, Any] = {"task_type": name, "app": app, "payload": req.payload}
+    payload = (
+        task.encode_payload(req.payload) if isinstance(task, TaskType) else encode(req.payload)
+    )
+    body: dict[str, Any] = {"task_type": name, "app": app, "payload": payload}
     queue = req.queue if req.queue is not None or opts is None else opts.queue
     _put(body, "queue", queue)
     priority = req.priority if req.priority is not None or opts is None else opts.priority

@@ -7,6 +7,7 @@ share nothing else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -146,3 +147,22 @@ def many_steps(ctx: conveyor.Context, payload: dict[str, Any]) -> int:
 def _started(payload: dict[str, Any], i: int) -> int:
     mark(payload, f"start {i} {os.getpid()}")
     return i
+
+
+@dataclasses.dataclass
+class Parcel:
+    """A typed payload and result: dataclasses cross the wire (``conveyor.typed``)."""
+
+    sku: str
+    grams: int
+    fragile: bool = False
+
+
+@app.task
+def weigh(parcel: Parcel) -> Parcel:
+    return Parcel(parcel.sku, parcel.grams * 2, fragile=parcel.grams > 1000)
+
+
+@app.task
+def add(x: int, y: int) -> int:  # Celery-style arguments
+    return x + y

@@ -191,15 +191,19 @@ def test_arity_decides_whether_the_handler_gets_a_context() -> None:
     assert two.takes_context and async_two.takes_context and defaulted.takes_context
     assert not one.takes_context
     assert async_two.is_async and not two.is_async
-    with pytest.raises(conveyor.ContractError, match="takes"):
+
+    @app.task
+    def three(a: Any, b: Any, c: Any) -> None: ...  # Celery-style arguments (conveyor.typed)
+
+    @app.task
+    def none() -> None: ...
+
+    assert three.binding.style == "arguments" and not three.takes_context
+    assert none.binding.style == "none"
+    with pytest.raises(conveyor.ContractError, match="keyword-only"):
 
         @app.task
-        def three(a: Any, b: Any, c: Any) -> None: ...
-
-    with pytest.raises(conveyor.ContractError, match="takes"):
-
-        @app.task
-        def none() -> None: ...
+        def starred(ctx: Any, *, flag: bool) -> None: ...
 
 
 def test_non_retryable_matches_subclasses_and_names() -> None:
