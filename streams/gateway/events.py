@@ -49,6 +49,7 @@ KEEPALIVE_S = 15.0
 LIMIT_DEFAULT = 100
 LIMIT_MAX = 1_000
 FILTER_VALUES_MAX = 64
+WRITE_EVENTS_MAX = 256  # events per write of a stream
 READ_S = 5.0  # the longest a long poll waits for records already in the log
 
 
@@ -208,8 +209,16 @@ async def _stream(
                 item = await tail.next(KEEPALIVE_S)
                 if item is None:
                     await response.write(b": keepalive\n\n")
-                elif wanted.matches(item):
-                    await response.write(_frame(tail.cursor(), item))
+                    continue
+                frames = []  # what is already read goes out in one write
+                while item is not None:
+                    if wanted.matches(item):
+                        frames.append(_frame(tail.cursor(), item))
+                        if len(frames) >= WRITE_EVENTS_MAX:
+                            break
+                    item = await tail.next(0)
+                if frames:
+                    await response.write(b"".join(frames))
     finally:
         open_.streams -= 1
 

@@ -58,6 +58,7 @@ from conveyor.streams.webhooks.store import (
     SUCCEEDED,
     Delivery,
     NewDelivery,
+    Outcome,
     Store,
     Webhook,
 )
@@ -144,6 +145,8 @@ class Webhooks:
         self._poke = Poke(self.clock)
         self._busy: set[tuple[str, str]] = set()
         self._attempts: set[asyncio.Task[None]] = set()
+        self._outcomes: list[Outcome] = []  # attempts ended, not yet written
+        self._flush: asyncio.Future[None] | None = None
         self.sent = 0  # attempts made
         self.delivered = 0  # attempts that succeeded
 
@@ -313,14 +316,34 @@ class Webhooks:
                 )
                 status = PENDING if now + delay < d.deadline_ms else FAILED
                 next_ms = now + delay
-            await self.store.record(
-                d, status=status, now_ms=now, next_ms=next_ms, http_status=http_status, error=error
+            await self._record(
+                Outcome(
+                    delivery=d,
+                    status=status,
+                    now_ms=now,
+                    next_ms=next_ms,
+                    http_status=http_status,
+                    error=error,
+                )
             )
         except Exception:
             log.exception("webhooks: an attempt of delivery %s failed to record", d.event_id)
         finally:
             self._busy.discard((d.webhook_id, d.event_id))
             self._poke.poke()
+
+    async def _record(self, outcome: Outcome) -> None:
+        """Write ``outcome`` with those of the attempts that ended meanwhile: one transaction
+        (one fsync) for all of them, not one each."""
+        self._outcomes.append(outcome)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.ensure_future(self._flush_outcomes())
+        await asyncio.shield(self._flush)  # it runs until the list is empty, ours included
+
+    async def _flush_outcomes(self) -> None:
+        while self._outcomes:
+            taken, self._outcomes = self._outcomes, []
+            await self.store.record(taken)
 
     async def _post(
         self, session: aiohttp.ClientSession, hook: Webhook, d: Delivery

@@ -114,10 +114,26 @@ class NewDelivery:
     body: str
 
 
+@frozen(kw_only=True)
+class Outcome:
+    """How one attempt of ``delivery`` ended."""
+
+    delivery: Delivery
+    status: str
+    now_ms: int
+    next_ms: int
+    http_status: int | None
+    error: str | None
+
+
 _DELIVERY_COLUMNS = (
     "webhook_id, event_id, event_type, body, status, attempts, created_ms, next_ms, "
     "deadline_ms, updated_ms, last_status, last_error"
 )
+
+
+def _key(d: Delivery) -> tuple[str, str]:
+    return d.webhook_id, d.event_id
 
 
 def _webhook(row: Sequence[Any]) -> Webhook:
@@ -274,25 +290,26 @@ class Store:
 
         return await self.run(first)
 
-    async def record(
-        self,
-        d: Delivery,
-        *,
-        status: str,
-        now_ms: int,
-        next_ms: int,
-        http_status: int | None,
-        error: str | None,
-    ) -> None:
-        """The outcome of one attempt of ``d``."""
+    async def record(self, outcomes: Sequence[Outcome]) -> None:
+        """The outcomes of attempts, in one transaction."""
+        rows = [
+            (o.status, o.next_ms, o.now_ms, o.http_status, o.error, *_key(o.delivery))
+            for o in outcomes
+        ]
 
         def update(db: sqlite3.Connection) -> None:
-            db.execute(
-                "UPDATE deliveries SET status = ?, attempts = attempts + 1, next_ms = ?, "
-                "updated_ms = ?, last_status = ?, last_error = ? "
-                "WHERE webhook_id = ? AND event_id = ?",
-                (status, next_ms, now_ms, http_status, error, d.webhook_id, d.event_id),
-            )
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(
+                    "UPDATE deliveries SET status = ?, attempts = attempts + 1, next_ms = ?, "
+                    "updated_ms = ?, last_status = ?, last_error = ? "
+                    "WHERE webhook_id = ? AND event_id = ?",
+                    rows,
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
 
         await self.run(update)
 
