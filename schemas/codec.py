@@ -64,6 +64,7 @@ _NESTED: dict[type, dict[str, type]] = {
     t.FireTimers: {"timers": t.TimerRef},
     t.SendEvents: {"items": t.WorkflowEvent},
     t.LandChildren: {"items": t.ChildDone},
+    t.RegisterTypes: {"types": t.TypeDefinition},
     t.EventExtras: {"steps": t.StepEvent, "schedules": t.ScheduleEvent},
 }
 # Optional nested records (a union of null and a record) per class.
@@ -613,6 +614,10 @@ RECORDS: dict[str, Codec[Any]] = {
         t.SendEvents,
         t.EnqueueChildren,
         t.LandChildren,
+        t.RegisterTypes,
+        t.RegisterSchema,
+        t.DeleteSchemas,
+        t.SetCompatibility,
     )
 }
 TASK_HEAD = _load("state/TaskHead.avsc")

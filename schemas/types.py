@@ -325,6 +325,62 @@ class LandChildren:
     items: list[ChildDone]
 
 
+@frozen(kw_only=True)
+class TypeDefinition:
+    """One task type as its app declares it; an option left None is the server's default."""
+
+    task_type: str
+    queue: str | None = None
+    priority: int | None = None
+    attempts_max: int | None = None
+    backoff_base_ms: int | None = None
+    backoff_factor: float | None = None
+    backoff_cap_ms: int | None = None
+    non_retryable: list[str] | None = None
+    schedule_to_start_ms: int | None = None
+    start_to_close_ms: int | None = None
+    schedule_to_close_ms: int | None = None
+    cancel_grace_ms: int | None = None
+    resume: str | None = None
+    payload_schema_id: int | None = None
+    result_schema_id: int | None = None
+
+
+@frozen(kw_only=True)
+class RegisterTypes:
+    """An agent's registration: its app's task types (``machine/handlers/types.py``)."""
+
+    tenant: str
+    app: str
+    version: str | None = None
+    deploy: int | None = None
+    pinned: list[str] | None = None
+    types: list[TypeDefinition] = field(default_factory=list)
+
+
+@frozen(kw_only=True)
+class RegisterSchema:
+    tenant: str
+    subject: str
+    schema: str  # canonical JSON
+    expect_latest: int  # the latest live version the compatibility check saw; 0: none
+
+
+@frozen(kw_only=True)
+class DeleteSchemas:
+    tenant: str
+    subject: str
+    version: int | None = None  # None: every version
+    permanent: bool = False
+
+
+@frozen(kw_only=True)
+class SetCompatibility:
+    tenant: str
+    subject: str | None = None  # None: the tenant's default
+    level: str | None = None  # None: remove the subject's own level
+
+
 Record = (
     EnqueueTasks
     | CancelTasks
@@ -342,6 +398,10 @@ Record = (
     | SendEvents
     | EnqueueChildren
     | LandChildren
+    | RegisterTypes
+    | RegisterSchema
+    | DeleteSchemas
+    | SetCompatibility
 )
 
 # Records only the partition leader proposes; the machine ignores them from a stale epoch.

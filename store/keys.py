@@ -35,6 +35,7 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
                                                                   that partition's log (shipped
                                                                   then deleted: ``messages.py``)
     meta         m name                                           per name
+    registry     R lp:tenant u8:table name                        JSON (``store/catalog.py``)
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ INBOX = b"N"
 OUTBOX = b"o"
 MESSAGES = b"M"
 META = b"m"
+REGISTRY = b"R"
 
 META_APPLIED = META + b"applied"
 META_EPOCH = META + b"epoch"
@@ -327,3 +329,8 @@ def inbox(task_id: str, name: str, seq: int) -> bytes:
 
 def inbox_of(task_id: str, name: str) -> bytes:
     return INBOX + lp(task_id) + lp(name)
+
+
+def registry(tenant: str, table: bytes, name: bytes = b"") -> bytes:
+    """A row of the tenant's task types and schema registry (``store/catalog.py``)."""
+    return REGISTRY + lp(tenant) + table + name

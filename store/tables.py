@@ -470,6 +470,10 @@ class Tables:
         self._put(keys.message(offset, seq), keys.message_value(partition, data))
         self.messages_written = True
 
+    def get_raw(self, key: bytes) -> bytes | None:
+        """A row of a table kept by its own module (``store/catalog.py``), with the overlay."""
+        return self._get(key)
+
     def put_raw(self, key: bytes, value: bytes | None) -> None:
         """For the processor's own rows (outbox, applied offset) in the same batch."""
         self._put(key, value)

@@ -5,6 +5,8 @@ enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
 keys create|list                  API keys and their roles in the home's keys.json (keys.py)
 cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
+types list|show, schemas register|list|check
+                                  task types and the schema registry (types.py, schemas.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
 chaos kill9|soak|zombie|lost-replies|power-cut|fan-in|failover
@@ -18,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli import cluster, keys, schedules, serve, tasks, tools, webhooks
+from conveyor.cli import cluster, keys, schedules, schemas, serve, tasks, tools, types, webhooks
 from conveyor.cli.common import CliError, fail
 from conveyor.errors import ContractError
 from conveyor.process import tune_malloc
@@ -102,6 +104,8 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(keys_app, name="keys")
 cluster_app.command("status")(cluster.status)
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(types.app, name="types")
+app.add_typer(schemas.app, name="schemas")
 webhooks.register(app)
 
 

@@ -73,6 +73,16 @@ def _summary(body: bytes, kind: str) -> str:
             text = f"{len(record.tasks)} child(ren) of {record.parent_id} {record.identity}"
         case types.LandChildren():
             text = ", ".join(f"{i.child_id}={i.status}" for i in record.items)
+        case types.RegisterTypes():
+            names = ", ".join(d.task_type for d in record.types)
+            text = f"tenant {record.tenant}: app {record.app} {record.version}: {names}"
+        case types.RegisterSchema():
+            text = f"tenant {record.tenant}: subject {record.subject}"
+        case types.DeleteSchemas():
+            what = "every version" if record.version is None else f"version {record.version}"
+            text = f"tenant {record.tenant}: subject {record.subject} {what}"
+        case types.SetCompatibility():
+            text = f"tenant {record.tenant}: {record.subject or '(default)'} {record.level}"
         case _:
             assert_never(record)
     return text if len(text) <= SUMMARY_CHARS_MAX else text[: SUMMARY_CHARS_MAX - 3] + "..."

@@ -43,6 +43,7 @@ from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.server import GatewayRunner
 from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.node import Node
+from conveyor.streams.registry import routes as registry_routes
 from conveyor.streams.sinks.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("conveyor.gateway")
@@ -156,6 +157,8 @@ def build_app(
     app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)
     routes.add_routes(app)
+    registry_routes.add_routes(app)  # the schema registry, under /registry
+    registry_routes.add_type_routes(app)  # GET /v1/task-types
     forward.add_to(app, node)
     _run_operations(app, app[routes.GATEWAY].operations)
     usage.add_route(app, metrics)

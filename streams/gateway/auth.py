@@ -23,10 +23,16 @@ last read and logs why.
 Keys are looked up by their SHA-256, so the lookup's timing says nothing about a stored key.
 The store re-reads the file when it changes (checked at most once a second): adding a key
 needs no restart. ``conveyor keys create`` mints keys (``create_key``).
+
+A key is sent as ``Authorization: Bearer <key>``, or as the password of HTTP Basic
+(``Basic base64(<any user>:<key>)``), which is how Confluent schema registry clients send
+credentials (``streams/registry/routes.py``); the user name is ignored.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import logging
 import secrets
@@ -295,12 +301,25 @@ def authenticate(store: KeyStore, header: str | None) -> Grant:
     if not header:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")
     scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    if scheme.lower() == "basic":
+        key = _basic_password(key.strip())
+    elif scheme.lower() != "bearer":
+        key = ""
+    if not key.strip():
         raise Unauthorized("malformed Authorization header; send 'Authorization: Bearer <key>'")
     grant = store.grant(key.strip())
     if grant is None:
         raise Unauthorized("unknown API key; check CONVEYOR_API_KEY or the node's keys.json")
     return grant
+
+
+def _basic_password(token: str) -> str:
+    """The password of an HTTP Basic token; empty when it is not one."""
+    try:
+        text = base64.b64decode(token, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+    return text.partition(":")[2]
 
 
 def create_key(home: str | Path, grant: Grant) -> str:

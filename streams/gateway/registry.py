@@ -1,4 +1,9 @@
-"""Known task types per (tenant, app), fed by ``/worker/register``, kept in ``registry.json``.
+"""Known task types per (tenant, app), fed by ``/worker/register``, kept as records in the log.
+
+A registration is a ``RegisterTypes`` record on the tenant's registry partition
+(``streams/registry/catalog.py``: which partition, and how every node of a cluster reads
+it); the machine applies the rules below to the app's row (``machine/handlers/types.py``),
+so they hold on every node and survive restarts and fail-overs. This module reads those rows.
 
 Rule 1 (rolling deploys): registration adds types. An agent registering fewer types than are
 known removes nothing unless rule 2 says so.
@@ -15,59 +20,67 @@ register may be the old one, so neither names nor arrival can say which is newer
 removed type already queued stay ENQUEUED: polls name the types their agents serve
 (``processor/pool.py``), so such a task is dealt to an agent still running an older deploy
 that has its handler, or to none; its details say so (``unserved``). Only a later deploy that
-serves the type again brings it back. The file is rewritten (atomically) only when something
-changed, so agent restarts cost no writes.
+serves the type again brings it back.
 
 Rule 3 (resume policies): the workflow types an agent declares ``pinned`` are the default
 policy of enqueues of them that do not name one. The newest deploy's agents decide (an agent of
 an older deploy changes nothing; without deploy numbers, the agents of the newest version
 registered); an agent that declares nothing changes nothing.
 
-    {"tenants": {"<tenant>": {"<app>": {"task_types": [...], "version": "...", "deploy": N,
-                                        "versions": [...], "removed": {"<type>": "<version>"},
-                                        "pinned": [...]}}}}
+Rule 4 (definitions): a type's definition (default queue, priority, retry policy, timeouts,
+cancel grace, resume policy, payload and result schema ids) is the one its newest deploy's
+agents registered. Every enqueue path (``POST /v1/tasks`` and its batch, so the CLI, a
+schedule's template, a workflow's children) goes through ``resolve``: an option the enqueue
+does not set takes the type's default, then the server's; a schedule takes them when it is
+created or replaced (its firings enqueue the template as stored). A payload of a type with a
+payload schema must fit it (``streams/registry/payloads.py``), or the enqueue is refused
+(400) naming the field and the type expected, and nothing is enqueued.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import ContractError
 from conveyor.schemas.resume import RESUME_LATEST, RESUME_PINNED
+from conveyor.schemas.types import RegisterTypes, TypeDefinition
+from conveyor.store.catalog import Catalog
 from conveyor.streams.gateway.errors import UnknownTaskType
-from conveyor.streams.gateway.files import read_json, write_json_atomic
+from conveyor.streams.gateway.validation import DEFAULTABLE, EnqueueRequest
+from conveyor.streams.machine.handlers.types import register
+from conveyor.streams.registry.catalog import Catalogs, LocalCatalogs, NodeCatalogs
+from conveyor.streams.registry.payloads import mismatch
 
-REGISTRY_FILE = "registry.json"
+if TYPE_CHECKING:
+    from conveyor.streams.node import Node
+
 HINT_TYPES_MAX = 20  # task types an unknown-type error lists
 
 
 class Registry:
-    def __init__(self, path: Path | None = None) -> None:
-        self._path = path
-        self._types: dict[tuple[str, str], set[str]] = {}
-        self._versions: dict[tuple[str, str], str] = {}  # the newest version
-        self._seen: dict[tuple[str, str], set[str]] = {}  # every version registered
-        self._removed: dict[tuple[str, str], dict[str, str]] = {}  # type -> removed by version
-        self._pinned: dict[tuple[str, str], set[str]] = {}  # rule 3
-        self._deploys: dict[tuple[str, str], int] = {}  # the newest deploy number (rule 2)
+    def __init__(self) -> None:
+        self.catalogs: Catalogs = LocalCatalogs()  # until ``bind``: in memory (tests, tools)
 
     @classmethod
     def load(cls, home: str | Path) -> Registry:
-        registry = cls(Path(home) / REGISTRY_FILE)
-        doc = read_json(registry._path) if registry._path else None
-        for tenant, apps in (doc or {}).get("tenants", {}).items():
-            for app, entry in apps.items():
-                registry._types[(tenant, app)] = set(entry.get("task_types", []))
-                if entry.get("version"):
-                    registry._versions[(tenant, app)] = entry["version"]
-                registry._seen[(tenant, app)] = set(entry.get("versions", []))
-                registry._removed[(tenant, app)] = dict(entry.get("removed", {}))
-                registry._pinned[(tenant, app)] = set(entry.get("pinned", []))
-                if isinstance(entry.get("deploy"), int):
-                    registry._deploys[(tenant, app)] = entry["deploy"]
-        return registry
+        """The registry of the node whose home is ``home``: its rows are in the node's log,
+        read once the gateway binds it to the node (``bind``)."""
+        return cls()
 
-    def register(
+    def bind(self, node: Node) -> None:
+        if isinstance(self.catalogs, LocalCatalogs):
+            self.catalogs = NodeCatalogs(node)
+
+    def _catalog(self, tenant: str) -> Catalog:
+        return self.catalogs.read(tenant)
+
+    def _entry(self, tenant: str, app: str) -> dict[str, Any]:
+        return self._catalog(tenant).app(tenant, app) or {}
+
+    async def register(
         self,
         tenant: str,
         app: str,
@@ -76,66 +89,77 @@ class Registry:
         pinned: list[str] | None = None,
         *,
         deploy: int | None = None,
+        definitions: list[TypeDefinition] | None = None,
     ) -> list[str]:
-        """Record an agent's types; returns the types this registration removed (rule 2)."""
-        key = (tenant, app)
-        known = self._types.setdefault(key, set())
-        seen = self._seen.setdefault(key, set())
-        removed = self._removed.setdefault(key, {})
-        pins = self._pinned.setdefault(key, set())
-        before = (set(known), set(seen), dict(removed), self._state(key), set(pins))
-        served = set(task_types)
-        newest = self._deploys.get(key)
-        current = self._is_current(key, version, deploy)
-        removed_now: list[str] = []
-        if deploy is not None and newest is not None and deploy > newest:
-            removed_now = sorted(known - served - set(removed))  # a deploy (rule 2)
-            removed.update(dict.fromkeys(removed_now, version or f"deploy {deploy}"))
-        if deploy is not None and (newest is None or deploy > newest):
-            self._deploys[key] = deploy
-        if current:
-            for task_type in served & set(removed):
-                del removed[task_type]  # the newest deploy serves it again
-            if version is not None:
-                self._versions[key] = version
-        if version is not None:
-            seen.add(version)
-        known.update(served)
-        if pinned is not None and current:
-            pins.clear()
-            pins.update(pinned)
-        if (known, seen, removed, self._state(key), pins) != before:
-            self._save()
-        return removed_now
-
-    def _is_current(self, key: tuple[str, str], version: str | None, deploy: int | None) -> bool:
-        """Whether a registration speaks for the newest deploy (rules 2 and 3): its deploy
-        number is the newest or newer; without any deploy number known, it is of the newest
-        version registered or of a version not seen before."""
-        newest = self._deploys.get(key)
-        if newest is not None:
-            return deploy is not None and deploy >= newest
-        if deploy is not None:
-            return True
-        return (
-            version is None
-            or version == self._versions.get(key)
-            or (version not in self._seen.get(key, set()))
+        """Record an agent's types (and their definitions); the types it removed (rule 2)."""
+        given = {d.task_type: d for d in definitions or []}
+        types = [given.get(name) or TypeDefinition(task_type=name) for name in task_types]
+        before = self._entry(tenant, app)
+        _, removed = register(before, set(task_types), version, pinned, deploy)
+        record = RegisterTypes(
+            tenant=tenant, app=app, version=version, deploy=deploy, pinned=pinned, types=types
         )
-
-    def _state(self, key: tuple[str, str]) -> tuple[str | None, int | None]:
-        return self._versions.get(key), self._deploys.get(key)
+        await self.catalogs.submit(tenant, record)
+        return removed
 
     def resume_of(self, tenant: str, app: str, task_type: str) -> str:
         """The resume policy of an enqueue of ``task_type`` that names none (rule 3)."""
-        return RESUME_PINNED if task_type in self._pinned.get((tenant, app), ()) else RESUME_LATEST
+        if task_type in self._entry(tenant, app).get("pinned", ()):
+            return RESUME_PINNED
+        return RESUME_LATEST
 
     def task_types(self, tenant: str, app: str) -> frozenset[str]:
-        return frozenset(self._types.get((tenant, app), ()))
+        return frozenset(self._entry(tenant, app).get("task_types", ()))
+
+    def definition(self, tenant: str, app: str, task_type: str) -> dict[str, Any] | None:
+        return self._catalog(tenant).definition(tenant, app, task_type)
+
+    def described(self, tenant: str) -> list[dict[str, Any]]:
+        """Every task type of the tenant: app, name, its definition and where it came from."""
+        catalog = self._catalog(tenant)
+        out = []
+        for app, entry in catalog.apps(tenant):
+            docs = dict(catalog.definitions(tenant, app))
+            for task_type in entry.get("task_types", []):
+                out.append(self._describe(tenant, app, task_type, entry, docs.get(task_type)))
+        return out
+
+    def describe(self, tenant: str, app: str, task_type: str) -> dict[str, Any] | None:
+        entry = self._entry(tenant, app)
+        if task_type not in entry.get("task_types", []):
+            return None
+        doc = self.definition(tenant, app, task_type)
+        return self._describe(tenant, app, task_type, entry, doc)
+
+    def _describe(
+        self,
+        tenant: str,
+        app: str,
+        task_type: str,
+        entry: dict[str, Any],
+        doc: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        doc = dict(doc or {})
+        origin = doc.pop("origin", None)
+        defaults = {k: v for k, v in doc.items() if not k.endswith("_schema_id")}
+        if task_type in entry.get("pinned", []):
+            defaults["resume"] = RESUME_PINNED
+        return {
+            "app": app,
+            "task_type": task_type,
+            "defaults": defaults,
+            "payload_schema_id": doc.get("payload_schema_id"),
+            "result_schema_id": doc.get("result_schema_id"),
+            "removed_by": entry.get("removed", {}).get(task_type),
+            "origin": origin,
+            "app_version": entry.get("version"),
+            "deploy": entry.get("deploy"),
+        }
 
     def removed_by(self, tenant: str, app: str, task_type: str) -> str | None:
         """The version whose deploy removed ``task_type``, if one did."""
-        return self._removed.get((tenant, app), {}).get(task_type)
+        removed: dict[str, str] = self._entry(tenant, app).get("removed", {})
+        return removed.get(task_type)
 
     def unserved(self, tenant: str, app: str, task_type: str) -> str | None:
         """What a queued task of a removed type waits for (rule 2), or None."""
@@ -156,7 +180,7 @@ class Registry:
                 f"{version!r}; deploy a version that has the handler to enqueue it again",
                 field=field,
             )
-        known = self._types.get((tenant, app), set())
+        known = set(self.task_types(tenant, app))
         if task_type in known:
             return
         raise UnknownTaskType(
@@ -164,6 +188,40 @@ class Registry:
             + self._hint(tenant, task_type, known),
             field=field,
         )
+
+    def resolve(self, tenant: str, req: EnqueueRequest) -> EnqueueRequest:
+        """``req`` with its type's defaults (rule 4), once the type is known and its payload
+        fits the type's payload schema; UnknownTaskType or ContractError otherwise."""
+        self.require(tenant, req.app, req.task_type, req.field("task_type"))
+        doc = self.definition(tenant, req.app, req.task_type) or {}
+        changes: dict[str, Any] = {
+            name: tuple(doc[name]) if name == "non_retryable" else doc[name]
+            for name in DEFAULTABLE
+            if name in doc and name not in req.sent
+        }
+        if changes.get("backoff_base_ms", req.backoff_base_ms) > changes.get(
+            "backoff_cap_ms", req.backoff_cap_ms
+        ):
+            changes.pop("backoff_base_ms", None)  # a request's own cap below the type's base
+        if changes:
+            req = dataclasses.replace(req, **changes)
+        schema_id = doc.get("payload_schema_id")
+        if schema_id is not None:
+            self._check_payload(tenant, req, int(schema_id))
+        return req
+
+    def _check_payload(self, tenant: str, req: EnqueueRequest, schema_id: int) -> None:
+        schema = self._catalog(tenant).schema(tenant, schema_id)
+        if schema is None:  # its schema was deleted permanently: nothing left to check
+            return
+        found = mismatch(schema, req.payload)
+        if found is not None:
+            raise ContractError(
+                f"{req.field('payload')}{found.removeprefix('(the payload)')}: the payload does "
+                f"not fit the payload schema of task type {req.task_type!r} (schema id "
+                f"{schema_id}); fix the payload and send it again",
+                field=req.field("payload"),
+            )
 
     def _hint(self, tenant: str, task_type: str, known: set[str]) -> str:
         """What to do about a type the app does not have (``known`` are those it has): the name
@@ -176,29 +234,12 @@ class Registry:
             more = " ..." if len(known) > HINT_TYPES_MAX else ""
             return f"{meant}its agents registered: {listed}{more}"
         elsewhere = sorted(
-            a for (t, a), types in self._types.items() if t == tenant and task_type in types
+            app
+            for app, entry in self._catalog(tenant).apps(tenant)
+            if task_type in entry.get("task_types", [])
         )
         if elsewhere:
             return f"app {elsewhere[0]!r} has it"
         return (
             "start an agent for the app (conveyor agent --app ...) so it registers its task types"
         )
-
-    def _save(self) -> None:
-        if self._path is None:
-            return
-        tenants: dict[str, dict[str, dict[str, object]]] = {}
-        for (tenant, app), types in sorted(self._types.items()):
-            entry: dict[str, object] = {"task_types": sorted(types)}
-            if (tenant, app) in self._versions:
-                entry["version"] = self._versions[(tenant, app)]
-            if (tenant, app) in self._deploys:
-                entry["deploy"] = self._deploys[(tenant, app)]
-            if self._seen.get((tenant, app)):
-                entry["versions"] = sorted(self._seen[(tenant, app)])
-            if self._removed.get((tenant, app)):
-                entry["removed"] = dict(sorted(self._removed[(tenant, app)].items()))
-            if self._pinned.get((tenant, app)):
-                entry["pinned"] = sorted(self._pinned[(tenant, app)])
-            tenants.setdefault(tenant, {})[app] = entry
-        write_json_atomic(self._path, {"tenants": tenants})

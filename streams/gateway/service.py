@@ -85,6 +85,8 @@ from conveyor.streams.machine.handlers.enqueue import differing_fields
 from conveyor.streams.machine.lifecycle import holder
 from conveyor.streams.node import Node
 from conveyor.streams.processor.pool import Lease
+from conveyor.streams.registry.definitions import parse_definitions
+from conveyor.streams.registry.service import SchemaRegistry
 from conveyor.streams.routing import mint_task_id, partition_for_key
 
 log = logging.getLogger("conveyor.gateway")
@@ -109,6 +111,7 @@ class Gateway:
         self.admission = Admission()
         self.keys = keys
         self.registry = registry
+        registry.bind(node)  # its rows are in this node's log (``registry.py``)
         self.payloads = payloads
         self.snapshot = snapshot  # the Postgres query snapshot; None: list by RocksDB scans
         # Bulk operations by filter select from the snapshot and keep their cursor there.
@@ -136,8 +139,7 @@ class Gateway:
     # -- client API ---------------------------------------------------------------------------
 
     async def enqueue(self, tenant: str, reqs: list[EnqueueRequest]) -> list[Reply]:
-        for req in reqs:
-            self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
+        reqs = [self.registry.resolve(tenant, req) for req in reqs]  # its defaults (rule 4)
         self.admission.admit(tenant, self.keys.settings(tenant), len(reqs))  # valid ones only
         now_ms = self.node.clock.now_ms()
         specs: list[TaskSpec] = []
@@ -297,8 +299,7 @@ class Gateway:
         self, tenant: str, req: ScheduleRequest
     ) -> tuple[bool, dict[str, Any]]:
         """Create or replace a schedule; (created, the schedule as stored)."""
-        task = req.task
-        self.registry.require(tenant, task.app, task.task_type, task.field("task_type"))
+        task = self.registry.resolve(tenant, req.task)
         payload = await self.payloads.pack(tenant, task.payload, task.field("payload"))
         # The firing sets id, time and key; the template keeps everything else of the body.
         resume = self.registry.resume_of(tenant, task.app, task.task_type)
@@ -371,8 +372,18 @@ class Gateway:
         """Record the agent's app; the warnings of a deploy that removed handlers."""
         key.check_app(req.app, req.version)
         tenant = key.tenant
-        removed = self.registry.register(
-            tenant, req.app, req.task_types, req.version, req.pinned, deploy=req.deploy
+        schemas = SchemaRegistry(self.registry.catalogs)
+        definitions = await parse_definitions(
+            req.definitions, tenant=tenant, app=req.app, schemas=schemas
+        )
+        removed = await self.registry.register(
+            tenant,
+            req.app,
+            req.task_types,
+            req.version,
+            req.pinned,
+            deploy=req.deploy,
+            definitions=definitions,
         )
         return [
             f"deploy {req.deploy} (version {req.version!r}) of app {req.app!r} removes the "
@@ -505,8 +516,7 @@ class Gateway:
                 path = f"{item.path}.fan_out.children[{index}]"
                 if isinstance(body, dict):
                     body = {"app": app, **body, "idempotency_key": None}
-                req = parse_task(body, path)
-                self.registry.require(tenant, req.app, req.task_type, req.field("task_type"))
+                req = self.registry.resolve(tenant, parse_task(body, path))
                 payload = await self.payloads.pack(tenant, req.payload, req.field("payload"))
                 resume = self.registry.resume_of(tenant, req.app, req.task_type)
                 spec = to_spec(

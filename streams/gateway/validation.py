@@ -65,6 +65,16 @@ _RETRY_FIELDS = frozenset(
     {"attempts_max", "backoff_base_ms", "backoff_factor", "backoff_cap_ms", "non_retryable"}
 )
 _TIMEOUT_FIELDS = ("schedule_to_start_ms", "start_to_close_ms", "schedule_to_close_ms")
+# The options a task type's definition may give a default (``registry.py`` rule 4); an enqueue
+# that sets one (``EnqueueRequest.sent``) keeps its own.
+DEFAULTABLE = (
+    "queue",
+    "priority",
+    *sorted(_RETRY_FIELDS),
+    *_TIMEOUT_FIELDS,
+    "cancel_grace_ms",
+    "resume",
+)
 _ABSENT = Fields({}, "", ())  # an object not sent: every read gives its default, none fails
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
@@ -94,6 +104,7 @@ class EnqueueRequest:
     schedule_to_close_ms: int | None = None
     cancel_grace_ms: int = _DEFAULT.cancel_grace_ms
     resume: str | None = None  # None: the task type's registered policy (registry rule 3)
+    sent: frozenset[str] = frozenset()  # the DEFAULTABLE options the request set itself
 
     def field(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
@@ -137,7 +148,19 @@ def parse_task(body: Any, path: str = "") -> EnqueueRequest:
         start_to_close_ms=timeouts.opt_int("start_to_close_ms", 1, DURATION_MS_MAX),
         schedule_to_close_ms=timeouts.opt_int("schedule_to_close_ms", 1, DURATION_MS_MAX),
         resume=_resume(f),
+        sent=_sent(body),
     )
+
+
+def _sent(body: dict[str, Any]) -> frozenset[str]:
+    """The options ``body`` (already checked) sets, by their EnqueueRequest names."""
+    top = ("queue", "priority", "cancel_grace_ms", "resume")
+    sent = {k for k in top if body.get(k) is not None}
+    for group in ("retry", "timeouts"):
+        inner = body.get(group)
+        if isinstance(inner, dict):
+            sent.update(k for k, v in inner.items() if v is not None)
+    return frozenset(sent)
 
 
 def _resume(f: Fields) -> str | None:

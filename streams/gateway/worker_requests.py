@@ -57,10 +57,13 @@ class Register:
     task_types: list[str]
     pinned: list[str] | None = None  # workflow types with resume="pinned"; None: not told
     deploy: int | None = None  # the deploy number (registry.py, rule 2); None: not told
+    definitions: Any = None  # the types' definitions, checked by ``registry/definitions.py``
 
 
 def parse_register(body: Any) -> Register:
-    f = Fields(body, "", {"agent_id", "app", "version", "task_types", "pinned", "deploy"})
+    f = Fields(
+        body, "", {"agent_id", "app", "version", "task_types", "pinned", "deploy", "definitions"}
+    )
     if not isinstance(f.raw("task_types"), list):
         f.items("task_types", 0, TASK_TYPES_MAX)  # raises, naming the field
     return Register(
@@ -70,6 +73,7 @@ def parse_register(body: Any) -> Register:
         task_types=f.names("task_types", TASK_TYPES_MAX),
         pinned=None if f.raw("pinned") is None else f.names("pinned", TASK_TYPES_MAX),
         deploy=f.opt_int("deploy", 0, INT_MAX),
+        definitions=f.raw("definitions"),
     )
 
 

@@ -20,6 +20,7 @@ from conveyor.schemas.types import (
     CancelTasks,
     CompleteAttempts,
     DeleteSchedule,
+    DeleteSchemas,
     EnqueueChildren,
     EnqueueTasks,
     ExpireLeases,
@@ -29,9 +30,12 @@ from conveyor.schemas.types import (
     PauseSchedule,
     Record,
     RecordSteps,
+    RegisterSchema,
+    RegisterTypes,
     RetryFailed,
     SaveCheckpoints,
     SendEvents,
+    SetCompatibility,
     TaskSpec,
     UpsertSchedule,
 )
@@ -54,6 +58,12 @@ from conveyor.streams.machine.handlers.schedules import (
 from conveyor.streams.machine.handlers.spill import apply_enqueue_children, apply_land_children
 from conveyor.streams.machine.handlers.steps import apply_steps
 from conveyor.streams.machine.handlers.timers import apply_timers
+from conveyor.streams.machine.handlers.types import (
+    apply_delete_schemas,
+    apply_register_schema,
+    apply_register_types,
+    apply_set_compatibility,
+)
 from conveyor.streams.machine.handlers.workflows import settle
 from conveyor.streams.machine.outcome import Meta, Outcome
 
@@ -112,6 +122,14 @@ def apply(
             apply_enqueue_children(tables, record, meta, out)
         case LandChildren():
             apply_land_children(tables, record, meta, out)
+        case RegisterTypes():
+            apply_register_types(tables, record, meta, out)
+        case RegisterSchema():
+            apply_register_schema(tables, record, meta, out)
+        case DeleteSchemas():
+            apply_delete_schemas(tables, record, meta, out)
+        case SetCompatibility():
+            apply_set_compatibility(tables, record, meta, out)
         case _:
             assert_never(record)
     settle(tables, meta, out)  # the fan-in of whatever this record finished

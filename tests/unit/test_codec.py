@@ -313,6 +313,40 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
             max_size=3,
         ),
     ),
+    t.RegisterTypes: st.builds(
+        t.RegisterTypes,
+        tenant=TEXT,
+        app=TEXT,
+        version=opt_text,
+        deploy=st.none() | I64,
+        pinned=st.none() | st.lists(TEXT, max_size=3),
+        types=st.lists(
+            st.builds(
+                t.TypeDefinition,
+                task_type=TEXT,
+                queue=opt_text,
+                priority=st.none() | I32,
+                non_retryable=st.none() | st.lists(TEXT, max_size=2),
+                backoff_factor=st.none() | st.floats(allow_nan=False),
+                start_to_close_ms=st.none() | I64,
+                payload_schema_id=st.none() | I32,
+            ),
+            max_size=3,
+        ),
+    ),
+    t.RegisterSchema: st.builds(
+        t.RegisterSchema, tenant=TEXT, subject=TEXT, schema=TEXT, expect_latest=I32
+    ),
+    t.DeleteSchemas: st.builds(
+        t.DeleteSchemas,
+        tenant=TEXT,
+        subject=TEXT,
+        version=st.none() | I32,
+        permanent=st.booleans(),
+    ),
+    t.SetCompatibility: st.builds(
+        t.SetCompatibility, tenant=TEXT, subject=opt_text, level=opt_text
+    ),
 }
 records = st.one_of(*RECORDS.values())
 

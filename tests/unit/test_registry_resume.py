@@ -1,34 +1,63 @@
 """The registry's rule 3: the resume policy an enqueue gets when it names none is the one the
-newest version's agents declared for the type, kept across a restart of the gateway. And what
-an enqueue of a type the app does not have is told."""
+newest version's agents declared for the type, kept across a restart of the node (the rows
+are records in its log). And what an enqueue of a type the app does not have is told."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conveyor.streams.gateway.errors import UnknownTaskType
 from conveyor.streams.gateway.registry import Registry
+from conveyor.streams.node import Node
+
+
+class Sync:
+    """A registry whose ``register`` is called like a function (it applies in memory)."""
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+
+    def register(self, *args: Any, **kwargs: Any) -> list[str]:
+        return asyncio.run(self.registry.register(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.registry, name)
 
 
 def test_the_newest_versions_agents_decide_and_it_survives_a_restart(tmp_path: Path) -> None:
-    registry = Registry.load(tmp_path)
-    types = ["checkout", "email"]
-    registry.register("t", "shop", types, "v1", pinned=["checkout"])
-    assert registry.resume_of("t", "shop", "checkout") == "pinned"
-    assert registry.resume_of("t", "shop", "email") == "latest"
-    assert registry.resume_of("t", "other", "checkout") == "latest"
-    registry.register("t", "shop", types, "v2", pinned=[])  # the deploy of v2 unpins it
-    registry.register("t", "shop", types, "v1", pinned=["checkout"])  # an old agent: no say
-    registry.register("t", "shop", types, "v2")  # an agent that declares nothing: no change
-    assert registry.resume_of("t", "shop", "checkout") == "latest"
-    registry.register("t", "shop", types, "v3", pinned=["email"])
-    assert Registry.load(tmp_path).resume_of("t", "shop", "email") == "pinned"
+    async def run() -> None:
+        node = await Node.open(tmp_path, partitions=2)
+        await node.start()
+        registry = Registry()
+        registry.bind(node)
+        types = ["checkout", "email"]
+        await registry.register("t", "shop", types, "v1", pinned=["checkout"])
+        assert registry.resume_of("t", "shop", "checkout") == "pinned"
+        assert registry.resume_of("t", "shop", "email") == "latest"
+        assert registry.resume_of("t", "other", "checkout") == "latest"
+        await registry.register("t", "shop", types, "v2", pinned=[])  # v2's deploy unpins it
+        await registry.register("t", "shop", types, "v1", pinned=["checkout"])  # old: no say
+        await registry.register("t", "shop", types, "v2")  # declares nothing: no change
+        assert registry.resume_of("t", "shop", "checkout") == "latest"
+        await registry.register("t", "shop", types, "v3", pinned=["email"])
+        await node.stop()
+        node = await Node.open(tmp_path)
+        await node.start()
+        again = Registry()
+        again.bind(node)
+        assert again.resume_of("t", "shop", "email") == "pinned"
+        assert again.resume_of("t", "shop", "checkout") == "latest"
+        await node.stop()
+
+    asyncio.run(run())
 
 
 def test_an_unknown_task_type_is_answered_with_what_to_do_instead() -> None:
-    registry = Registry()
+    registry = Sync()
     registry.register("t", "shop", ["charge_card", "send_receipt"], "v1")
     registry.register("t", "billing", ["invoice"], "v1")
     registry.register("u", "ledger", ["post"], "v1")
@@ -48,8 +77,8 @@ def test_an_unknown_task_type_is_answered_with_what_to_do_instead() -> None:
     assert refusal("orders", "post").endswith("so it registers its task types")
 
 
-def test_deploy_order_is_the_declared_number_not_the_order_of_arrival(tmp_path: Path) -> None:
-    registry = Registry.load(tmp_path)
+def test_deploy_order_is_the_declared_number_not_the_order_of_arrival() -> None:
+    registry = Sync()
     registry.register("t", "shop", ["a", "b"], "v1", deploy=1)
     # The new deploy registers first, then an agent of the old one (restarted, or slow to
     # stop): nothing of the new is removed, though the old version is the newer arrival.
@@ -60,6 +89,6 @@ def test_deploy_order_is_the_declared_number_not_the_order_of_arrival(tmp_path: 
         registry.require("t", "shop", task_type, "task_type")
     # Only a higher deploy number than any before removes what it does not serve.
     assert registry.register("t", "shop", ["a", "c"], "v3", deploy=3) == ["b"]
-    assert Registry.load(tmp_path).removed_by("t", "shop", "b") == "v3"
+    assert registry.removed_by("t", "shop", "b") == "v3"
     assert registry.register("t", "shop", ["a", "b", "c"], "v2", deploy=2) == []
     assert registry.removed_by("t", "shop", "b") == "v3"  # an older deploy brings none back
