@@ -161,6 +161,13 @@ def _partition(fw: Forwarder, request: web.Request, item: Any, list_name: str) -
         return None
 
 
+def _of_schedule(fw: Forwarder, request: web.Request, body: Any) -> int | None:
+    schedule_id = body.get("schedule_id") if isinstance(body, dict) else None
+    if not isinstance(schedule_id, str):
+        return None
+    return partition_for_schedule(request[routes.TENANT], schedule_id, fw.node.partitions)
+
+
 def _of_path(fw: Forwarder, request: web.Request) -> int | None:
     """The partition a path names (a task id, a schedule id), if any."""
     task_id = request.match_info.get("task_id")
@@ -191,6 +198,8 @@ async def middleware(
     if p is None and request.method == "POST" and request.path in _KEYED:
         body = await routes.read_body(request)
         p = _partition(fw, request, body, "tasks")
+    elif p is None and request.method == "POST" and request.path == "/v1/schedules":
+        p = _of_schedule(fw, request, await routes.read_body(request))
     if p is None or fw.here(p):
         return await handler(request)
     if FORWARDED in request.headers:

@@ -1,0 +1,202 @@
+"""The gateway's forwarding (``streams/gateway/forward.py``) between two in-memory nodes, each
+serving on 127.0.0.1 and leading one of two partitions; the directory is a fake the test
+sets (who owns what, and when that changes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from conveyor.errors import TransientError
+from conveyor.store.memory import MemoryKV
+from conveyor.streams.gateway import KeyStore, Registry, build_app, start
+from conveyor.streams.gateway.forward import FORWARDED, NOT_OWNER, forwarder
+from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.node import Node
+from conveyor.streams.routing import partition_for_key, partition_of
+
+KEY = "key-alpha-0123456789"
+TENANT = "alpha"
+
+
+class Directory:
+    """Who leads what, as the test says; ``changed`` wakes a sender waiting for news."""
+
+    def __init__(self) -> None:
+        self.urls: dict[int, str | None] = {}
+        self.waits = 0
+
+    def owner_url(self, partition: int) -> str | None:
+        return self.urls.get(partition)
+
+    async def wait_owner_changed(self, partition: int, url: str | None, timeout_s: float) -> None:
+        self.waits += 1
+        await asyncio.sleep(0.01)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        urls = sorted({u for u in self.urls.values() if u})
+        return [{"node_id": u, "url": u, "partitions": []} for u in urls]
+
+
+@contextlib.asynccontextmanager
+async def serving(node: Node, directory: Directory) -> AsyncIterator[str]:
+    app = build_app(node, KeyStore({KEY: TENANT}), Registry())
+    runner, url = await start(app, "127.0.0.1", 0)
+    forwarder(app).attach(directory, url)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def two_nodes() -> AsyncIterator[tuple[str, str, Directory, list[Node]]]:
+    """Node a leads partition 0, node b partition 1 (each refuses the other's)."""
+    directory = Directory()
+    log, events = MemoryLog(2), MemoryLog(2)  # one cluster: one log, a store per node
+    nodes = [Node(log, events, [MemoryKV(), MemoryKV()]) for _ in range(2)]
+    for i, node in enumerate(nodes):
+        node.node_id = "ab"[i]
+        await node.start()
+        await node.stop_partition(1 - i, TransientError("not led here", retry_after_ms=500))
+    async with serving(nodes[0], directory) as a, serving(nodes[1], directory) as b:
+        directory.urls = {0: a, 1: b}
+        registered = [(await post(url, "/worker/register", REGISTER))[0] for url in (a, b)]
+        assert 200 in registered and set(registered) <= {200, 503}, registered
+        try:
+            yield a, b, directory, nodes
+        finally:
+            for node in nodes:
+                await node.stop()
+
+
+REGISTER = {"agent_id": "t", "app": "app", "version": "1", "task_types": ["echo"]}
+
+
+def key_on(partition: int, skip: int = 0) -> str:
+    keys = (f"k{i}" for i in range(1000))
+    found = [k for k in keys if partition_for_key(TENANT, k, 2) == partition]
+    return found[skip]
+
+
+def task(key: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"task_type": "echo", "app": "app", "payload": {"k": key}}
+    if key is not None:
+        body["idempotency_key"] = key
+    return body
+
+
+async def request(
+    method: str, url: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any, dict[str, str]]:
+    sent = {"Authorization": f"Bearer {KEY}", **(headers or {})}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, url + path, json=body, headers=sent) as reply,
+    ):
+        return reply.status, json.loads(await reply.read()), dict(reply.headers)
+
+
+async def post(url: str, path: str, body: Any) -> tuple[int, Any]:
+    status, got, _ = await request("POST", url, path, body)
+    return status, got
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_a_keyed_enqueue_and_its_reads_reach_the_owner_through_either_node() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, _, _, nodes):
+            status, created = await post(a, "/v1/tasks", task(key_on(1)))
+            assert status == 201, created
+            task_id = created["task_id"]
+            assert partition_of(task_id, 2) == 1
+            assert nodes[1].get(TENANT, task_id).task_id == task_id  # it is b's
+            status, read, _ = await request("GET", a, f"/v1/tasks/{task_id}")
+            assert status == 200 and read["task_id"] == task_id
+            status, again = await post(a, "/v1/tasks", task(key_on(1)))
+            assert status == 200 and again["task_id"] == task_id and not again["created"]
+
+    run(main())
+
+
+def test_a_batch_is_split_per_owner_and_the_replies_come_in_order() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, _, _, nodes):
+            keys = [key_on(1), key_on(0), None, key_on(1, skip=1)]
+            status, reply = await post(a, "/v1/tasks:batch", {"tasks": [task(k) for k in keys]})
+            assert status == 201, reply
+            ids = [r["task_id"] for r in reply["results"]]
+            assert [partition_of(t, 2) for t in ids] == [1, 0, 0, 1]  # unkeyed: led here
+            for t in ids:
+                assert nodes[partition_of(t, 2)].get(TENANT, t).task_id == t
+
+    run(main())
+
+
+def test_a_bad_item_refuses_a_split_batch_before_any_part_is_sent() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, _, _):
+            items = [task(key_on(1)), {**task(key_on(0)), "priority": "high"}]
+            status, reply = await post(a, "/v1/tasks:batch", {"tasks": items})
+            assert status == 400 and reply["error"]["field"].startswith("tasks[1]"), reply
+            status, _ = await post(b, "/v1/tasks", task(key_on(1)))
+            assert status == 201  # created now: the good item never reached b
+
+    run(main())
+
+
+def test_a_forwarded_request_is_never_forwarded_again() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, _, _, _):
+            status, body, headers = await request(
+                "POST", a, "/v1/tasks", task(key_on(1)), headers={FORWARDED: "x"}
+            )
+            assert status == 503 and headers[NOT_OWNER] == "1" and "Retry-After" in headers
+            assert body["error"]["code"] == "unavailable"
+
+    run(main())
+
+
+def test_a_stale_owner_makes_the_sender_wait_for_the_directory_and_send_once_more() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, directory, _):
+            directory.urls[0] = b  # the directory says b leads 0: b refuses, one hop only
+            status, _, headers = await request("POST", a, "/v1/tasks", task(key_on(0)))
+            assert status == 201  # a leads it: served here, the directory is not asked
+            directory.urls[1] = a  # a believes a leads 1, which it does not: no owner known
+            status, body, headers = await request("POST", a, "/v1/tasks", task(key_on(1)))
+            assert status == 503 and "Retry-After" in headers, body
+            directory.urls[1] = "http://127.0.0.1:9"  # nothing listens there: refused, twice
+            status, body, _ = await request("POST", a, "/v1/tasks", task(key_on(1)))
+            assert status == 503 and "cannot be reached" in body["error"]["message"]
+            assert directory.waits == 1
+
+    run(main())
+
+
+def test_worker_reports_of_another_nodes_partition_are_answered_by_its_owner() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, _, _):
+            status, created = await post(b, "/v1/tasks", task(key_on(1)))
+            assert status == 201
+            poll = {"agent_id": "t", "app": "app", "queues": [], "capacity": 1, "wait_ms": 5000}
+            status, got = await post(b, "/worker/poll", {**poll, "lease_ms": 30_000})
+            (lease,) = got["leases"]
+            ref = {"task_id": created["task_id"], "lease_id": lease["lease_id"]}
+            status, reply = await post(a, "/worker/heartbeat", {"leases": [ref]})
+            assert status == 200 and reply["actions"][0]["action"] == "CONTINUE", reply
+            done = {**ref, "outcome": "SUCCEEDED", "result": {"ok": 1}}
+            status, reply = await post(a, "/worker/complete", {"completions": [done]})
+            assert status == 200 and reply["results"][0]["ok"], reply
+            status, read, _ = await request("GET", a, f"/v1/tasks/{created['task_id']}")
+            assert read["status"] == "SUCCEEDED" and read["result"] == {"ok": 1}
+
+    run(main())
