@@ -7,6 +7,12 @@ schemas (``schemas/state/*.avsc``, docs left out) and of the key layout (``keys.
 in a file beside each store; a store without one predates the file and is rebuilt once. A
 rebuild re-ships the events of the whole log; their consumers dedupe by version (the outbox's
 at-least-once contract).
+
+With partition snapshots on (a node on Kafka given ``--snapshots``), the log is trimmed below
+the oldest snapshot kept, and ``streams/cluster/snapshots.py`` restores only snapshots written
+under this build's schemas: a build that changes them cannot rebuild a trimmed partition and
+does not lead it (``RestoreFailed``). Changing the state schemas of such a cluster needs a
+migration of its snapshots, which does not exist yet.
 """
 
 from __future__ import annotations

@@ -373,7 +373,7 @@ async def _run_node(
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         if kafka is not None:
-            member = await _join(node, record_log, kafka, url, home)
+            member = await _join(node, record_log, kafka, url, home, metrics)
             forwarder(app).attach(member.directory, url)  # any request, to its owner
         _banner(url, key, home)
         try:
@@ -393,7 +393,7 @@ async def _run_node(
 
 
 async def _join(
-    node: Node, record_log: Any, kafka: KafkaConfig, url: str, home: Path
+    node: Node, record_log: Any, kafka: KafkaConfig, url: str, home: Path, metrics: Any
 ) -> ClusterMember:
     from conveyor.streams.cluster import Snapshots, join, leading
     from conveyor.streams.cluster.snapshot_store import open_store
@@ -412,6 +412,7 @@ async def _join(
             interval_ms=kafka.snapshot_interval_ms,
             keep=kafka.snapshot_keep,
         )
+        metrics.watch_snapshots(snapshots)
     return await join(
         node,
         record_log,

@@ -38,7 +38,8 @@ The rules, and why:
    one. A snapshot that cannot be read falls back to the next older one, then to the local
    store, with a warning. The local store can replay only if the log still holds the offset
    after its own; when it does not and no snapshot can be restored, ``RestoreFailed``
-   (retryable: the store may come back) and the partition is not led.
+   (retryable: the store may come back) and the partition is not led. So a build with other
+   state schemas cannot take over a trimmed log (``store/state_schemas.py``).
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def partition_prefix(cluster: str, partition: int) -> str:
 class Snapshots:
     """The snapshots of one node's partitions: the schedule (``run``), ``take``, ``restore``.
 
-    ``stores`` is the node's list of partition stores: ``restore`` replaces an entry in it.
-    ``leading(p)``: whether ``p`` is led here now."""
+    ``stores`` is the node's list of partition stores (``restore`` swaps the directory under
+    an entry and reopens it). ``leading(p)``: whether ``p`` is led here now."""
 
     def __init__(
         self,
@@ -169,6 +170,22 @@ class Snapshots:
         self.last_duration_ms: dict[int, float] = {}
         self._runner: asyncio.Task[None] | None = None
         self._taken = 0  # names the scratch directories
+        self._schemas = fingerprint()
+
+    def figures(self) -> dict[int, tuple[float, int, float | None]]:
+        """For the metrics, per partition led here with a snapshot: the newest snapshot's age
+        (seconds), its archive's bytes, and how long the last one taken here took (seconds;
+        None when it was restored, not taken, here)."""
+        now = self.clock.now_ms()
+        return {
+            p: (
+                max(0.0, (now - m.taken_ms) / 1000),
+                m.archive_bytes,
+                None if (ms := self.last_duration_ms.get(p)) is None else ms / 1000,
+            )
+            for p, m in sorted(self.newest.items())
+            if self._leading(p)
+        }
 
     # -- the schedule (rule 2) ---------------------------------------------------------------
 
@@ -226,7 +243,7 @@ class Snapshots:
                 partition=p,
                 offset=offset,
                 epoch=epoch,
-                state_schemas=fingerprint(),
+                state_schemas=self._schemas,
                 archive_bytes=size,
                 archive_sha256=digest,
                 taken_ms=self.clock.now_ms(),
@@ -316,11 +333,10 @@ class Snapshots:
                 log.warning("partition %d: no snapshot listing (%r); replaying the log", p, exc)
                 return
             raise self._failed(p, local, start, f"listing them failed ({exc!r})") from exc
-        want = fingerprint()
         for manifest in listed:
             if manifest.offset <= local:
                 return  # the local store is as new: it replays the tail
-            if manifest.state_schemas != want:
+            if manifest.state_schemas != self._schemas:
                 log.warning("partition %d: snapshot %s has other state schemas", p, manifest.name)
                 continue
             try:

@@ -146,6 +146,10 @@ class Metrics:
         self.registry.register(NodeCollector(node))
         node.on_events(self.observe_events)
 
+    def watch_snapshots(self, snapshots: SnapshotFigures) -> None:
+        """Expose the partition snapshots' age, size and duration, read at scrape time."""
+        self.registry.register(SnapshotCollector(snapshots))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -281,6 +285,39 @@ class ProjectionCollector(Collector):
             "Age of the newest projected event while records wait (0 when caught up)",
             value=projection.lag_s(),
         )
+
+
+class SnapshotFigures(Protocol):
+    def figures(self) -> dict[int, tuple[float, int, float | None]]: ...
+
+
+class SnapshotCollector(Collector):
+    """Partition snapshots (``streams/cluster/snapshots.py``) of the partitions led here: the
+    newest one's age and size, and how long the last one taken here took."""
+
+    def __init__(self, snapshots: SnapshotFigures) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterator[Metric]:
+        age = GaugeMetricFamily(
+            "conveyor_snapshot_age_seconds",
+            "Age of the newest snapshot of each partition led here",
+            labels=["partition"],
+        )
+        size = GaugeMetricFamily(
+            "conveyor_snapshot_bytes", "Size of that snapshot's archive", labels=["partition"]
+        )
+        took = GaugeMetricFamily(
+            "conveyor_snapshot_duration_seconds",
+            "How long the last snapshot taken here took (checkpoint, pack, upload)",
+            labels=["partition"],
+        )
+        for p, (age_s, archive_bytes, duration_s) in self._snapshots.figures().items():
+            age.add_metric([str(p)], age_s)
+            size.add_metric([str(p)], archive_bytes)
+            if duration_s is not None:
+                took.add_metric([str(p)], duration_s)
+        yield from (age, size, took)
 
 
 class NodeCollector(Collector):

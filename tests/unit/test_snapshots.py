@@ -35,6 +35,7 @@ from conveyor.streams.cluster.snapshots import (
     partition_prefix,
 )
 from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.sinks.metrics import Metrics
 
 CLUSTER = "c1"
 
@@ -276,3 +277,22 @@ def test_an_archive_without_its_manifest_is_not_a_snapshot(
     assert manifest["offset"] == 10 and manifest["format"] == 1
     owner.close()
     fresh.close()
+
+
+def test_the_metrics_show_the_newest_snapshot_of_each_partition_led_here(
+    tmp_path: Path, log: MemoryLog, local_store: LocalSnapshotStore
+) -> None:
+    owner = Home(tmp_path / "n1", local_store, log)
+    fill(owner.stores[0], 0, 10, applied=10)
+    taken = asyncio.run(owner.snapshots.take(0))
+    assert taken is not None
+    owner.clock.advance(4_000)
+    metrics = Metrics()
+    metrics.watch_snapshots(owner.snapshots)
+    text = metrics.exposition().decode()
+    assert 'conveyor_snapshot_age_seconds{partition="0"} 4.0' in text
+    assert f'conveyor_snapshot_bytes{{partition="0"}} {float(taken.archive_bytes)}' in text
+    assert 'conveyor_snapshot_duration_seconds{partition="0"}' in text
+    owner.led = False  # led elsewhere now: its age here means nothing
+    assert "conveyor_snapshot_age_seconds{" not in metrics.exposition().decode()
+    owner.close()
