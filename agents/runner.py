@@ -37,6 +37,7 @@ from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
 from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
+from conveyor.loops import run_awaitable
 from conveyor.signals import (
     ClaimLost,
     CompensationFailed,
@@ -85,7 +86,8 @@ def unknown_type(app: App, task_type: str) -> AttemptResult:
 
 
 def run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
-    """Call the handler in this thread (an async handler gets its own event loop)."""
+    """Call the handler in this thread (an async handler runs on the thread's long-lived
+    event loop, ``conveyor.loops``: the same loop for every attempt of this guest)."""
     result = _run_sync(task, ctx, payload)
     return compensated(task, ctx, result) if ctx.step.compensating else result
 
@@ -95,7 +97,7 @@ def _run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptRe
         with running(ctx):
             value = task.invoke(ctx, payload)
             if inspect.isawaitable(value):
-                value = asyncio.run(_awaited(value))
+                value = run_awaitable(value)
     except StepSignal as exc:
         return signal_of(ctx, exc)
     except Cancelled as exc:
@@ -201,10 +203,6 @@ def signal_result(signal: StepSignal) -> AttemptResult:
         error_class=signal.error_class,
         error_message=str(signal)[:MESSAGE_CHARS_MAX],
     )
-
-
-async def _awaited(value: Any) -> Any:
-    return await value
 
 
 def succeeded(ctx: Context | None, value: Any) -> AttemptResult:

@@ -54,6 +54,7 @@ from typing import Any, Protocol, TypeVar, overload
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
 from conveyor.frozen import frozen
+from conveyor.loops import run_awaitable
 from conveyor.schemas.steps import (
     COMPENSATE_PREFIX,
     STEP_KEY_BYTES_MAX,
@@ -149,12 +150,12 @@ def encode_value(identity: str, value: Any) -> str:
 
 def _undoing(identity: str, compensate: Callable[[Any], Any], value: Any) -> Callable[[], Any]:
     """The body of ``@undo:<identity>``: ``compensate(value)``, its failure named; an async
-    compensation runs in an event loop of its own (``compensate_all`` runs off any loop)."""
+    compensation runs on the thread's long-lived loop (``compensate_all`` runs off any loop)."""
 
     def call() -> Any:
         try:
             result = compensate(value)
-            return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+            return run_awaitable(result) if inspect.isawaitable(result) else result
         except Exception as exc:
             raise CompensationFailed(identity, exc) from exc
 
@@ -169,10 +170,6 @@ def _decoded(identity: str, value: Any) -> Any:
 def _discard(value: Awaitable[Any]) -> None:
     if inspect.iscoroutine(value):
         value.close()  # never awaited, by design: no warning about it
-
-
-async def _awaited(value: Awaitable[Any]) -> Any:
-    return await value
 
 
 class StepContext:

@@ -166,3 +166,19 @@ def weigh(parcel: Parcel) -> Parcel:
 @app.task
 def add(x: int, y: int) -> int:  # Celery-style arguments
     return x + y
+
+
+_session: Any = None  # a module-level async client, kept across attempts (conveyor.loops)
+
+
+@app.task
+async def fetch_health(url: str) -> dict[str, Any]:
+    """Uses one aiohttp session for every attempt this guest runs: it works only if every
+    attempt runs on the same event loop."""
+    import aiohttp
+
+    global _session
+    if _session is None:
+        _session = aiohttp.ClientSession()
+    async with _session.get(url) as reply:
+        return {"status": reply.status, "pid": os.getpid(), "loop": id(asyncio.get_running_loop())}

@@ -44,3 +44,32 @@ def test_typed_payloads_and_results_cross_a_real_node(gateway: str, tmp_path: Pa
             await api.close()
 
     run(main)
+
+
+def test_an_async_handler_keeps_its_module_level_session_across_attempts(
+    gateway: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Attempts in one warm guest run on one long-lived event loop, so an aiohttp session
+    made by the first attempt still works in the next ones (a loop per attempt closes it)."""
+
+    async def main() -> None:
+        api = HttpWorkerAPI(gateway, KEY)
+        logs = tmp_path / "logs"
+        agent = HostAgent(api, APP_REF, log_dir=logs, concurrency=1, poll_wait_s=1.0)
+        running = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for(agent.started.wait(), DEADLINE_S)
+            async with conveyor.AsyncClient(gateway, KEY) as client:
+                replies = []
+                for _ in range(3):
+                    handle = await client.enqueue(agent_app.fetch_health, f"{gateway}/healthz")
+                    replies.append(await handle.result(DEADLINE_S))
+            assert all(r["status"] == 200 for r in replies), replies
+            assert len({(r["pid"], r["loop"]) for r in replies}) == 1, replies  # one guest, loop
+        finally:
+            agent.stop()
+            await asyncio.wait_for(running, DEADLINE_S)
+            await api.close()
+
+    run(main)
