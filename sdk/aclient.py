@@ -323,3 +323,41 @@ class AsyncClient:
         never fire. ``NotFound`` if there is none."""
         path = f"/v1/schedules/{quote(schedule_id, safe='')}/resume"
         return ScheduleInfo.from_json(await self._send("POST", path))
+
+    # -- the events stream and webhooks -----------------------------------------------------
+
+    async def events(
+        self, after: str | None = None, *, wait_s: float = 0.0, limit: int = 100, **filters: str
+    ) -> dict[str, Any]:
+        """``GET /v1/events`` as a long poll: ``{"events", "cursor"}``, the tenant's task events
+        after ``after`` (none: from the newest on); pass ``cursor`` on. ``filters``: state,
+        task_type, queue, type (comma-separated values)."""
+        params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
+        timeout = wait_s + self._http.timeout
+        return dict(await self._send("GET", "/v1/events", params=params, timeout=timeout))
+
+    async def create_webhook(
+        self, url: str, events: list[str], task_types: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
+        body = {"url": url, "events": events, "task_types": task_types}
+        return dict(await self._send("POST", "/v1/webhooks", body=body, idempotent=False))
+
+    async def webhooks(self) -> list[dict[str, Any]]:
+        return list((await self._send("GET", "/v1/webhooks"))["webhooks"])
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        await self._send("DELETE", f"/v1/webhooks/{quote(webhook_id, safe='')}")
+
+    async def webhook_deliveries(
+        self, webhook_id: str, *, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """A webhook's deliveries, the most recently changed first."""
+        path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
+        reply = await self._send("GET", path, params=query(status=status, limit=limit))
+        return list(reply["deliveries"])
+
+    async def redeliver(self, webhook_id: str, delivery_id: str) -> None:
+        """Send a delivery again, with the same webhook-id."""
+        hook, delivery = quote(webhook_id, safe=""), quote(delivery_id, safe="")
+        await self._send("POST", f"/v1/webhooks/{hook}/deliveries/{delivery}:redeliver")

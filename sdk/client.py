@@ -397,6 +397,44 @@ class Client:
         path = f"/v1/schedules/{quote(schedule_id, safe='')}/resume"
         return ScheduleInfo.from_json(self._send("POST", path))
 
+    # -- the events stream and webhooks -----------------------------------------------------
+
+    def events(
+        self, after: str | None = None, *, wait_s: float = 0.0, limit: int = 100, **filters: str
+    ) -> dict[str, Any]:
+        """``GET /v1/events`` as a long poll: ``{"events", "cursor"}``, the tenant's task events
+        after ``after`` (none: from the newest on); pass ``cursor`` on. ``filters``: state,
+        task_type, queue, type (comma-separated values)."""
+        params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
+        timeout = wait_s + self._timeout
+        return dict(self._send("GET", "/v1/events", params=params, timeout=timeout))
+
+    def create_webhook(
+        self, url: str, events: list[str], task_types: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
+        body = {"url": url, "events": events, "task_types": task_types}
+        return dict(self._send("POST", "/v1/webhooks", body=body, idempotent=False))
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        return list((self._send("GET", "/v1/webhooks"))["webhooks"])
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._send("DELETE", f"/v1/webhooks/{quote(webhook_id, safe='')}")
+
+    def webhook_deliveries(
+        self, webhook_id: str, *, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """A webhook's deliveries, the most recently changed first."""
+        path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
+        reply = self._send("GET", path, params=query(status=status, limit=limit))
+        return list(reply["deliveries"])
+
+    def redeliver(self, webhook_id: str, delivery_id: str) -> None:
+        """Send a delivery again, with the same webhook-id."""
+        hook, delivery = quote(webhook_id, safe=""), quote(delivery_id, safe="")
+        self._send("POST", f"/v1/webhooks/{hook}/deliveries/{delivery}:redeliver")
+
 
 def bulk_body(flt: dict[str, Any], limit: int | None, reason: str | None = None) -> dict[str, Any]:
     """The body of a bulk retry or cancel. Sent with ``idempotent=False``: a resent POST

@@ -6,6 +6,7 @@ protocol by the test itself (poll, complete), so every event it expects is one i
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import threading
@@ -16,6 +17,9 @@ from typing import Any
 
 import pytest
 
+from conveyor.aclient import AsyncClient
+from conveyor.client import Client
+from conveyor.errors import ContractError
 from tests.integration.test_gateway import (
     KEY_A,
     KEY_B,
@@ -222,3 +226,28 @@ def test_a_bad_filter_is_a_400(node: NodeProcess) -> None:
 def test_events_need_a_client_key(node: NodeProcess, tmp_path: Path) -> None:
     status, reply = call(node.base, "GET", "/v1/events", key=None)
     assert status == 401, reply
+
+
+def test_the_clients_read_events_and_manage_webhooks(node: NodeProcess) -> None:
+    start = tail_cursor(node.base)
+    (task_id,) = enqueue(node.base, KEY_A, 1)
+    with Client(node.base, KEY_A) as client:
+        page = client.events(start, wait_s=5, type="task.enqueued")
+        assert [e["task_id"] for e in page["events"]] == [task_id]
+        with pytest.raises(ContractError):
+            client.events("c1.bogus")
+        # This node sends to public addresses only; a literal one is never resolved.
+        hook = client.create_webhook("http://93.184.215.14/hook", ["task.failed"])
+        assert hook["secret"].startswith("whsec_")
+        assert [h["webhook_id"] for h in client.webhooks()] == [hook["webhook_id"]]
+        assert all("secret" not in h for h in client.webhooks())
+        assert Client(node.base, KEY_B).webhooks() == []
+        assert client.webhook_deliveries(hook["webhook_id"]) == []
+        client.delete_webhook(hook["webhook_id"])
+        assert client.webhooks() == []
+
+    async def read() -> dict[str, Any]:
+        async with AsyncClient(node.base, KEY_A) as aclient:
+            return await aclient.events(page["cursor"], wait_s=0)
+
+    assert asyncio.run(read())["events"] == []
