@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -189,3 +191,31 @@ def test_a_fresh_node_restores_the_snapshots_past_the_trim_and_replays_only_the_
         for node in (n1, n2):
             if node.proc is not None and node.proc.poll() is None:
                 node.stop()
+
+
+KAFKA = ("--kafka", "127.0.0.1:1", "--node-id", "n1")  # never reached: the options fail first
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (("--snapshots", "SNAPS"), "--snapshots are of a node on Kafka"),
+        (
+            (*KAFKA, "--snapshots", "ftp://x/y"),
+            "neither a directory nor s3://bucket/prefix",
+        ),
+        (
+            (*KAFKA, "--snapshots", "SNAPS", "--snapshot-interval", "soon"),
+            "--snapshot-interval",
+        ),
+    ],
+)
+def test_bad_snapshot_options_stop_the_node_before_it_starts(
+    tmp_path: Path, options: tuple[str, ...], says: str
+) -> None:
+    options = tuple(str(tmp_path / "snaps") if o == "SNAPS" else o for o in options)
+    cmd = [sys.executable, "-m", "conveyor.cli", "node", "--home", str(tmp_path / "home")]
+    done = subprocess.run([*cmd, *options], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert says in done.stderr + done.stdout, done.stderr
+    assert not (tmp_path / "home" / "state").exists()  # nothing was opened
