@@ -592,6 +592,10 @@ def chaos_failover(
         str, typer.Option("--duration", help="Load under faults: 60s, 2m (each fault once)")
     ] = "60s",
     seed: Annotated[int | None, typer.Option("--seed", help="Default: random, printed")] = None,
+    session_s: Annotated[
+        float,
+        typer.Option("--session-timeout-s", min=3.0, help="The nodes' group session timeout"),
+    ] = 4.0,
     home: Annotated[Path | None, typer.Option("--keep", help="Keep the run's files here")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -615,6 +619,7 @@ def chaos_failover(
     config = FailoverConfig(
         seconds=seconds,
         seed=random.randrange(2**31) if seed is None else seed,
+        session_s=session_s,
         home=home,
     )
     result = asyncio.run(run_failover(config))

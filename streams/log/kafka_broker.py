@@ -192,6 +192,10 @@ def _properties(node: _Node, nodes: list[_Node]) -> str:
         "share.coordinator.state.topic.replication.factor": rf,
         "share.coordinator.state.topic.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": 0,
+        # A node may ask for a session timeout down to 3 s (conveyor node --session-timeout-s):
+        # the broker's floor is 6 s unless lowered, and it bounds how soon a dead node's
+        # partitions move.
+        "group.min.session.timeout.ms": 3000,
         "num.partitions": 1,
         "log.flush.interval.messages": 9223372036854775807,  # durability is replication
     }
