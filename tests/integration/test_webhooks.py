@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -294,6 +297,29 @@ def test_private_addresses_are_refused_unless_allowed(tmp_path: Path, receiver: 
         hook = create_hook(node.base, "http://93.184.215.14/hook")
         status, _ = call(node.base, "DELETE", f"/v1/webhooks/{hook['webhook_id']}")
         assert status == 200
+        cli_round_trip(node)
+
+
+def conveyor(node: NodeProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "conveyor.cli", "webhooks", *args]
+    cmd += ["--url", node.base, "--api-key", KEY_A]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def cli_round_trip(node: NodeProcess) -> None:
+    """``conveyor webhooks create|list|deliveries|delete``, and a refusal in one line."""
+    made = conveyor(node, "create", "http://93.184.215.14/hook", "--event", "task.failed", "--json")
+    assert made.returncode == 0, made.stderr
+    hook = json.loads(made.stdout)
+    listed = conveyor(node, "list", "--json")
+    assert [h["webhook_id"] for h in json.loads(listed.stdout)] == [hook["webhook_id"]]
+    assert hook["secret"] not in listed.stdout
+    shown = conveyor(node, "deliveries", hook["webhook_id"], "--json")
+    assert (shown.returncode, json.loads(shown.stdout)) == (0, [])
+    assert conveyor(node, "delete", hook["webhook_id"]).returncode == 0
+    refused = conveyor(node, "create", "http://10.0.0.1/x", "--event", "task.failed")
+    assert refused.returncode != 0
+    assert "private" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_a_failed_delivery_is_redelivered_with_the_same_webhook_id(

@@ -14,7 +14,13 @@ from conveyor.errors import ContractError
 from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.schemas.types import EventBatch, EventKind, TaskEvent
 from conveyor.streams.log.memory import MemoryLog
-from conveyor.streams.webhooks.addresses import AddressPolicy, parse_url
+from conveyor.streams.webhooks.addresses import (
+    AddressPolicy,
+    AddressRefused,
+    CheckedResolver,
+    literal_refusal,
+    parse_url,
+)
 from conveyor.streams.webhooks.deliver import backoff_ms
 from conveyor.streams.webhooks.stream import Position, Tail, decode_cursor, encode_cursor
 
@@ -156,3 +162,18 @@ def test_parse_url_refuses_what_it_cannot_send_to() -> None:
     for bad in ("ftp://x/", "http://u:p@x/", "http:///nohost", "http://x:99999/", "http://x/#f", 7):
         with pytest.raises(ContractError):
             parse_url(bad)
+
+
+def test_the_delivery_resolver_refuses_a_name_that_resolves_to_loopback() -> None:
+    async def run() -> None:
+        strict = CheckedResolver(AddressPolicy())
+        with pytest.raises(AddressRefused, match="loopback"):
+            await strict.resolve("localhost", 80)
+        await strict.close()
+        allowed = CheckedResolver(AddressPolicy(allow_loopback=True))
+        assert {r["host"] for r in await allowed.resolve("localhost", 80)} <= {"127.0.0.1", "::1"}
+        await allowed.close()
+        assert literal_refusal("10.0.0.1", AddressPolicy()) is not None
+        assert literal_refusal("example.com", AddressPolicy()) is None  # a name: the resolver's
+
+    asyncio.run(run())
