@@ -121,7 +121,7 @@ class Asks:
 class Member:
     url: str
     api: WorkerAPI
-    registered: bool = False
+    registered: bool = False  # registration tried (``_ensure_registered``)
     failures: int = 0
     skip_until: float = 0.0
     poll: asyncio.Task[list[LeaseOffer]] | None = None
@@ -215,14 +215,15 @@ class ClusterWorkerAPI:
             )
 
     async def _ensure_registered(self, member: Member) -> None:
+        """Register with a node found later, once: where the node keeps the registry in the
+        log, one node answers for the cluster and the others may refuse for now (503)."""
         if member.registered or self._register is None:
             return
+        member.registered = True  # tried: not again on every refresh
         try:
             await member.api.register(**self._register)
-        except TransientError as exc:
-            self._failed(member, exc)
-            return
-        member.registered = True
+        except ConveyorError as exc:
+            log.info("registering with %s: %s", member.url, exc)
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -235,9 +236,11 @@ class ClusterWorkerAPI:
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
         deploy: int | None = None,
+        definitions: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """With the seed first (its refusal, say of the key, stops the agent), then with every
-        node as it is found: each node refuses enqueues of types no agent registered there."""
+        """With the seed first (its refusal, say of the key, stops the agent; if it cannot take
+        it now, with another node), then once with every node as it is found (a node that
+        keeps its registry to itself refuses enqueues of types no agent registered there)."""
         self._register = {
             "agent_id": agent_id,
             "app": app,
@@ -245,12 +248,30 @@ class ClusterWorkerAPI:
             "task_types": list(task_types),
             "pinned": list(pinned),
             "deploy": deploy,
+            "definitions": list(definitions),
         }
         seed = self.members[self.seed]
-        await seed.api.register(**self._register)
+        try:
+            await seed.api.register(**self._register)
+        except TransientError:  # the seed cannot take it now: another node may
+            await self.refresh()
+            if not await self._register_elsewhere():
+                raise
         seed.registered = True
         with contextlib.suppress(ConveyorError):
             await self.refresh()
+
+    async def _register_elsewhere(self) -> bool:
+        for member in self.members.values():
+            if member.url == self.seed:
+                continue
+            try:
+                await member.api.register(**(self._register or {}))
+            except TransientError:
+                continue
+            member.registered = True
+            return True
+        return False
 
     async def poll(
         self,
@@ -269,7 +290,7 @@ class ClusterWorkerAPI:
         polls answered by then (at least one, unless ``wait_ms`` passes)."""
         if self._now() >= self._refresh_at:
             await self.refresh()
-        idle = [m for m in self._live() if m.poll is None and m.registered]
+        idle = [m for m in self._live() if m.poll is None]
         if len(self.members) > 1:
             wait_ms = min(wait_ms, CLUSTER_POLL_WAIT_MS)
         shares = split(self.asks.free(capacity), [m.url for m in idle], next(self._turn))

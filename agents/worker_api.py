@@ -38,6 +38,7 @@ T = TypeVar("T")
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
 RETRY_AFTER_MAX_MS = 60_000  # a reply's retry_after_ms is capped at this
 NODES_PATH = "/worker/nodes"
+NODES_TIMEOUT_S = 5.0  # the nodes are asked again soon (agents/cluster.py)
 
 
 @frozen(kw_only=True)
@@ -383,7 +384,7 @@ class HttpWorkerAPI:
         """The URLs of the nodes of the cluster that lead partitions (``GET /worker/nodes``,
         ``agents/cluster.py``); None from a node without the endpoint (it serves alone)."""
         try:
-            reply = await self._http.request("GET", NODES_PATH)
+            reply = await self._http.request("GET", NODES_PATH, timeout=NODES_TIMEOUT_S)
         except TRANSPORT_ERRORS as exc:
             raise TransientError(f"GET {NODES_PATH}: {exc!r}") from exc
         if reply.status == 404:
