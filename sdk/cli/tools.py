@@ -298,14 +298,31 @@ def bench_e2e(
     in_process: Annotated[
         bool, typer.Option("--in-process", help="Agents run handlers on threads, not guests")
     ] = False,
+    kafka: Annotated[
+        bool,
+        typer.Option(
+            "--kafka",
+            help="On local Kafka brokers started for the run (1, or 3 for --nodes 2 or more)",
+        ),
+    ] = False,
+    nodes: Annotated[
+        int, typer.Option("--nodes", min=1, max=8, help="With --kafka: nodes of the cluster")
+    ] = 1,
+    compare_local: Annotated[
+        bool,
+        typer.Option("--compare-local", help="With --kafka: the local log too, in the same run"),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """The product end to end: a real node and agent as subprocesses, driven over HTTP.
 
     Throughput (batch enqueue -> guests -> SUCCEEDED), single-enqueue latency (one caller,
-    then 16 at once) and idle schedule-to-start."""
+    then 16 at once) and idle schedule-to-start; CPU per task of each process. With --kafka,
+    on a cluster of --nodes nodes (--agents agents each) on local brokers."""
     from conveyor.streams.bench.e2e import bench_e2e as run
 
+    if not kafka and (nodes != 1 or compare_local):
+        raise fail("--nodes and --compare-local are options of a run on Kafka: add --kafka")
     result = asyncio.run(
         run(
             tasks=tasks,
@@ -317,6 +334,8 @@ def bench_e2e(
             concurrent=concurrent,
             idle=idle,
             in_process=in_process,
+            kafka_nodes=nodes if kafka else None,
+            compare_local=compare_local,
         )
     )
     _print_result(result, as_json)

@@ -31,7 +31,9 @@ for nothing on this machine: no-op tasks keep 8 busy, and each of 32 guests wake
 fewer tasks at a time (runs alternating: 3,119-4,074 tasks/s with 32 guests, 4,070-4,414 with
 8, 3,877-4,579 with 4; guests' CPU 4.7-6.0 s against 3.3-3.7 s with 8).
 
-Both processes are stopped by pid at the end, whatever happened (TERM, then KILL).
+Every process is stopped by pid at the end, whatever happened (TERM, then KILL). CPU is
+counted per role and per process over the throughput phase, also per task. With
+``kafka_nodes`` the same phases run on a cluster on local Kafka brokers (``e2e_kafka.py``).
 """
 
 from __future__ import annotations
@@ -89,42 +91,87 @@ async def bench_e2e(
     home: str | None = None,
     drain_timeout_s: float = 240.0,
     in_process: bool = False,
+    kafka_nodes: int | None = None,
+    compare_local: bool = False,
 ) -> dict[str, Any]:
     """``in_process``: the agents run handlers on their own threads (``--in-process``), not
-    in guests: the platform without the guest hop, as Celery-style workers run."""
+    in guests: the platform without the guest hop, as Celery-style workers run.
+    ``kafka_nodes``: on a cluster of that many nodes on local Kafka brokers (``e2e_kafka``),
+    ``agents`` per node; ``compare_local`` then runs the local log too, after it, and puts its
+    figures under ``local``."""
+    if concurrency is None:
+        concurrency = CONCURRENCY
+    sizes = Sizes(tasks, single, concurrent, idle, drain_timeout_s)
     with tempfile.TemporaryDirectory(prefix="conveyor-e2e-") as tmp:
         root = Path(home or tmp)
-        if concurrency is None:
-            concurrency = CONCURRENCY
-        cluster = Cluster(root, partitions, agents, concurrency, prefetch, in_process)
-        try:
-            await cluster.start()
-            result = await _run(cluster, tasks, single, concurrent, idle, drain_timeout_s)
-        finally:
-            cluster.stop()
-        result.update(_final_state(cluster.node_home, result.pop("since_ms"), tasks))
-        result["tasks_per_s"] = _throughput_figure(result)
-        result["executor"] = "in-process" if in_process else "guests"
-        return _ordered(result, tasks, partitions, agents, concurrency, prefetch)
+        if kafka_nodes is None:
+            return await run_bench(
+                Cluster(root, partitions, agents, concurrency, prefetch, in_process), sizes
+            )
+        from conveyor.streams.bench.e2e_kafka import KafkaNodes
+
+        args = (partitions, agents, concurrency, prefetch, in_process)
+        kafka = KafkaNodes(root / "kafka-run", *args, nodes=kafka_nodes)
+        result = {"log": f"kafka, {kafka_nodes} node(s)", **await run_bench(kafka, sizes)}
+        if compare_local:
+            local = await run_bench(Cluster(root / "local-run", *args), sizes)
+            result["local"] = {"log": "local", **local}
+        return result
 
 
-async def _run(
-    cluster: Cluster, tasks: int, single: int, concurrent: int, idle: int, drain_timeout_s: float
-) -> dict[str, Any]:
+@frozen
+class Sizes:
+    """How much each phase does."""
+
+    tasks: int
+    single: int
+    concurrent: int
+    idle: int
+    drain_timeout_s: float
+
+
+async def run_bench(cluster: Cluster, sizes: Sizes) -> dict[str, Any]:
+    """The phases on ``cluster`` (started here, stopped at the end whatever happened)."""
+    try:
+        await cluster.start()
+        result = await _run(cluster, sizes)
+        stores = cluster.led_stores()  # before the stop: which node's copy is current
+    finally:
+        cluster.stop()
+    result.update(_final_state(stores, result.pop("since_ms"), sizes.tasks))
+    result["tasks_per_s"] = _throughput_figure(result)
+    result["executor"] = "in-process" if cluster.in_process else "guests"
+    return _ordered(
+        result,
+        sizes.tasks,
+        cluster.partitions,
+        cluster.agents,
+        cluster.concurrency,
+        cluster.prefetch,
+    )
+
+
+async def _run(cluster: Cluster, sizes: Sizes) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {cluster.key}"}
-    async with (
-        AsyncClient(cluster.url, cluster.key, app=APP) as client,
-        httpx.AsyncClient(base_url=cluster.url, headers=auth, timeout=60.0) as http,
-    ):
-        s = Session(client, http, cluster.metrics_key)
-        await _warm_up(client, cluster.agents * cluster.concurrency)
+    urls = cluster.urls()
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(AsyncClient(url, cluster.key, app=APP)) for url in urls
+        ]
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=cluster.url, headers=auth, timeout=60.0)
+        )
+        client = clients[0]
+        s = Session(client, http, cluster.metrics_key, tuple(clients))
+        for each in clients:  # every node's agent has registered
+            await _warm_up(each, cluster.agents * cluster.concurrency // len(clients) or 1)
         out: dict[str, Any] = {}
-        out.update(await _single_enqueues(client, single))
-        out.update(await _concurrent_enqueues(client, concurrent))
-        out.update(await _idle_starts(client, idle))
+        out.update(await _single_enqueues(client, sizes.single))
+        out.update(await _concurrent_enqueues(client, sizes.concurrent))
+        out.update(await _idle_starts(client, sizes.idle))
         before = cluster.usage()
-        out.update(await _throughput(s, tasks, drain_timeout_s))
-        out.update(cluster.usage_since(before))
+        out.update(await _throughput(s, sizes.tasks, sizes.drain_timeout_s))
+        out.update(cluster.usage_since(before, sizes.tasks))
         return out
 
 
@@ -136,6 +183,7 @@ class Session:
     client: AsyncClient
     http: httpx.AsyncClient
     metrics_key: str  # the node's /metrics bearer token
+    enqueuers: tuple[AsyncClient, ...] = ()  # one per node: the throughput's batches go round
 
 
 # -- the processes ----------------------------------------------------------------------------
@@ -167,6 +215,17 @@ class Cluster:
 
     APP_NAME: ClassVar[str] = APP
 
+    def urls(self) -> list[str]:
+        """Every node's URL, the first one's first (the latency phases use it alone)."""
+        return [self.url]
+
+    def node_homes(self) -> list[Path]:
+        return [self.node_home]
+
+    def led_stores(self) -> list[Path]:
+        """The RocksDB state of each partition, in the home of the node that leads it."""
+        return sorted(p for p in (self.node_home / "state").iterdir() if p.is_dir())
+
     def mint_agent_key(self) -> None:
         """Before the node starts (it reads new keys within a second; an agent registers at
         once): the agents' key, bound to the app they serve."""
@@ -184,18 +243,21 @@ class Cluster:
         await self._healthy()
         self.key = _dev_key(self.node_home)
         for k in range(self.agents):
-            args = ["--app", APP_REF, "--url", self.url, "--api-key", self.agent_key]
-            slots = ["--concurrency", str(self.concurrency)]
-            if self.prefetch is not None:
-                slots += ["--prefetch", str(self.prefetch)]
-            if self.in_process:
-                slots.append("--in-process")
-            self._spawn(
-                f"agent-{k}",
-                ["agent", *args, *slots],
-                # The agent writes guest logs under $CONVEYOR_HOME: keep them in the temp dir.
-                env={"CONVEYOR_HOME": str(self.root / f"agent-{k}")},
-            )
+            self.spawn_agent_at(f"agent-{k}", self.url)
+
+    def spawn_agent_at(self, name: str, url: str) -> None:
+        args = ["--app", APP_REF, "--url", url, "--api-key", self.agent_key]
+        slots = ["--concurrency", str(self.concurrency)]
+        if self.prefetch is not None:
+            slots += ["--prefetch", str(self.prefetch)]
+        if self.in_process:
+            slots.append("--in-process")
+        self._spawn(
+            name,
+            ["agent", *args, *slots],
+            # The agent writes guest logs under $CONVEYOR_HOME: keep them in the temp dir.
+            env={"CONVEYOR_HOME": str(self.root / name)},
+        )
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -234,7 +296,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Agents first (they drain and kill their guests), then the node; KILL stragglers."""
-        for name, proc in sorted(self.procs.items(), key=lambda kv: kv[0] == "node"):
+        for name, proc in sorted(self.procs.items(), key=lambda kv: kv[0].startswith("node")):
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
@@ -246,41 +308,64 @@ class Cluster:
                 proc.wait()
                 print(f"{name} (pid {proc.pid}) ignored SIGTERM; killed", file=sys.stderr)
 
+    def other_pids(self) -> dict[str, int]:
+        """Processes of the run that are not ``procs`` (role name -> pid): none here."""
+        return {}
+
     def usage(self) -> dict[str, float]:
-        """CPU seconds and RSS (MiB) of the node, its projector process and its snapshot's
-        PostgreSQL (a daemon rather than a child), the agents, their guests, and this process:
-        the client."""
+        """CPU seconds (``/proc/<pid>/stat``, through psutil) and RSS (MiB) of the nodes,
+        their projector processes and their snapshots' PostgreSQL (a daemon rather than a
+        child), the agents, their guests, ``other_pids`` (brokers) and this process: the
+        client. Summed per role; ``cpu_s_by_process`` keeps each process's own."""
         out: dict[str, float] = {}
         for name, popen in self.procs.items():
+            node = name.startswith("node")
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(popen.pid)
-                _add(out, "node" if name == "node" else "agent", proc)
+                _add(out, "node" if node else "agent", proc, name)
                 for child in proc.children(recursive=True):
-                    _add(out, "node_projector" if name == "node" else "guests", child)
-        postmaster = _postmaster(self.node_home)
-        if postmaster is not None:
-            for backend in (postmaster, *postmaster.children(recursive=True)):
-                _add(out, "node_postgres", backend)
+                    _add(out, "node_projector" if node else "guests", child)
+        for home in self.node_homes():
+            postmaster = _postmaster(home)
+            if postmaster is not None:
+                for backend in (postmaster, *postmaster.children(recursive=True)):
+                    _add(out, "node_postgres", backend)
+        for name, pid in self.other_pids().items():
+            with contextlib.suppress(psutil.Error):
+                _add(out, name.rstrip("-0123456789"), psutil.Process(pid), name)
         cpu = psutil.Process().cpu_times()
         out["client_cpu_s"] = cpu.user + cpu.system
         return out
 
-    def usage_since(self, before: dict[str, float]) -> dict[str, float]:
+    def usage_since(self, before: dict[str, float], tasks: int | None = None) -> dict[str, Any]:
+        """Each CPU figure since ``before``; with ``tasks``, also CPU ms per task per role
+        (``<role>_cpu_ms_per_task``) and per process (``cpu_ms_per_task_by_process``)."""
         now = self.usage()
-        out = {k: round(v, 1) for k, v in now.items() if k.endswith("_rss_mb")}
+        out: dict[str, Any] = {k: round(v, 1) for k, v in now.items() if k.endswith("_rss_mb")}
+        by_process: dict[str, float] = {}
         for k, v in now.items():
             if k.endswith("_cpu_s"):
                 out[k] = round(v - before.get(k, 0.0), 2)
+            elif k.startswith("cpu_s:"):
+                by_process[k.removeprefix("cpu_s:")] = v - before.get(k, 0.0)
+        if tasks:
+            for k in [k for k in out if k.endswith("_cpu_s")]:
+                out[k.removesuffix("_cpu_s") + "_cpu_ms_per_task"] = round(1000 * out[k] / tasks, 3)
+            out["cpu_ms_per_task_by_process"] = {
+                name: round(1000 * cpu / tasks, 3) for name, cpu in sorted(by_process.items())
+            }
         return out
 
 
-def _add(out: dict[str, float], role: str, proc: psutil.Process) -> None:
+def _add(out: dict[str, float], role: str, proc: psutil.Process, name: str | None = None) -> None:
     try:
         cpu, rss = proc.cpu_times(), proc.memory_info().rss
     except psutil.Error:  # it just exited
         return
     out[f"{role}_cpu_s"] = out.get(f"{role}_cpu_s", 0.0) + cpu.user + cpu.system
     out[f"{role}_rss_mb"] = out.get(f"{role}_rss_mb", 0.0) + rss / 2**20
+    if name is not None:
+        out[f"cpu_s:{name}"] = cpu.user + cpu.system
 
 
 def _postmaster(home: Path) -> psutil.Process | None:
@@ -385,7 +470,10 @@ async def _idle_starts(client: AsyncClient, n: int) -> dict[str, Any]:
 async def _throughput(s: Session, tasks: int, drain_timeout_s: float) -> dict[str, Any]:
     since_ms = time.time_ns() // 1_000_000
     start = time.perf_counter()
-    lasts = await asyncio.gather(*(_enqueuer(s.client, k, tasks) for k in range(CALLERS)))
+    enqueuers = s.enqueuers or (s.client,)
+    lasts = await asyncio.gather(
+        *(_enqueuer(enqueuers[k % len(enqueuers)], k, tasks) for k in range(CALLERS))
+    )
     enqueue_s = time.perf_counter() - start
     lag: dict[str, float] = {}
     ids = [i for batch in lasts for i in batch]
@@ -400,29 +488,35 @@ async def _throughput(s: Session, tasks: int, drain_timeout_s: float) -> dict[st
     }
 
 
-async def _enqueuer(client: AsyncClient, k: int, tasks: int) -> list[str]:
-    """Batches k, k + CALLERS, ...; returns the id of each batch's last task."""
+async def _enqueuer(client: AsyncClient, k: int, tasks: int) -> list[tuple[AsyncClient, str]]:
+    """Batches k, k + CALLERS, ...; returns each batch's last task with the client of the
+    node that took the batch (on a cluster, the node that leads the task's partition)."""
     lasts = []
     for lo in range(k * ENQUEUE_BATCH, tasks, CALLERS * ENQUEUE_BATCH):
         n = min(ENQUEUE_BATCH, tasks - lo)
         handles = await client.enqueue_many([Enqueue("noop", {})] * n)
-        lasts.append(handles[-1].id)
+        lasts.append((client, handles[-1].id))
     return lasts
 
 
 async def _drain(
-    s: Session, lasts: list[str], since_ms: int, tasks: int, timeout_s: float, lag: dict[str, float]
+    s: Session,
+    lasts: list[tuple[AsyncClient, str]],
+    since_ms: int,
+    tasks: int,
+    timeout_s: float,
+    lag: dict[str, float],
 ) -> bool:
     """Wait until all ``tasks`` created since ``since_ms`` SUCCEEDED: long-polls on each
     batch's last task (a few dozen requests, not one per task), then counts in the listing,
     which may trail the processors (the node's query snapshot), until the count is whole.
     When the long-polls are done (the run's end), ``lag`` gets the node's lag gauges."""
     deadline = time.monotonic() + timeout_s
-    for task_id in lasts:
+    for client, task_id in lasts:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        await s.client.wait(task_id, left)
+        await client.wait(task_id, left)
     lag.update(await _lag_at_end(s))
     while await _succeeded_since(s, since_ms) < tasks:
         if time.monotonic() > deadline:
@@ -469,12 +563,12 @@ async def _succeeded_since(s: Session, since_ms: int) -> int:
 # -- figures ----------------------------------------------------------------------------------
 
 
-def _final_state(home: Path, since_ms: int, tasks: int) -> dict[str, Any]:
+def _final_state(stores: list[Path], since_ms: int, tasks: int) -> dict[str, Any]:
     """Statuses and the last finish time of the throughput tasks (created since ``since_ms``),
-    read from the stopped node's RocksDB state."""
+    read from the stopped nodes' RocksDB state: ``stores``, one current copy per partition."""
     counts: dict[str, int] = {}
     last_ms = since_ms
-    for path in sorted(p for p in (home / "state").iterdir() if p.is_dir()):
+    for path in stores:
         kv = RocksKV(path)
         try:
             for task in _tasks_since(Tables(kv), since_ms):
