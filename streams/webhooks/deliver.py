@@ -214,7 +214,7 @@ class Webhooks:
             connector=connector, timeout=timeout, trust_env=False
         ) as session:
             try:
-                await asyncio.gather(self._feed(), self._send(session))
+                await asyncio.gather(self.feed(), self._send(session))
             finally:
                 for task in self._attempts:
                     task.cancel()
@@ -238,7 +238,8 @@ class Webhooks:
         await self.store.commit(encode_cursor(positions), [], now, now)
         return positions
 
-    async def _feed(self) -> None:
+    async def feed(self) -> None:
+        """The events log -> deliveries, with the cursor (rule 1); until cancelled."""
         positions = await self._start_positions()
         last_commit = self.clock.monotonic_ms()
         dirty = False
