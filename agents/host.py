@@ -64,6 +64,7 @@ from conveyor.agents.worker_api import (
     WorkerAPI,
 )
 from conveyor.app import App
+from conveyor.avro_schema import definitions
 from conveyor.errors import ContractError, ConveyorError, TransientError
 from conveyor.schemas.limits import POLL_CAPACITY_MAX
 from conveyor.steps import StepAck
@@ -224,6 +225,7 @@ class HostAgent:
                 task_types=sorted(self.app.tasks),
                 pinned=sorted(n for n, t in self.app.tasks.items() if t.options.resume == "pinned"),
                 deploy=self.deploy,
+                definitions=definitions(self.app, warn=log.warning),
             )
             for name, loop in (
                 ("heartbeat", self._heartbeats()),

@@ -151,10 +151,13 @@ class WorkerAPI(Protocol):
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
         deploy: int | None = None,
+        definitions: Sequence[dict[str, Any]] = (),
     ) -> None:
         """``pinned``: the workflow types whose resume policy is pinned (the default of an
         enqueue that does not say); ``deploy``: the deploy number, which orders versions (only
-        a registration of a higher one than any before removes the types it does not serve)."""
+        a registration of a higher one than any before removes the types it does not serve);
+        ``definitions``: each type's default options and Avro schemas
+        (``conveyor.avro_schema.definitions``), which the node applies to enqueues of it."""
         ...
 
     async def poll(
@@ -304,8 +307,9 @@ class HttpWorkerAPI:
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
         deploy: int | None = None,
+        definitions: Sequence[dict[str, Any]] = (),
     ) -> None:
-        body = {
+        body: dict[str, Any] = {
             "agent_id": agent_id,
             "app": app,
             "version": version,
@@ -313,6 +317,8 @@ class HttpWorkerAPI:
             "pinned": [*pinned],
             "deploy": deploy,
         }
+        if definitions:
+            body["definitions"] = [*definitions]
         for warning in await self._post("/worker/register", body, warnings_from_json):
             log.warning("registering %s: %s", app, warning)  # a deploy removed handlers
 

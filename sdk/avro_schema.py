@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import types
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NotRequired, Required, Union, get_args, get_origin
 
 from conveyor.errors import ContractError
@@ -188,9 +189,10 @@ def _hints(task: TaskType[Any, Any]) -> dict[str, Any]:
         return {}
 
 
-def definitions(app: App) -> list[dict[str, Any]]:
+def definitions(app: App, *, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Each task type of ``app`` as ``/worker/register`` takes it: its options (those of
-    ``@app.task``) and its schemas."""
+    ``@app.task``) and its schemas. A handler whose annotation derives no schema (refused
+    above) is registered without one, and ``warn`` is told why."""
     out = []
     for name, task in sorted(app.tasks.items()):
         o = task.options
@@ -204,10 +206,13 @@ def definitions(app: App) -> list[dict[str, Any]]:
         }
         if task.is_workflow:
             body["resume"] = o.resume
-        for key, schema in (
-            ("payload_schema", payload_schema(task)),
-            ("result_schema", result_schema(task)),
-        ):
+        for key, derive in (("payload_schema", payload_schema), ("result_schema", result_schema)):
+            try:
+                schema = derive(task)
+            except AvroSchemaError as exc:
+                if warn is not None:
+                    warn(f"task type {name!r}: no {key.replace('_', ' ')}: {exc}")
+                continue
             if schema is not None:
                 body[key] = schema
         out.append(body)

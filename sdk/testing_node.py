@@ -229,6 +229,7 @@ class NodeWorkerAPI:
         task_types: Sequence[str],
         pinned: Sequence[str] = (),
         deploy: int | None = None,
+        definitions: Sequence[dict[str, Any]] = (),
     ) -> None:
         self.known.setdefault(app, set()).update(task_types)
 

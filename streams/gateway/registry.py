@@ -49,6 +49,7 @@ from conveyor.schemas.resume import RESUME_LATEST, RESUME_PINNED
 from conveyor.schemas.types import RegisterTypes, TypeDefinition
 from conveyor.store.catalog import Catalog
 from conveyor.streams.gateway.errors import UnknownTaskType
+from conveyor.streams.gateway.files import read_json
 from conveyor.streams.gateway.validation import DEFAULTABLE, EnqueueRequest
 from conveyor.streams.machine.handlers.types import register
 from conveyor.streams.registry.catalog import Catalogs, LocalCatalogs, NodeCatalogs
@@ -58,17 +59,28 @@ if TYPE_CHECKING:
     from conveyor.streams.node import Node
 
 HINT_TYPES_MAX = 20  # task types an unknown-type error lists
+LEGACY_FILE = "registry.json"  # where versions before the catalog kept the registry
 
 
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, legacy: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
         self.catalogs: Catalogs = LocalCatalogs()  # until ``bind``: in memory (tests, tools)
+        # An app's row from the registry.json of an older version, until the app registers.
+        self._legacy = dict(legacy or {})
 
     @classmethod
     def load(cls, home: str | Path) -> Registry:
         """The registry of the node whose home is ``home``: its rows are in the node's log,
-        read once the gateway binds it to the node (``bind``)."""
-        return cls()
+        read once the gateway binds it to the node (``bind``). A ``registry.json`` an older
+        version wrote answers for the apps it lists until each registers again: that first
+        registration writes its row to the log before its own (``register``)."""
+        doc = read_json(Path(home) / LEGACY_FILE) or {}
+        legacy = {
+            (tenant, app): entry
+            for tenant, apps in doc.get("tenants", {}).items()
+            for app, entry in apps.items()
+        }
+        return cls(legacy)
 
     def bind(self, node: Node) -> None:
         if isinstance(self.catalogs, LocalCatalogs):
@@ -78,7 +90,11 @@ class Registry:
         return self.catalogs.read(tenant)
 
     def _entry(self, tenant: str, app: str) -> dict[str, Any]:
-        return self._catalog(tenant).app(tenant, app) or {}
+        found = self._catalog(tenant).app(tenant, app)
+        if found is None:
+            legacy: dict[str, Any] = self._legacy.get((tenant, app), {})
+            return legacy
+        return found
 
     async def register(
         self,
@@ -96,6 +112,9 @@ class Registry:
         types = [given.get(name) or TypeDefinition(task_type=name) for name in task_types]
         before = self._entry(tenant, app)
         _, removed = register(before, set(task_types), version, pinned, deploy)
+        old = self._legacy.pop((tenant, app), None)
+        if old is not None and self._catalog(tenant).app(tenant, app) is None:
+            await self.catalogs.submit(tenant, _from_legacy(tenant, app, old))
         record = RegisterTypes(
             tenant=tenant, app=app, version=version, deploy=deploy, pinned=pinned, types=types
         )
@@ -243,3 +262,16 @@ class Registry:
         return (
             "start an agent for the app (conveyor agent --app ...) so it registers its task types"
         )
+
+
+def _from_legacy(tenant: str, app: str, entry: dict[str, Any]) -> RegisterTypes:
+    """The registration that writes an app's ``registry.json`` row into the log (its
+    removed types are not carried: the next deploy decides them again)."""
+    return RegisterTypes(
+        tenant=tenant,
+        app=app,
+        version=entry.get("version"),
+        deploy=entry.get("deploy") if isinstance(entry.get("deploy"), int) else None,
+        pinned=list(entry.get("pinned", [])),
+        types=[TypeDefinition(task_type=t) for t in entry.get("task_types", [])],
+    )

@@ -11,13 +11,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_gateway import KEY_A, KEY_B, NodeProcess, call, write_keys
 
 pytestmark = pytest.mark.timeout(180)
+HERE = Path(__file__).parent
 
 ORDER_V1 = {
     "type": "record",
@@ -255,6 +258,50 @@ def test_the_catalog_survives_a_restart(tmp_path: Any) -> None:
         assert call(proc.base, "POST", "/v1/tasks", enq)[0] in (200, 201)
     finally:
         assert proc.stop() == 0, proc.logs()
+
+
+def test_an_agent_registers_its_handlers_schema_and_options(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    write_keys(home)
+    node = NodeProcess(home, ("node", "--no-projection"))
+    node.start()
+    out = open(tmp_path / "agent.out", "wb")  # noqa: SIM115
+    args = ["--app", "typed_shop_app:app", "--url", node.base, "--api-key", KEY_A, "--in-process"]
+    path = ":".join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "agent", *args, "--poll-wait-s", "1"],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": path, "CONVEYOR_HOME": str(tmp_path / "agent")},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while (got := call(node.base, "GET", "/v1/task-types/typed-shop/place"))[0] != 200:
+            assert time.monotonic() < deadline and agent.poll() is None, got
+            time.sleep(0.1)
+        place = got[1]
+        assert place["defaults"]["queue"] == "orders" and place["defaults"]["priority"] == 4
+        assert place["defaults"]["attempts_max"] == 7
+        schema = call(node.base, "GET", "/registry/subjects/typed-shop.place-value/versions/1")
+        assert schema[0] == 200 and schema[1]["id"] == place["payload_schema_id"], schema
+        assert json.loads(schema[1]["schema"])["name"] == "Order"
+        bad = {"task_type": "place", "app": "typed-shop", "payload": {"order_id": "o1"}}
+        status, refused = call(node.base, "POST", "/v1/tasks", bad)
+        assert status == 400 and "payload.lines: missing" in refused["error"]["message"]
+        good = {**bad, "payload": {"order_id": "o1", "lines": [{"sku": "a"}, {"sku": "b"}]}}
+        status, created = call(node.base, "POST", "/v1/tasks", good)
+        assert status in (200, 201), created
+        task = call(node.base, "GET", f"/v1/tasks/{created['task_id']}?wait_ms=20000")[1]
+        assert (task["status"], task["queue"], task["result"]) == (
+            "SUCCEEDED",
+            "orders",
+            {"lines": 2},
+        ), task
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        out.close()
+        assert node.stop() == 0, node.logs()
 
 
 def _cli(node: NodeProcess, *args: str) -> subprocess.CompletedProcess[str]:

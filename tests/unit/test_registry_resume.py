@@ -5,6 +5,7 @@ are records in its log). And what an enqueue of a type the app does not have is 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,31 @@ def test_deploy_order_is_the_declared_number_not_the_order_of_arrival() -> None:
     assert registry.removed_by("t", "shop", "b") == "v3"
     assert registry.register("t", "shop", ["a", "b", "c"], "v2", deploy=2) == []
     assert registry.removed_by("t", "shop", "b") == "v3"  # an older deploy brings none back
+
+
+def test_a_registry_json_of_an_older_version_answers_until_the_app_registers(
+    tmp_path: Path,
+) -> None:
+    legacy = {"task_types": ["a", "b"], "version": "v1", "deploy": 4, "pinned": ["b"]}
+    (tmp_path / "registry.json").write_text(json.dumps({"tenants": {"t": {"shop": legacy}}}))
+
+    async def run() -> None:
+        node = await Node.open(tmp_path, partitions=2)
+        await node.start()
+        registry = Registry.load(tmp_path)
+        registry.bind(node)
+        registry.require("t", "shop", "a", "task_type")  # from the file
+        assert registry.resume_of("t", "shop", "b") == "pinned"
+        # The app's first registration writes the file's row first: deploy 4 is known, so
+        # deploy 5 serving only "a" removes "b".
+        assert await registry.register("t", "shop", ["a"], "v2", deploy=5) == ["b"]
+        await node.stop()
+        node = await Node.open(tmp_path)
+        await node.start()
+        again = Registry()  # the log alone
+        again.bind(node)
+        assert again.task_types("t", "shop") == frozenset({"a", "b"})
+        assert again.removed_by("t", "shop", "b") == "v2"
+        await node.stop()
+
+    asyncio.run(run())
