@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -251,3 +252,31 @@ def test_the_clients_read_events_and_manage_webhooks(node: NodeProcess) -> None:
             return await aclient.events(page["cursor"], wait_s=0)
 
     assert asyncio.run(read())["events"] == []
+
+
+def test_a_stream_that_is_not_read_holds_back_no_one_and_loses_nothing(node: NodeProcess) -> None:
+    """A client that reads nothing while 3,000 events pass (a 4 KiB receive buffer) neither
+    delays another reader nor misses an event once it reads. That its stream holds a bounded
+    amount in the node follows from its queue and aiohttp's drain (``gateway/events.py`` rule
+    4); this volume may fit in the sockets' buffers, so it is not measured here."""
+    start = tail_cursor(node.base)
+    stalled = socket.create_connection(("127.0.0.1", node.port))
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.sendall(
+        f"GET /v1/events?after={start} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
+        "Accept: text/event-stream\r\n\r\n".encode()
+    )
+    ids = [t for _ in range(6) for t in enqueue(node.base, KEY_A, 500)]
+    reader = Sse(node.base, KEY_A, f"?after={start}")  # another client reads meanwhile
+    got = [d["task_id"] for _, _, d in reader.events(len(ids))]
+    reader.close()
+    assert sorted(got) == sorted(ids)
+    stalled.settimeout(READ_TIMEOUT_S)
+    seen, buffer = 0, b""
+    while seen < len(ids):
+        chunk = stalled.recv(65536)
+        assert chunk, "the stalled stream was closed"
+        buffer += chunk
+        seen = buffer.count(b"\nevent: task.enqueued\n")
+    stalled.close()
+    assert all(task_id.encode() in buffer for task_id in ids)
