@@ -25,9 +25,13 @@ The rules, and why:
    snapshot is a failed upload, and is deleted by the next prune.
 4. The newest ``keep`` are kept. Once there are ``keep`` of them, the log is trimmed below
    the oldest kept (offsets up to S): every kept snapshot can still be restored and replayed
-   from, so a damaged newest one falls back to an older one. The events topic is not trimmed:
-   the Postgres projection reads it from its own watermark, kept in Postgres, which a node
-   does not read, and a projection rebuilt from scratch reads it from the start.
+   from, so a damaged newest one falls back to an older one. A partition whose state holds a
+   tenant's catalog (``keys.REGISTRY`` rows) is not trimmed: a node that does not own it
+   follows its log from the start into a memory mirror of the catalog
+   (``streams/registry/catalog.py``), which a trim would leave without its first rows. The
+   events topic is not trimmed: the Postgres projection reads it from its own watermark,
+   kept in Postgres, which a node does not read, and a projection rebuilt from scratch reads
+   it from the start.
 5. Restore (``restore``, the ownership's seam) runs while the partition is closed here. It
    installs the newest snapshot whose state schemas are this build's when the local store
    applied less than it (or nothing). The archive is checked (size, SHA-256, the offset in the
@@ -283,9 +287,13 @@ class Snapshots:
         ]
         if stale:
             await _thread(self.store.delete, stale)
-        if len(kept) >= self.keep and floor + 1 > self.log.start_offset(p):
-            await self.log.trim(p, floor + 1)
-            log.info("partition %d: log trimmed below offset %d", p, floor + 1)
+        if len(kept) < self.keep or floor + 1 <= self.log.start_offset(p):
+            return
+        if _holds_catalog(self.stores[p]):
+            log.debug("partition %d holds a catalog: its log is kept whole", p)
+            return
+        await self.log.trim(p, floor + 1)
+        log.info("partition %d: log trimmed below offset %d", p, floor + 1)
 
     async def list(self, p: int) -> tuple[list[Manifest], dict[str, list[str]]]:
         """The readable manifests of ``p``, newest first; and every snapshot's object names,
@@ -394,6 +402,11 @@ def _rocks(kv: KV, p: int) -> RocksKV:
     if not isinstance(kv, RocksKV):
         raise TypeError(f"partition {p}'s store is not RocksDB but {type(kv).__name__}")
     return kv
+
+
+def _holds_catalog(kv: KV) -> bool:
+    """Rule 4: catalog rows are here, and mirrors elsewhere read them from the log's start."""
+    return next(iter(kv.scan(keys.REGISTRY)), None) is not None
 
 
 def _applied(kv: KV) -> int:

@@ -296,3 +296,14 @@ def test_the_metrics_show_the_newest_snapshot_of_each_partition_led_here(
     owner.led = False  # led elsewhere now: its age here means nothing
     assert "conveyor_snapshot_age_seconds{" not in metrics.exposition().decode()
     owner.close()
+
+
+def test_a_partition_holding_a_catalog_keeps_its_log_whole(
+    tmp_path: Path, log: MemoryLog, local_store: LocalSnapshotStore
+) -> None:
+    owner = Home(tmp_path / "n1", local_store, log, keep=1)
+    fill(owner.stores[0], 0, 10, applied=10)
+    owner.stores[0].write({keys.REGISTRY + b"catalog-row": b"{}"})
+    taken = asyncio.run(owner.snapshots.take(0))
+    assert taken is not None and log.start_offset(0) == 0  # mirrors read it from the start
+    owner.close()
