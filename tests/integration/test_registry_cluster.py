@@ -1,0 +1,88 @@
+"""Every node of a cluster reads the same task types and schemas: two real ``conveyor node
+--kafka`` processes on a real broker, and an agent registration sent to the node that does NOT
+lead the tenant's registry partition (it appends the record to that partition's log and waits
+for its mirror, ``streams/registry/catalog.py`` rule 3). Both nodes then know the type and its
+defaults, enqueue with them and refuse a payload that does not fit its schema, and a schema
+registered through one node is found by id through the other."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from test_cluster import PARTITIONS, leading, settled, wait_for
+from test_gateway import call
+from test_kafka_node import AGENT, CLIENT, kafka_node
+
+from conveyor.streams.log.kafka_broker import KafkaCluster
+from conveyor.streams.registry.catalog import registry_partition
+
+pytestmark = pytest.mark.timeout(180)
+
+ORDER = {
+    "type": "record",
+    "name": "Order",
+    "fields": [{"name": "sku", "type": "string"}],
+}
+
+
+def until_ok(base: str, method: str, path: str, body: object, key: str) -> dict[str, object]:
+    """A node still reading the registry partition answers 503 for a moment."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, reply = call(base, method, path, body, key=key)
+        if status in (200, 201):
+            return dict(reply) if isinstance(reply, dict) else {"reply": reply}
+        assert status == 503 and time.monotonic() < deadline, (status, reply)
+        time.sleep(0.1)  # another process decides: nothing to wait on but its answers
+
+
+def test_both_nodes_read_the_types_registered_through_either(
+    kafka_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    cluster = f"r{uuid.uuid4().hex[:8]}"
+    n1, n2 = (kafka_node(tmp_path, kafka_cluster.bootstrap, f"n{i}", cluster) for i in (1, 2))
+    try:
+        n1.start()
+        wait_for("n1 to lead every partition", lambda: settled([n1]))
+        n2.start()
+        wait_for("the partitions to be shared", lambda: settled([n1, n2]) and bool(leading(n2)))
+        p = registry_partition("default", PARTITIONS)
+        owner, other = (n1, n2) if p in leading(n1) else (n2, n1)
+        body = {
+            "agent_id": "setup",
+            "app": "shop",
+            "version": "1",
+            "task_types": ["pack_item"],
+            "definitions": [
+                {
+                    "task_type": "pack_item",
+                    "queue": "packing",
+                    "priority": 6,
+                    "payload_schema": ORDER,
+                }
+            ],
+        }
+        until_ok(other.base, "POST", "/worker/register", body, AGENT)
+        for node in (owner, other):
+            one = until_ok(node.base, "GET", "/v1/task-types/shop/pack_item", None, CLIENT)
+            defaults = one["defaults"]
+            assert isinstance(defaults, dict) and defaults["queue"] == "packing", one
+            enqueue = {"task_type": "pack_item", "app": "shop", "payload": {"sku": "MUG"}}
+            created = until_ok(node.base, "POST", "/v1/tasks", enqueue, CLIENT)
+            task = call(node.base, "GET", f"/v1/tasks/{created['task_id']}", key=CLIENT)[1]
+            assert (task["queue"], task["priority"]) == ("packing", 6), task
+            bad = {**enqueue, "payload": {"sku": 7}}
+            status, refused = call(node.base, "POST", "/v1/tasks", bad, key=CLIENT)
+            assert status == 400 and "payload.sku" in refused["error"]["message"], refused
+        schema = {"schema": json.dumps({**ORDER, "name": "Other"})}
+        made = until_ok(owner.base, "POST", "/registry/subjects/x-value/versions", schema, CLIENT)
+        got = until_ok(other.base, "GET", f"/registry/schemas/ids/{made['id']}", None, CLIENT)
+        assert json.loads(str(got["schema"]))["name"] == "Other"
+    finally:
+        for node in (n1, n2):
+            if node.proc is not None:
+                node.stop()
