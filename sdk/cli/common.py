@@ -8,6 +8,8 @@ for a one-shot request). Platform modules are imported inside the commands that 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,11 +21,23 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from conveyor.cli import exits
 from conveyor.frozen import frozen
 
+PIPE_WIDTH = 10_000  # the width of a table written to a pipe or a file: as wide as it needs
+
+
+def _width(stream: Any) -> int | None:
+    """None (the terminal's, or $COLUMNS) on a terminal; else wide enough for any table, so a
+    listing piped to grep or a file is not cut at rich's default of 80 columns."""
+    if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return PIPE_WIDTH
+
+
 # soft_wrap: never break a task id or an API key across lines, even on a pipe.
-console = Console(highlight=False, soft_wrap=True)
-errors = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+errors = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 DEFAULT_URL = "http://127.0.0.1:7400"
 DEFAULT_HOME = ".conveyor"
@@ -54,12 +68,28 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON reply"
 
 
 class CliError(Exception):
-    """A failure to report in one line and exit 1 (no traceback: it is not a bug)."""
+    """A failure to report in one line (no traceback: it is not a bug), exiting with ``code``
+    (``exits``)."""
+
+    def __init__(self, message: str, code: int = exits.FAILED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def fail(message: str) -> typer.Exit:
+def fail(message: str, code: int = exits.FAILED) -> typer.Exit:
+    """Print ``message`` as one error line; the ``typer.Exit`` to raise, with ``code``."""
     errors.print(f"[bold red]error[/]: {message}", soft_wrap=True)  # one line, even in a log
-    return typer.Exit(1)
+    return typer.Exit(code)
+
+
+def failed(exc: Exception) -> typer.Exit:
+    """``fail`` for a ``CliError`` (its own code) or a ``ContractError`` raised while a command
+    reads its options (3 for a NotFound, else 2: the input is wrong)."""
+    from conveyor.errors import NotFound
+
+    if isinstance(exc, CliError):
+        return fail(str(exc), exc.code)
+    return fail(str(exc), exits.NOT_FOUND if isinstance(exc, NotFound) else exits.USAGE)
 
 
 def home_dir(home: Path | None) -> Path:
@@ -94,7 +124,8 @@ class Remote:
         if not key:
             raise CliError(
                 "no API key: pass --api-key, set CONVEYOR_API_KEY, or point --home at the "
-                "directory of a node started with `conveyor node`/`conveyor dev`"
+                "directory of a node started with `conveyor node`/`conveyor dev`",
+                exits.REFUSED,
             )
         return cls(url.rstrip("/"), key)
 
@@ -118,11 +149,12 @@ class Remote:
             with urllib.request.urlopen(request, timeout=timeout_s) as reply:
                 return json.loads(reply.read() or b"null")
         except urllib.error.HTTPError as exc:
-            raise CliError(_describe_error(exc.code, exc.read())) from None
+            raise CliError(_describe_error(exc.code, exc.read()), exits.of_http(exc.code)) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CliError(
-                f"cannot reach {self.url}: {reason}; is `conveyor node` running?"
+                f"cannot reach {self.url}: {reason}; is `conveyor node` running?",
+                exits.UNAVAILABLE,
             ) from None
 
 

@@ -22,12 +22,14 @@ import typer
 
 from conveyor.cli import cluster, keys, schedules, schemas, serve, tasks, tools, types, webhooks
 from conveyor.cli.common import CliError, fail
-from conveyor.errors import ContractError
+from conveyor.cli.exits import EPILOG, NOT_FOUND, REFUSED
+from conveyor.errors import ContractError, NotFound
 from conveyor.process import tune_malloc
 
 app = typer.Typer(
     name="conveyor",
     help="Durable background jobs for Python.",
+    epilog=EPILOG,
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_show_locals=False,
@@ -112,10 +114,14 @@ webhooks.register(app)
 def main() -> None:
     """The console script. A ``CliError`` from any command (a refused request, no API key) or a
     ``ContractError`` (what it was asked cannot be done: a data directory another node holds)
-    is one line on stderr and exit status 1, never a traceback."""
+    is one line on stderr and its exit status (``exits``: a CliError's own; 3 for a NotFound,
+    else 4), never a traceback."""
     tune_malloc()
     try:
         app()
-    except (CliError, ContractError) as exc:
+    except CliError as exc:
         fail(str(exc))  # prints the line
-        raise SystemExit(1) from None
+        raise SystemExit(exc.code) from None
+    except ContractError as exc:
+        fail(str(exc))
+        raise SystemExit(NOT_FOUND if isinstance(exc, NotFound) else REFUSED) from None

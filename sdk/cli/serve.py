@@ -380,7 +380,9 @@ async def _run_node(
             if run_agent is None:
                 await stop.wait()
             else:
-                work = run_agent(url, agent_key, app_ref, concurrency=concurrency, sandbox=sandbox)
+                work = run_agent(
+                    url, agent_key, app_ref, concurrency=concurrency, sandbox=sandbox, home=home
+                )
                 await _until_stopped(stop, work)
         finally:
             await runner.cleanup()
@@ -705,6 +707,7 @@ def agent(
             sandbox=sandbox.value,
             allow_net=allow_net,
             deploy=deploy,
+            home=home_dir(home),
         )
         await _until_stopped(stop, work)
 

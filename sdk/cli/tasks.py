@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conveyor.cli import exits
 from conveyor.cli.common import (
     DEFAULT_URL,
     CliError,
@@ -21,6 +22,7 @@ from conveyor.cli.common import (
     UrlOpt,
     console,
     fail,
+    failed,
     fmt_clock,
     fmt_ms,
     fmt_took,
@@ -64,7 +66,7 @@ def enqueue(
         body["idempotency_key"] = idempotency_key or f"cli-{uuid.uuid4().hex}"
         reply = Remote.of(url, api_key, home).call("POST", "/v1/tasks", body)
     except (CliError, ContractError) as exc:
-        raise fail(str(exc)) from None
+        raise failed(exc) from None
     if as_json:
         print_json(reply)
     elif reply["created"]:
@@ -77,7 +79,7 @@ def _json_option(text: str, name: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise CliError(f"{name} is not JSON: {exc}") from None
+        raise CliError(f"{name} is not JSON: {exc}", exits.USAGE) from None
 
 
 def get(
@@ -98,7 +100,7 @@ def get(
             "GET", f"/v1/tasks/{task_id}", query=query, timeout_s=30 + wait_ms / 1000
         )
     except (CliError, ContractError) as exc:
-        raise fail(str(exc)) from None
+        raise failed(exc) from None
     if as_json:
         print_json(task)
         return
@@ -230,13 +232,16 @@ def cancel(
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a task (a running one stops at its next heartbeat), or every unfinished task the
-    filter matches as a bulk operation that the node runs in the background."""
+    """Cancel a task (a running one's handler sees ctx.cancelled within about a second), or
+    every unfinished task the filter matches as a bulk operation that the node runs in the
+    background."""
     remote = Remote.of(url, api_key, home)
     body = _bulk({"task_type": task_type, "queue": queue, "status": ",".join(status or [])}, limit)
     if task_id is not None:
         if body != {"filter": {}} or every:
-            raise fail("give a task id or a filter (--status, --queue, --task-type, --all)")
+            raise fail(
+                "give a task id or a filter (--status, --queue, --task-type, --all)", exits.USAGE
+            )
         reply = remote.call("POST", f"/v1/tasks/{task_id}/cancel")
         if as_json:
             print_json(reply)
@@ -246,7 +251,8 @@ def cancel(
     if not body["filter"] and not every:
         raise fail(
             "give a task id, or a filter (--status, --queue, --task-type); --all cancels "
-            "every unfinished task of the tenant"
+            "every unfinished task of the tenant",
+            exits.REFUSED,
         )
     if reason is not None:
         body["reason"] = reason
@@ -261,6 +267,9 @@ def retry(
     task_ids: Annotated[list[str] | None, typer.Argument(help="FAILED task ids")] = None,
     task_type: Annotated[str | None, typer.Option("--task-type")] = None,
     queue: Annotated[str | None, typer.Option("--queue")] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every FAILED task of the tenant: no filter")
+    ] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="filter: at most")] = None,
     wait: Annotated[
         bool, typer.Option("--wait/--no-wait", help="filter: follow the operation to its end")
@@ -271,13 +280,22 @@ def retry(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-enqueue FAILED tasks as new tasks: the ids given now, or every match of the filter
-    as a bulk operation that the node runs in the background (followed with a progress bar,
-    unless --no-wait or --json)."""
+    (every FAILED task with --all) as a bulk operation that the node runs in the background
+    (followed with a progress bar, unless --no-wait or --json)."""
     body = _bulk({"task_type": task_type, "queue": queue}, limit)
     if task_ids:
-        if body != {"filter": {}}:
-            raise fail("give FAILED task ids or a filter (--task-type, --queue), not both")
+        if body != {"filter": {}} or every:
+            raise fail(
+                "give FAILED task ids or a filter (--task-type, --queue, --all), not both",
+                exits.USAGE,
+            )
         body = {"task_ids": task_ids}
+    elif not body["filter"] and not every:
+        raise fail(
+            "give FAILED task ids, or a filter (--task-type, --queue); --all retries every "
+            "FAILED task of the tenant",
+            exits.REFUSED,
+        )
     remote = Remote.of(url, api_key, home)
     reply = remote.call("POST", "/v1/tasks:retry", body)
     if as_json:

@@ -19,11 +19,21 @@ DirArg = Annotated[Path, typer.Argument(help="A node home, or a log directory in
 
 
 def _log_root(path: Path) -> Path:
-    """Accept the node's home as well as its ``log/`` directory."""
+    """Accept the node's home as well as its ``log/`` directory; one that holds no log (no
+    partition directory) fails, exit status 3, rather than verifying as an empty log."""
+    from conveyor.cli import exits
+    from conveyor.streams.log.local import list_partitions
+
     if (path / "node.json").exists() and (path / "log").is_dir():
-        return path / "log"
+        path = path / "log"
     if not path.is_dir():
-        raise fail(f"{path} is not a directory")
+        raise fail(f"{path} is not a directory", exits.NOT_FOUND)
+    if not list_partitions(path):
+        raise fail(
+            f"no log in {path}: it has no partition directories (p0000, ...); give a node's "
+            "home (with node.json and log/) or its log/ directory",
+            exits.NOT_FOUND,
+        )
     return path
 
 
@@ -235,7 +245,8 @@ def bench_cancel(
     """Cancel N running cooperative tasks one by one on an idle ``conveyor dev`` (its agent
     heartbeats every 10 s): cancel request -> the handler saw ctx.cancelled, p50 / p99 (ms).
     Fails if p99 is 1,000 ms or more."""
-    from conveyor.streams.bench.cancel import P99_MS_MAX, bench_cancel as run
+    from conveyor.streams.bench.cancel import P99_MS_MAX
+    from conveyor.streams.bench.cancel import bench_cancel as run
 
     result = asyncio.run(run(count=count))
     _print_result(result, as_json)

@@ -74,7 +74,7 @@ def test_add_list_rm(node: NodeProcess) -> None:
 
 def test_bad_cron_is_a_clear_error(node: NodeProcess) -> None:
     bad = cli(node, "add", "broken", "--cron", "61 * * * *", "--task", "report", "--app", "shop")
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # usage: the node found the request malformed
     assert "invalid_request (HTTP 400)" in bad.stderr
     assert "invalid cron expression '61 * * * *'" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -83,14 +83,14 @@ def test_bad_cron_is_a_clear_error(node: NodeProcess) -> None:
 
 def test_rm_missing_schedule_is_a_clear_error(node: NodeProcess) -> None:
     missing = cli(node, "rm", "no-such-schedule")
-    assert missing.returncode == 1
+    assert missing.returncode == 3  # not found
     assert "not_found (HTTP 404)" in missing.stderr and "no-such-schedule" in missing.stderr
 
 
 def test_bad_payload_and_overlap_fail_before_any_request(node: NodeProcess) -> None:
     base = ["add", "x", "--cron", "* * * * *", "--task", "report", "--app", "shop"]
     bad_json = cli(node, *base, "--payload", "{nope")
-    assert bad_json.returncode == 1 and "--payload is not JSON" in bad_json.stderr
+    assert bad_json.returncode == 2 and "--payload is not JSON" in bad_json.stderr
     bad_overlap = cli(node, *base, "--overlap", "sometimes")
     assert bad_overlap.returncode == 2 and "sometimes" in bad_overlap.stderr
 
@@ -117,5 +117,5 @@ def test_pause_and_resume(node: NodeProcess) -> None:
     status, body = call(node.base, "POST", "/v1/schedules/no-such/pause")
     assert status == 404 and "no-such" in body["error"]["message"], body
     missing = cli(node, "resume", "no-such-schedule")
-    assert missing.returncode == 1 and "not_found (HTTP 404)" in missing.stderr
+    assert missing.returncode == 3 and "not_found (HTTP 404)" in missing.stderr
     assert cli(node, "rm", "hourly").returncode == 0

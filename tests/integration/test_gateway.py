@@ -808,7 +808,7 @@ def test_retry_failed_tasks(node: NodeProcess) -> None:
     left = cli("retry", "--task-type", "boom3", "--no-wait", "--url", node.base)
     assert left.returncode == 0 and "started" in left.stdout, left.stdout
     mixed = cli("retry", by_cli, "--task-type", "boom3", "--url", node.base)
-    assert mixed.returncode == 1 and "not both" in mixed.stderr, mixed.stderr
+    assert mixed.returncode == 2 and "not both" in mixed.stderr, mixed.stderr
 
 
 # --- the command line and durability ----------------------------------------------------
@@ -863,9 +863,9 @@ def test_cli_client_commands(node: NodeProcess) -> None:
     assert bulk.stdout.rstrip().endswith("done: 2 of 2 canceled or asked to stop"), bulk.stdout
     assert all(get(node.base, queued_id)["status"] == "CANCELED" for queued_id in queued)
     unfiltered = cli("cancel", "--url", node.base)
-    assert unfiltered.returncode == 1 and "--all" in unfiltered.stderr, unfiltered.stderr
+    assert unfiltered.returncode == 4 and "--all" in unfiltered.stderr, unfiltered.stderr
     bad = cli("enqueue", "echoo", "--url", node.base, app="shop")  # --app from $CONVEYOR_APP
-    assert bad.returncode == 1 and "unknown_task_type" in bad.stderr
+    assert bad.returncode == 2 and "unknown_task_type" in bad.stderr
     assert "did you mean 'echo'?" in bad.stderr, bad.stderr
 
 

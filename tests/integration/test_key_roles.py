@@ -154,7 +154,7 @@ def test_an_agent_with_the_wrong_key_stops_saying_so(node: NodeProcess, key: str
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         },
     )
-    assert done.returncode == 1, done
+    assert done.returncode == 4, done  # refused
     assert "POST /worker/register: the node refused this agent's API key" in done.stderr, done
     assert why in done.stderr and key not in done.stderr + done.stdout
 
