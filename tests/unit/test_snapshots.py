@@ -21,6 +21,7 @@ from conveyor.store import keys
 from conveyor.store.api import KV
 from conveyor.store.state_schemas import open_state
 from conveyor.streams.clock import FakeClock
+from conveyor.streams.cluster import snapshots
 from conveyor.streams.cluster.snapshot_store import (
     LocalSnapshotStore,
     S3SnapshotStore,
@@ -173,24 +174,25 @@ def test_with_every_snapshot_damaged_the_local_store_replays_or_restore_fails(
     local_store: LocalSnapshotStore,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    owner = Home(tmp_path / "n1", local_store, log, keep=1)
+    owner = Home(tmp_path / "n1", local_store, log)
     fill(owner.stores[0], 0, 100, applied=30)
     only = asyncio.run(owner.snapshots.take(0))
-    assert only is not None and log.start_offset(0) == 31  # keep=1: trimmed below it
+    assert only is not None and log.start_offset(0) == 0  # one of two kept: no trim yet
     corrupt(local_store, only)
 
     behind = Home(tmp_path / "n2", local_store, log)
-    fill(behind.stores[0], 0, 3, applied=40)  # past the trim point: it can replay
+    fill(behind.stores[0], 0, 3, applied=5)  # older than the snapshot; the log holds 6 on
     mine = state(behind.stores[0])
     with caplog.at_level(logging.WARNING, "conveyor.snapshots"):
         asyncio.run(behind.snapshots.restore(0))
     assert state(behind.stores[0]) == mine
+    assert "no snapshot usable; replaying the log from offset 6" in caplog.text
 
-    empty = Home(tmp_path / "n3", local_store, log)  # needs offset 0, trimmed away
+    asyncio.run(log.trim(0, 31))  # as a later snapshot's owner would have
     with pytest.raises(RestoreFailed, match="the log starts at offset 31"):
-        asyncio.run(empty.snapshots.restore(0))
-    assert state(empty.stores[0]) == {}
-    for home in (owner, behind, empty):
+        asyncio.run(behind.snapshots.restore(0))
+    assert state(behind.stores[0]) == mine
+    for home in (owner, behind):
         home.close()
 
 
@@ -307,3 +309,27 @@ def test_a_partition_holding_a_catalog_keeps_its_log_whole(
     taken = asyncio.run(owner.snapshots.take(0))
     assert taken is not None and log.start_offset(0) == 0  # mirrors read it from the start
     owner.close()
+
+
+def test_a_swap_that_fails_leaves_the_old_store_open_and_whole(
+    tmp_path: Path,
+    log: MemoryLog,
+    local_store: LocalSnapshotStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner = Home(tmp_path / "n1", local_store, log)
+    fill(owner.stores[0], 0, 50, applied=30)
+    asyncio.run(owner.snapshots.take(0))
+    behind = Home(tmp_path / "n2", local_store, log)
+    fill(behind.stores[0], 0, 3, applied=5)
+    mine = state(behind.stores[0])
+
+    def refused(new: Path, path: Path) -> None:
+        raise OSError(22, f"cannot swap {new} and {path}")
+
+    monkeypatch.setattr(snapshots, "exchange", refused)
+    asyncio.run(behind.snapshots.restore(0))
+    assert state(behind.stores[0]) == mine  # reopened, as it was
+    assert not list((tmp_path / "n2" / "state").glob(".restore-*"))  # the scratch is gone
+    for home in (owner, behind):
+        home.close()
