@@ -95,8 +95,10 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        """True once the platform asked this attempt to stop (a cancel or a timeout). Finish
-        cleanly and return soon: after the task's cancel grace the process is killed."""
+        """True once the platform asked this attempt to stop (a cancel or a timeout); a cancel
+        gets here within about a second of its request. Finish cleanly and return soon: what
+        the handler returns then is kept with the CANCELED task (say, how far it got); after
+        the task's cancel grace the process is killed."""
         return self._cancel.is_set()
 
     def raise_if_cancelled(self) -> None:
