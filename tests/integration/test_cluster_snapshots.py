@@ -8,19 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from test_gateway import METRICS_KEY, NodeProcess, call
+from moto.server import ThreadedMotoServer
+from test_cluster import register_shop
+from test_gateway import METRICS_KEY, NodeProcess, call, free_port
 from test_kafka_node import CLIENT, kafka_node, start_agent, stop, wait_registered
 
+from conveyor.store import keys
+from conveyor.store.rocksdb import RocksKV
+from conveyor.store.tables import Tables
 from conveyor.streams.log.kafka_broker import KafkaCluster
 from conveyor.streams.registry.catalog import registry_partition
 
@@ -99,7 +107,11 @@ def enqueue(base: str, first: int, count: int) -> list[str]:
             }
             for i in range(start, start + BATCH)
         ]
+        deadline = time.monotonic() + SETTLE_S
         status, reply = call(base, "POST", "/v1/tasks:batch", {"tasks": items}, key=CLIENT)
+        while status == 503 and time.monotonic() < deadline:  # a restarted node catching up
+            time.sleep(reply["error"].get("retry_after_ms", 100) / 1000)
+            status, reply = call(base, "POST", "/v1/tasks:batch", {"tasks": items}, key=CLIENT)
         assert status == 201, reply
         ids += [r["task_id"] for r in reply["results"]]
     return ids
@@ -224,3 +236,96 @@ def test_bad_snapshot_options_stop_the_node_before_it_starts(
     assert done.returncode != 0
     assert says in done.stderr + done.stdout, done.stderr
     assert not (tmp_path / "home" / "state").exists()  # nothing was opened
+
+
+@pytest.fixture
+def s3_snapshots(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any]]:
+    """moto's S3 server on 127.0.0.1, reached over HTTP through the AWS environment variables
+    (the node processes inherit them); the snapshot URL and a client of the bucket."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    for name, value in (
+        ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test-secret-never-logged"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="snaps")
+    try:
+        yield "s3://snaps/conveyor", client
+    finally:
+        server.stop()
+
+
+def newest_in_s3(client: Any, cluster: str) -> list[int]:
+    listed = client.list_objects_v2(Bucket="snaps", Prefix=f"conveyor/{cluster}/")
+    newest = [-1] * PARTITIONS
+    for item in listed.get("Contents", []):
+        _, _, part, name, leaf = item["Key"].split("/")
+        if leaf == "manifest.json":
+            p = int(part[1:])
+            newest[p] = max(newest[p], int(name[:20]))
+    return newest
+
+
+def newer_in_s3(client: Any, cluster: str, seen: list[int]) -> Callable[[], bool]:
+    def check() -> bool:
+        return all(a > b for a, b in zip(newest_in_s3(client, cluster), seen, strict=True))
+
+    return check
+
+
+def applied_offset(path: Path) -> int:
+    kv = RocksKV(path)
+    try:
+        return Tables(kv).meta_int(keys.META_APPLIED) or -1
+    finally:
+        kv.close()
+
+
+def test_a_node_restarting_behind_the_trim_point_restores_from_s3(
+    kafka_cluster: KafkaCluster, tmp_path: Path, s3_snapshots: tuple[str, Any]
+) -> None:
+    url, client = s3_snapshots
+    cluster = f"r{uuid.uuid4().hex[:8]}"
+    node = kafka_node(tmp_path, kafka_cluster.bootstrap, "n1", cluster)
+    options = ("--snapshots", url, "--snapshot-interval", "1s", "--log-level", "info")
+    node.command = (*node.command, *options)
+    state = node.home / "state"
+    try:
+        node.start()
+        wait_for("n1 to lead every partition", lambda: leads_all(node))
+        register_shop(node.base)  # no agent: the tasks stay queued, their state is the point
+        ids = enqueue(node.base, 0, BATCH)
+        assert node.stop() == 0, node.logs()
+        shutil.copytree(state, tmp_path / "old-state")  # the stores as they were here
+        applied = [applied_offset(tmp_path / "old-state" / f"p{p:04d}") for p in range(PARTITIONS)]
+
+        node.start()
+        for round_ in (1, 2, 3):  # work and snapshots until the log is trimmed past the copy
+            seen = newest_in_s3(client, cluster)
+            ids += enqueue(node.base, round_ * BATCH, BATCH)
+            wait_for("a snapshot of every partition", newer_in_s3(client, cluster, seen))
+        catalog = registry_partition("default", PARTITIONS)
+        starts = log_starts(kafka_cluster.bootstrap, f"{cluster}-log")
+        behind = [p for p in range(PARTITIONS) if p != catalog and starts[p] > applied[p] + 1]
+        assert behind, (starts, applied)  # these stores of the copy cannot replay any more
+        assert node.stop() == 0, node.logs()
+
+        shutil.rmtree(state)
+        shutil.copytree(tmp_path / "old-state", state)
+        node.start()
+        wait_for("n1 to lead every partition again", lambda: leads_all(node))
+        logs = node.logs()
+        restored = {int(p) for p in re.findall(r"partition (\d+): restored snapshot", logs)}
+        assert set(behind) <= restored, logs
+        for task_id in ids:
+            status, task = call(node.base, "GET", f"/v1/tasks/{task_id}", key=CLIENT)
+            assert status == 200 and task["status"] == "ENQUEUED", task
+        assert "test-secret-never-logged" not in logs
+    finally:
+        if node.proc is not None and node.proc.poll() is None:
+            node.stop()
