@@ -337,25 +337,26 @@ class AsyncClient:
         return dict(await self._send("GET", "/v1/events", params=params, timeout=timeout))
 
     async def create_webhook(
-        self, url: str, events: list[str], task_types: list[str] | None = None
+        self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
     ) -> dict[str, Any]:
         """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
-        body = {"url": url, "events": events, "task_types": task_types}
+        types = None if task_types is None else [*task_types]
+        body = {"url": url, "events": [*events], "task_types": types}
         return dict(await self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
-    async def webhooks(self) -> list[dict[str, Any]]:
-        return list((await self._send("GET", "/v1/webhooks"))["webhooks"])
+    async def webhooks(self) -> tuple[dict[str, Any], ...]:
+        return tuple((await self._send("GET", "/v1/webhooks"))["webhooks"])
 
     async def delete_webhook(self, webhook_id: str) -> None:
         await self._send("DELETE", f"/v1/webhooks/{quote(webhook_id, safe='')}")
 
     async def webhook_deliveries(
         self, webhook_id: str, *, status: str | None = None, limit: int = 50
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[dict[str, Any], ...]:
         """A webhook's deliveries, the most recently changed first."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
         reply = await self._send("GET", path, params=query(status=status, limit=limit))
-        return list(reply["deliveries"])
+        return tuple(reply["deliveries"])
 
     async def redeliver(self, webhook_id: str, delivery_id: str) -> None:
         """Send a delivery again, with the same webhook-id."""

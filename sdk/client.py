@@ -410,25 +410,26 @@ class Client:
         return dict(self._send("GET", "/v1/events", params=params, timeout=timeout))
 
     def create_webhook(
-        self, url: str, events: list[str], task_types: list[str] | None = None
+        self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
     ) -> dict[str, Any]:
         """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
-        body = {"url": url, "events": events, "task_types": task_types}
+        types = None if task_types is None else [*task_types]
+        body = {"url": url, "events": [*events], "task_types": types}
         return dict(self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
-    def webhooks(self) -> list[dict[str, Any]]:
-        return list((self._send("GET", "/v1/webhooks"))["webhooks"])
+    def webhooks(self) -> tuple[dict[str, Any], ...]:
+        return tuple((self._send("GET", "/v1/webhooks"))["webhooks"])
 
     def delete_webhook(self, webhook_id: str) -> None:
         self._send("DELETE", f"/v1/webhooks/{quote(webhook_id, safe='')}")
 
     def webhook_deliveries(
         self, webhook_id: str, *, status: str | None = None, limit: int = 50
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[dict[str, Any], ...]:
         """A webhook's deliveries, the most recently changed first."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
         reply = self._send("GET", path, params=query(status=status, limit=limit))
-        return list(reply["deliveries"])
+        return tuple(reply["deliveries"])
 
     def redeliver(self, webhook_id: str, delivery_id: str) -> None:
         """Send a delivery again, with the same webhook-id."""

@@ -302,7 +302,17 @@ class Webhooks:
     async def _attempt(self, session: aiohttp.ClientSession, d: Delivery) -> None:
         try:
             hook = self.hooks.get(d.webhook_id)
-            if hook is None:  # deleted meanwhile: its rows are gone or going
+            now = self.clock.now_ms()
+            if hook is None:  # deleted after its deliveries were read: never sent
+                outcome = Outcome(
+                    delivery=d,
+                    status=FAILED,
+                    now_ms=now,
+                    next_ms=now,
+                    http_status=None,
+                    error="the webhook was deleted",
+                )
+                await self._record(outcome)
                 return
             http_status, error = await self._post(session, hook, d)
             now = self.clock.now_ms()

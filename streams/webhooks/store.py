@@ -367,12 +367,17 @@ class Store:
         return [_delivery(row) for row in await self.run(rows)]
 
     async def prune(self, succeeded_before_ms: int) -> int:
-        """Forget succeeded deliveries last changed before ``succeeded_before_ms``."""
+        """Forget succeeded deliveries last changed before ``succeeded_before_ms``, and those
+        of webhooks that are gone."""
 
         def delete(db: sqlite3.Connection) -> int:
-            return db.execute(
-                "DELETE FROM deliveries WHERE status = ? AND updated_ms < ?",
-                (SUCCEEDED, succeeded_before_ms),
-            ).rowcount
+            # Also those of a webhook deleted while the feed was making them.
+            return int(
+                db.execute(
+                    "DELETE FROM deliveries WHERE (status = ? AND updated_ms < ?) "
+                    "OR webhook_id NOT IN (SELECT id FROM webhooks)",
+                    (SUCCEEDED, succeeded_before_ms),
+                ).rowcount
+            )
 
         return await self.run(delete)

@@ -242,10 +242,10 @@ def test_the_clients_read_events_and_manage_webhooks(node: NodeProcess) -> None:
         assert hook["secret"].startswith("whsec_")
         assert [h["webhook_id"] for h in client.webhooks()] == [hook["webhook_id"]]
         assert all("secret" not in h for h in client.webhooks())
-        assert Client(node.base, KEY_B).webhooks() == []
-        assert client.webhook_deliveries(hook["webhook_id"]) == []
+        assert Client(node.base, KEY_B).webhooks() == ()
+        assert client.webhook_deliveries(hook["webhook_id"]) == ()
         client.delete_webhook(hook["webhook_id"])
-        assert client.webhooks() == []
+        assert client.webhooks() == ()
 
     async def read() -> dict[str, Any]:
         async with AsyncClient(node.base, KEY_A) as aclient:
