@@ -115,8 +115,18 @@ async def _measure(client: AsyncClient, count: int) -> dict[str, Any]:
         "count": len(latencies),
         "not_running": not_running,
         **_percentiles(latencies),
-        "heartbeat_s": 10.0,  # the agent's default, which conveyor dev runs
+        "heartbeat_s": _dev_heartbeat_s(),
     }
+
+
+def _dev_heartbeat_s() -> float:
+    """The heartbeat interval of the agent ``conveyor dev`` runs: ``run_agent``'s default."""
+    import inspect
+
+    from conveyor.agents.host import run_agent
+
+    default = inspect.signature(run_agent).parameters["heartbeat_s"].default
+    return float(default)
 
 
 async def _one(client: AsyncClient) -> float | None:

@@ -22,7 +22,8 @@ def test_bench_cancel_reaches_running_handlers_within_a_second() -> None:
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["count"] + report["not_running"] == COUNT
     assert report["count"] >= COUNT // 2, report  # most were canceled while running
-    # Against a 10 s heartbeat: a cancel that waited for one would take seconds.
-    assert report["heartbeat_s"] == 10.0
+    # Against the agent's heartbeat interval (10 s): a cancel that waited for a heartbeat would
+    # take seconds, not under one.
+    assert report["heartbeat_s"] >= 5.0, report
     assert 0 < report["p50_ms"] <= report["p99_ms"] < 1_000, report
     print(report)
