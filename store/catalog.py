@@ -14,6 +14,8 @@ subject, schema and level), read by the gateway and written only by
     s  subjects    subject                       {"versions": [{"version", "id", "deleted"}]}
     c  levels      subject ("" for the tenant)   the compatibility level
     n  next id     (none)                        u32: the last id given
+    v  stamp       (none)                        u64: the offset of the last catalog record
+                                                  applied for the tenant (readers cache by it)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from conveyor.store import keys
 from conveyor.store.tables import Tables
 
-APPS, TYPES, SCHEMAS, BY_SCHEMA, SUBJECTS, LEVELS, NEXT_ID = (
+APPS, TYPES, SCHEMAS, BY_SCHEMA, SUBJECTS, LEVELS, NEXT_ID, STAMP = (
     b"a",
     b"t",
     b"i",
@@ -35,6 +37,7 @@ APPS, TYPES, SCHEMAS, BY_SCHEMA, SUBJECTS, LEVELS, NEXT_ID = (
     b"s",
     b"c",
     b"n",
+    b"v",
 )
 
 
@@ -54,6 +57,13 @@ class Catalog:
 
     def __init__(self, tables: Tables) -> None:
         self.tables = tables
+
+    def stamp(self, tenant: str) -> bytes | None:
+        """Changes whenever a catalog record of the tenant is applied."""
+        return self.tables.get_raw(keys.registry(tenant, STAMP))
+
+    def touch(self, tenant: str, offset: int) -> None:
+        self.tables.put_raw(keys.registry(tenant, STAMP), struct.pack(">Q", offset))
 
     # -- apps and task types ------------------------------------------------------------------
 

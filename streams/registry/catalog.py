@@ -156,6 +156,9 @@ class LocalCatalogs:
     def read(self, tenant: str) -> Catalog:
         return Catalog(Tables(self.kv))
 
+    def applied(self, tenant: str) -> int:
+        return self.offset
+
     async def submit(self, tenant: str, record: CatalogRecord) -> Reply:
         return self.apply(record)
 
@@ -175,9 +178,13 @@ class NodeCatalogs:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._mirrors: dict[int, Mirror] = {}
+        self._partitions: dict[str, int] = {}  # a hash per read is most of a read's cost
 
     def partition(self, tenant: str) -> int:
-        return registry_partition(tenant, self.node.partitions)
+        p = self._partitions.get(tenant)
+        if p is None:
+            p = self._partitions[tenant] = registry_partition(tenant, self.node.partitions)
+        return p
 
     def read(self, tenant: str) -> Catalog:
         p = self.partition(tenant)
@@ -185,6 +192,17 @@ class NodeCatalogs:
             return Catalog(self.node.serving(p).reader())
         except TransientError:
             return Catalog(self._mirror(p).reader())
+
+    def applied(self, tenant: str) -> int:
+        """The offset the tenant's catalog was read up to: while it stays, no catalog record
+        was applied, and a reader's cache of decoded rows holds (``gateway/registry.py``)."""
+        p = self.partition(tenant)
+        try:
+            return self.node.serving(p).applied
+        except TransientError:
+            mirror = self._mirror(p)
+            mirror.reader()  # caught up, or the refusal
+            return mirror.applied
 
     async def submit(self, tenant: str, record: CatalogRecord) -> Reply:
         p = self.partition(tenant)

@@ -11,6 +11,7 @@ path in the payload, and the type the schema expects there.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -18,14 +19,22 @@ from conveyor.streams.registry.compatibility import PRIMITIVES, parse
 
 INT_RANGE = (-(2**31), 2**31 - 1)
 LONG_RANGE = (-(2**63), 2**63 - 1)
+PARSED_MAX = 1_024  # parsed schemas kept
 
 
 def mismatch(schema: str, payload: bytes) -> str | None:
     """Where ``payload`` (JSON) does not fit ``schema`` and what was expected; None if it
     fits."""
-    parsed, names = parse(schema)
+    parsed, names = _parsed(schema)
     value = json.loads(payload) if payload else None
     return _check(parsed, value, "", names)
+
+
+@functools.lru_cache(maxsize=PARSED_MAX)
+def _parsed(schema: str) -> tuple[Any, dict[str, Any]]:
+    """Parsing costs more than checking a payload; a schema text never changes meaning.
+    (The result is only read.)"""
+    return parse(schema)
 
 
 def _expected(node: Any) -> str:

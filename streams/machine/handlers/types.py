@@ -136,6 +136,7 @@ def apply_register_types(tables: Tables, record: RegisterTypes, meta: Meta, out:
         doc = definition_doc(definition, record, meta.ts_ms)
         if known is None or (current and _options(known) != _options(doc)):
             catalog.put_definition(record.tenant, record.app, definition.task_type, doc)
+    catalog.touch(record.tenant, meta.offset)  # readers cache by it
     _ok(meta, out)
 
 
@@ -164,6 +165,7 @@ def apply_register_schema(tables: Tables, record: RegisterSchema, meta: Meta, ou
     number = max((v["version"] for v in versions), default=0) + 1
     versions.append({"version": number, "id": schema_id, "deleted": False})
     catalog.put_subject(record.tenant, record.subject, subject)
+    catalog.touch(record.tenant, meta.offset)
     _ok(meta, out, created=True)
 
 
@@ -180,6 +182,7 @@ def apply_delete_schemas(tables: Tables, record: DeleteSchemas, meta: Meta, out:
         for v in hit:
             v["deleted"] = True
         catalog.put_subject(record.tenant, record.subject, subject)
+        catalog.touch(record.tenant, meta.offset)
         _ok(meta, out)
         return
     subject["versions"] = [v for v in subject["versions"] if v not in hit]
@@ -192,11 +195,14 @@ def apply_delete_schemas(tables: Tables, record: DeleteSchemas, meta: Meta, out:
     for v in hit:
         if v["id"] not in named:
             catalog.drop_schema(record.tenant, v["id"])
+    catalog.touch(record.tenant, meta.offset)
     _ok(meta, out)
 
 
 def apply_set_compatibility(
     tables: Tables, record: SetCompatibility, meta: Meta, out: Outcome
 ) -> None:
-    Catalog(tables).put_level(record.tenant, record.subject, record.level)
+    catalog = Catalog(tables)
+    catalog.put_level(record.tenant, record.subject, record.level)
+    catalog.touch(record.tenant, meta.offset)
     _ok(meta, out)
