@@ -235,6 +235,23 @@ def test_a_payload_that_does_not_fit_its_schema_is_refused(node: NodeProcess) ->
     assert all(t["task_type"] == "charge" for t in listed)
 
 
+def test_schemas_cli_registers_lists_and_checks(node: NodeProcess, tmp_path: Path) -> None:
+    v1, bad = tmp_path / "v1.avsc", tmp_path / "bad.avsc"
+    v1.write_text(json.dumps(ORDER_V1))
+    bad.write_text(json.dumps(ORDER_BAD))
+    out = _cli(node, "schemas", "register", "cli-value", "--file", str(v1))
+    assert out.returncode == 0 and "registered cli-value version 1" in out.stdout, out
+    listed = _cli(node, "schemas", "list")
+    assert listed.returncode == 0 and "cli-value" in listed.stdout, listed
+    ok = _cli(node, "schemas", "check", "cli-value", "--file", str(v1))
+    assert ok.returncode == 0 and "compatible" in ok.stdout, ok
+    refused = _cli(node, "schemas", "check", "cli-value", "--file", str(bad))
+    assert refused.returncode == 1 and "incompatible" in refused.stdout, refused
+    assert "coupon" in refused.stdout  # the field that makes it so
+    shown = _cli(node, "types", "show", "shop", "charge")
+    assert shown.returncode == 0 and "queue: payments" in shown.stdout, shown
+
+
 def test_the_catalog_survives_a_restart(tmp_path: Any) -> None:
     home = tmp_path / "home"
     write_keys(home)
