@@ -23,6 +23,7 @@ read stops the stream's readers instead of filling the node's memory; at most
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -123,7 +124,7 @@ def _int(query: Mapping[str, str], name: str, lo: int, hi: int, default: int) ->
     text = query.get(name, "")
     if text == "":
         return default
-    if not text.isdigit() or not lo <= int(text) <= hi:
+    if not re.fullmatch(r"[0-9]{1,9}", text) or not lo <= int(text) <= hi:
         raise ContractError(
             f"{name}: must be an integer from {lo} to {hi}, got {text!r}", field=name
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ async def deliveries(request: web.Request) -> web.Response:
     if status is not None and status not in _STATUSES:
         raise ContractError(f"status: must be one of {', '.join(_STATUSES)}", field="status")
     text = request.query.get("limit", "")
-    limit = int(text) if text.isdigit() else DELIVERIES_LIMIT_DEFAULT if text == "" else -1
+    digits = re.fullmatch(r"[0-9]{1,9}", text) is not None
+    limit = int(text) if digits else DELIVERIES_LIMIT_DEFAULT if text == "" else -1
     if not 1 <= limit <= DELIVERIES_LIMIT_MAX:
         raise ContractError(
             f"limit: must be an integer from 1 to {DELIVERIES_LIMIT_MAX}", field="limit"

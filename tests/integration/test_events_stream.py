@@ -222,6 +222,11 @@ def test_a_bad_filter_is_a_400(node: NodeProcess) -> None:
     assert (status, reply["error"]["field"]) == (400, "state")
     status, reply = call(node.base, "GET", "/v1/events?tenant=beta")
     assert (status, reply["error"]["field"]) == (400, "tenant")
+    for bad in ("wait_ms=%C2%B2", "wait_ms=-1", "limit=0", "limit=1e3", "wait_ms=99999999"):
+        status, reply = call(node.base, "GET", f"/v1/events?{bad}")
+        assert status == 400, (bad, reply)  # a superscript digit was a 500
+    status, reply = call(node.base, "GET", "/v1/webhooks/wh_x/deliveries?limit=%C2%B2")
+    assert (status, reply["error"]["field"]) == (400, "limit")
 
 
 def test_events_need_a_client_key(node: NodeProcess, tmp_path: Path) -> None:
