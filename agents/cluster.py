@@ -18,7 +18,8 @@ poll answers with a lease, freed when its attempt ends; the host asks with its f
 and the offers answered and not yet handed to the host: a poll goes out only for
 ``capacity - asked - answered`` slots, split across the nodes not being polled (``split``),
 so the slots asked of all nodes never exceed the slots free, and an agent never holds more
-leases than it has slots whichever nodes answer.
+leases than it has slots whichever nodes answer. (An adaptive prefetch may shrink the free
+slots under polls already out; no poll is taken back: none goes out until enough answered.)
 Rule 3 (reports go where the lease came from): heartbeats, completions, checkpoints and
 steps go to the node that granted the lease; if it cannot be reached, to another node,
 which forwards them to the partition's owner (``streams/gateway/forward.py``). Every one of
@@ -113,6 +114,8 @@ class Asks:
         return taken
 
     def check(self, capacity: int) -> None:
+        """Holds while the host's free slots do not shrink under polls already out (they may
+        with an adaptive prefetch: then no new ask goes out until the answers are in)."""
         if any(n <= 0 for n in self.asked.values()) or self.free(capacity) < 0:
             raise InvariantError(f"asks {self.asked} + {len(self.answered)} over {capacity}")
 
@@ -308,7 +311,6 @@ class ClusterWorkerAPI:
                 "open_breakers": open_breakers,
             }
             self._start_poll(self.members[url], body)
-        self.asks.check(capacity)
         if not self.asks.answered:
             await self._wait_answer(wait_ms / 1000 + MEMBER_RETRY_S + 30.0)
         offers = []
