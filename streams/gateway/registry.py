@@ -87,6 +87,11 @@ class Registry:
         if isinstance(self.catalogs, LocalCatalogs):
             self.catalogs = NodeCatalogs(node)
 
+    async def ready(self, tenant: str) -> None:
+        """Call before the reads of a request: a node reading the tenant's catalog from its
+        log (a partition it does not lead) finishes that first (``registry/catalog.py``)."""
+        await self.catalogs.ready(tenant)
+
     def _catalog(self, tenant: str) -> Catalog:
         return self.catalogs.read(tenant)
 
@@ -128,6 +133,7 @@ class Registry:
         definitions: list[TypeDefinition] | None = None,
     ) -> list[str]:
         """Record an agent's types (and their definitions); the types it removed (rule 2)."""
+        await self.ready(tenant)
         given = {d.task_type: d for d in definitions or []}
         types = [given.get(name) or TypeDefinition(task_type=name) for name in task_types]
         before = self._entry(tenant, app)

@@ -139,6 +139,7 @@ class Gateway:
     # -- client API ---------------------------------------------------------------------------
 
     async def enqueue(self, tenant: str, reqs: list[EnqueueRequest]) -> list[Reply]:
+        await self.registry.ready(tenant)
         reqs = [self.registry.resolve(tenant, req) for req in reqs]  # its defaults (rule 4)
         self.admission.admit(tenant, self.keys.settings(tenant), len(reqs))  # valid ones only
         now_ms = self.node.clock.now_ms()
@@ -299,6 +300,7 @@ class Gateway:
         self, tenant: str, req: ScheduleRequest
     ) -> tuple[bool, dict[str, Any]]:
         """Create or replace a schedule; (created, the schedule as stored)."""
+        await self.registry.ready(tenant)
         task = self.registry.resolve(tenant, req.task)
         payload = await self.payloads.pack(tenant, task.payload, task.field("payload"))
         # The firing sets id, time and key; the template keeps everything else of the body.
@@ -372,6 +374,7 @@ class Gateway:
         """Record the agent's app; the warnings of a deploy that removed handlers."""
         key.check_app(req.app, req.version)
         tenant = key.tenant
+        await self.registry.ready(tenant)
         schemas = SchemaRegistry(self.registry.catalogs)
         definitions = await parse_definitions(
             req.definitions, tenant=tenant, app=req.app, schemas=schemas
@@ -509,6 +512,7 @@ class Gateway:
         """The children as enqueue specs (in the workflow's app unless they name one; ids and
         keys are the machine's to derive); a child that cannot be enqueued fails the workflow."""
         app = self.find(tenant, item.task_id).app
+        await self.registry.ready(tenant)
         now_ms = self.node.clock.now_ms()
         children = []
         try:

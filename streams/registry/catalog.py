@@ -55,6 +55,7 @@ log = logging.getLogger("conveyor.registry")
 CATALOG_RECORDS = (RegisterTypes, RegisterSchema, DeleteSchemas, SetCompatibility)
 CATALOG_KINDS = frozenset(cls.__name__ for cls in CATALOG_RECORDS)
 MIRROR_RETRY_MS = 500
+MIRROR_WAIT_S = 10.0  # how long a request waits for a mirror to catch up before its 503
 CatalogRecord: TypeAlias = RegisterTypes | RegisterSchema | DeleteSchemas | SetCompatibility
 
 
@@ -112,6 +113,17 @@ class Mirror:
         self.kv.write(tables.take_changes())
         self._replies[offset] = [a for a in outcome.actions if isinstance(a, Reply)]
 
+    async def wait_caught_up(self, timeout_s: float) -> None:
+        """Until it has read up to the log's end it saw at its start (or ``timeout_s``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.applied < self.target and self.failed is None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), left)
+
     def _check(self) -> None:
         if self.failed is not None:
             raise TransientError(
@@ -162,6 +174,9 @@ class LocalCatalogs:
     async def submit(self, tenant: str, record: CatalogRecord) -> Reply:
         return self.apply(record)
 
+    async def ready(self, tenant: str) -> None:
+        return None
+
     def apply(self, record: CatalogRecord) -> Reply:
         tables = Tables(self.kv)
         self.offset += 1
@@ -192,6 +207,15 @@ class NodeCatalogs:
             return Catalog(self.node.serving(p).reader())
         except TransientError:
             return Catalog(self._mirror(p).reader())
+
+    async def ready(self, tenant: str) -> None:
+        """Wait (up to ``MIRROR_WAIT_S``) for a mirror still reading the tenant's partition,
+        so that a request after a start or a hand-over waits a moment instead of a 503."""
+        p = self.partition(tenant)
+        try:
+            self.node.serving(p)
+        except TransientError:
+            await self._mirror(p).wait_caught_up(MIRROR_WAIT_S)
 
     def applied(self, tenant: str) -> int:
         """The offset the tenant's catalog was read up to: while it stays, no catalog record

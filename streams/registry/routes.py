@@ -49,8 +49,9 @@ def _route(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]
     return wrapped
 
 
-def _registry(request: web.Request) -> tuple[SchemaRegistry, str]:
+async def _registry(request: web.Request) -> tuple[SchemaRegistry, str]:
     gateway, tenant = routes.context(request)
+    await gateway.registry.ready(tenant)
     return SchemaRegistry(gateway.registry.catalogs), tenant
 
 
@@ -71,31 +72,31 @@ async def _schema_text(request: web.Request) -> str:
 
 
 async def register(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     text = await _schema_text(request)
     return {"id": await registry.register(tenant, request.match_info["subject"], text)}
 
 
 async def lookup(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     text = await _schema_text(request)
     subject = request.match_info["subject"]
     return registry.lookup(tenant, subject, text, deleted=_flag(request, "deleted"))
 
 
 async def subjects(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     return registry.subjects(tenant, deleted=_flag(request, "deleted"))
 
 
 async def versions(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     subject = request.match_info["subject"]
     return registry.versions(tenant, subject, deleted=_flag(request, "deleted"))
 
 
 async def version(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     subject, number = request.match_info["subject"], request.match_info["version"]
     return registry.version(tenant, subject, number, deleted=_flag(request, "deleted"))
 
@@ -105,7 +106,7 @@ async def version_schema(request: web.Request) -> Any:
 
 
 async def schema_by_id(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     text = request.match_info["id"]
     if not text.isdigit():
         raise RegistryError(40403, f"Schema {text} not found.")
@@ -117,7 +118,7 @@ async def schema_types(request: web.Request) -> Any:
 
 
 async def compatible(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     text = await _schema_text(request)
     subject, number = request.match_info["subject"], request.match_info.get("version")
     found = registry.check(tenant, subject, text, number)
@@ -128,7 +129,7 @@ async def compatible(request: web.Request) -> Any:
 
 
 async def get_config(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     subject = request.match_info.get("subject")
     if subject is None:
         return {"compatibilityLevel": registry.level(tenant)}
@@ -141,7 +142,7 @@ async def get_config(request: web.Request) -> Any:
 
 
 async def put_config(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     body = await routes.read_body(request)
     level = body.get("compatibility") if isinstance(body, dict) else None
     if not isinstance(level, str):
@@ -151,7 +152,7 @@ async def put_config(request: web.Request) -> Any:
 
 
 async def delete_config(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     subject = request.match_info["subject"]
     own = registry.own_level(tenant, subject)
     if own is None:
@@ -163,13 +164,13 @@ async def delete_config(request: web.Request) -> Any:
 
 
 async def delete_subject(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     subject = request.match_info["subject"]
     return await registry.delete_subject(tenant, subject, permanent=_flag(request, "permanent"))
 
 
 async def delete_version(request: web.Request) -> Any:
-    registry, tenant = _registry(request)
+    registry, tenant = await _registry(request)
     subject, number = request.match_info["subject"], request.match_info["version"]
     permanent = _flag(request, "permanent")
     return await registry.delete_version(tenant, subject, number, permanent=permanent)
@@ -206,11 +207,13 @@ def add_routes(app: web.Application) -> None:
 
 async def task_types(request: web.Request) -> web.Response:
     gateway, tenant = routes.context(request)
+    await gateway.registry.ready(tenant)
     return routes.reply({"task_types": gateway.registry.described(tenant)})
 
 
 async def task_type(request: web.Request) -> web.Response:
     gateway, tenant = routes.context(request)
+    await gateway.registry.ready(tenant)
     app, name = request.match_info["app"], request.match_info["task_type"]
     found = gateway.registry.describe(tenant, app, name)
     if found is None:
