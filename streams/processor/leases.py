@@ -18,8 +18,8 @@ from conveyor.store.tables import Tables
 from conveyor.streams.log.api import LogSealed
 from conveyor.streams.machine import Grant
 from conveyor.streams.processor.duties import Partition
-from conveyor.streams.processor.slots import SlotLedger
 from conveyor.streams.processor.signals import CancelSignals
+from conveyor.streams.processor.slots import SlotLedger
 from conveyor.streams.processor.waiting import Poke, back_off
 
 CONTINUE, CANCEL, LOST = "CONTINUE", "CANCEL", "LOST"
