@@ -137,7 +137,6 @@ class WaitingPool:
         self.clock = clock
         self.caps: Callable[[str], int | None] = lambda tenant: None
         self.ledger = SlotLedger()  # every slot's count (``slots.py``)
-        self.dispatchers: list[Dealer] = []
         self._ids = itertools.count()
         self._turn = 0
         self._last_tenant: dict[str, str] = {}
@@ -151,9 +150,16 @@ class WaitingPool:
         """The polls waiting, by entry id."""
         return self.ledger.entries
 
+    @property
+    def dispatchers(self) -> list[Dealer]:
+        """The dispatchers dealt from: one per partition, the newest registered for it."""
+        return list(self._by_partition.values())
+
     def register(self, dispatcher: Dealer) -> None:
-        """A partition's dispatcher joins the deal."""
-        self.dispatchers.append(dispatcher)
+        """A partition's dispatcher joins the deal, in place of any earlier one of the same
+        partition: a partition's processor made anew (it moved away and came back, or was
+        restored from a snapshot) deals from its new store, and the stopped one's dispatcher
+        never reads its closed store again."""
         self._by_partition[dispatcher.partition] = dispatcher
 
     def apps(self) -> set[str]:
@@ -200,7 +206,7 @@ class WaitingPool:
             task_types=task_types,
         )
         self.ledger.open(entry)
-        for dispatcher in self.dispatchers:
+        for dispatcher in self._by_partition.values():
             for lane in entry.lanes:
                 if lane not in dispatcher.ready:  # else kept current by pokes (see poke)
                     dispatcher.refresh(lane)  # O(tenants) reads of the ready counts
@@ -327,7 +333,7 @@ class WaitingPool:
                         budget[tenant] -= 1
                         if budget[tenant] <= 0:
                             holders.pop(tenant, None)
-        for dispatcher in self.dispatchers:
+        for dispatcher in self._by_partition.values():
             if id(dispatcher) in woken:
                 dispatcher.wake()
 
@@ -374,7 +380,7 @@ class WaitingPool:
         """Tenant -> the (leading partition, lane) pairs with ready work of it for this
         entry."""
         holders: dict[str, list[tuple[Dealer, str]]] = {}
-        for d in self.dispatchers:
+        for d in self._by_partition.values():
             if not d.leading:
                 continue
             for lane in entry.lanes:
