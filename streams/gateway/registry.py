@@ -223,19 +223,22 @@ class Registry:
         )
 
     def require(self, tenant: str, app: str, task_type: str, field: str) -> None:
-        version = self.removed_by(tenant, app, task_type)
+        """Nothing when ``task_type`` may be enqueued, else what to do (every enqueue item
+        asks: one read of the app's entry, no set built unless it is refused)."""
+        entry = self._entry(tenant, app)
+        version = entry.get("removed", {}).get(task_type)
         if version is not None:
             raise UnknownTaskType(
                 f"{field}: task type {task_type!r} was removed from app {app!r} by its version "
                 f"{version!r}; deploy a version that has the handler to enqueue it again",
                 field=field,
             )
-        known = set(self.task_types(tenant, app))
+        known = entry.get("task_types", ())
         if task_type in known:
             return
         raise UnknownTaskType(
             f"{field}: task type {task_type!r} is not registered for app {app!r}; "
-            + self._hint(tenant, task_type, known),
+            + self._hint(tenant, task_type, set(known)),
             field=field,
         )
 
