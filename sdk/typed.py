@@ -210,61 +210,55 @@ def encode(value: Any) -> Any:
     """``value`` as a JSON value (rule 4); ``ContractError`` if it cannot be one."""
     if isinstance(value, _PLAIN):
         return value
-    dump = getattr(value, "model_dump", None)
-    if callable(dump) and hasattr(type(value), "model_fields"):  # a pydantic model
-        return dump(mode="json")
     try:
         return msgspec.to_builtins(value, enc_hook=_enc_hook)
     except TypeError as exc:
         raise ContractError(f"a {type(value).__name__} is not a JSON value: {exc}") from None
 
 
+def _pydantic(cls: Any) -> bool:
+    return isinstance(cls, type) and hasattr(cls, "model_validate") and hasattr(cls, "model_fields")
+
+
 def _enc_hook(value: Any) -> Any:
-    if hasattr(type(value), "model_fields") and callable(getattr(value, "model_dump", None)):
-        return value.model_dump(mode="json")  # a pydantic model inside a container
+    if _pydantic(type(value)):
+        return value.model_dump(mode="json")
     raise TypeError(f"cannot encode a {type(value).__name__}")
 
 
 def _convert(value: Any, annotation: Any) -> Any:
     if annotation is Any:
         return value
-    if isinstance(annotation, type) and hasattr(annotation, "model_validate"):
-        return annotation.model_validate(value)  # a pydantic model
+    if _pydantic(annotation):
+        return annotation.model_validate(value)
     return msgspec.convert(value, annotation, strict=False, dec_hook=_dec_hook)
 
 
 def _dec_hook(annotation: Any, value: Any) -> Any:
-    if isinstance(annotation, type) and hasattr(annotation, "model_validate"):
+    if _pydantic(annotation):
         return annotation.model_validate(value)  # a pydantic model inside a container
     raise TypeError(f"cannot build a {annotation!r}")
 
 
 def _check_decodable(task: str, name: str, annotation: Any) -> None:
-    if annotation is _NOTHING or annotation is Any:
-        return
-    if isinstance(annotation, type) and hasattr(annotation, "model_validate"):
+    if annotation is _NOTHING or annotation is Any or _pydantic(annotation):
         return
     try:
-        msgspec.inspect.type_info(annotation)
+        why = "" if not _custom(msgspec.inspect.type_info(annotation)) else "no decoder for it"
     except (TypeError, ValueError) as exc:
+        why = str(exc)
+    if why:
         raise ContractError(
             f"task {task!r}: parameter {name!r} is annotated {annotation!r}, which a JSON "
-            f"payload cannot become ({exc}); use JSON types, a dataclass, TypedDict, msgspec "
+            f"payload cannot become ({why}); use JSON types, a dataclass, TypedDict, msgspec "
             "Struct or pydantic model"
-        ) from None
-    if _custom(msgspec.inspect.type_info(annotation)):
-        raise ContractError(
-            f"task {task!r}: parameter {name!r} is annotated {annotation!r}, which a JSON "
-            "payload cannot become; use JSON types, a dataclass, TypedDict, msgspec Struct or "
-            "pydantic model"
         )
 
 
 def _custom(info: Any) -> bool:
     """Whether ``info`` (msgspec's view of a type) holds a type it cannot build."""
     if isinstance(info, msgspec.inspect.CustomType):
-        cls = info.cls
-        return not (isinstance(cls, type) and hasattr(cls, "model_validate"))
+        return not _pydantic(info.cls)
     for attr in ("item_type", "key_type", "value_type"):
         inner = getattr(info, attr, None)
         if inner is not None and _custom(inner):
