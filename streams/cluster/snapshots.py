@@ -38,8 +38,9 @@ The rules, and why:
    copy against the manifest) in a scratch directory beside the store, then swapped in with
    one ``renameat2(RENAME_EXCHANGE)``: a crash leaves the old store or the new one in place,
    never a mix. The store object stays the same (closed, swapped, reopened with no await in
-   between): the node hands that one object to the partition's next processor. A snapshot that cannot be read falls back to the next older one, then to the local
-   store, with a warning. The local store can replay only if the log still holds the offset
+   between): the node hands that one object to the partition's next processor. A snapshot
+   that cannot be read falls back to the next older one, then to the local store, with a
+   warning. The local store can replay only if the log still holds the offset
    after its own; when it does not and no snapshot can be restored, ``RestoreFailed``
    (retryable: the store may come back) and the partition is not led. So a build with other
    state schemas cannot take over a trimmed log (``store/state_schemas.py``).
