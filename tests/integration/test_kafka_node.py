@@ -54,7 +54,10 @@ def wait_registered(base: str) -> None:
         status, reply = call(base, "POST", "/v1/tasks", body, key=CLIENT)
         if status == 201:
             return
-        assert status == 400 and reply["error"]["code"] == "unknown_task_type", reply
+        # 400 unknown_task_type: the agent has not registered yet; 503: the node is still
+        # taking the partitions (the tenant's registry partition among them), try again.
+        not_yet = (400, "unknown_task_type"), (503, "unavailable")
+        assert (status, reply["error"]["code"]) in not_yet, reply
         time.sleep(0.1)  # the agent process is starting: nothing to wait on but its calls
     raise AssertionError("the agent never registered the shop's task types")
 
