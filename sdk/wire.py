@@ -283,11 +283,18 @@ class TaskInfo:
 class TaskPage:
     tasks: list[TaskInfo]
     next_cursor: str | None = None
+    # True: the node's query snapshot had not caught up with it within the listing's wait, so
+    # a task acknowledged a moment ago may be missing from this page.
+    may_trail: bool = False
 
     @classmethod
     def from_json(cls, reply: Mapping[str, Any]) -> TaskPage:
         tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
-        return cls(tasks=tasks, next_cursor=reply.get("next_cursor"))
+        return cls(
+            tasks=tasks,
+            next_cursor=reply.get("next_cursor"),
+            may_trail=bool(reply.get("may_trail", False)),
+        )
 
 
 def query(**params: Any) -> dict[str, Any]:

@@ -363,6 +363,7 @@ async def _run_node(
             Registry.load(home),
             blobs=blobs or _open_blobs(home, None),
             snapshot=snapshot.pool if snapshot is not None else None,
+            progress=snapshot.projector if snapshot is not None else None,
             metrics=metrics,
             logs=AttemptLogs(home / "logs"),
             metrics_key=metrics_config.key,

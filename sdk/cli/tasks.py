@@ -173,6 +173,7 @@ def list_tasks(
     tasks: list[dict[str, Any]] = []
     remote = Remote.of(url, api_key, home)
     cursor: str | None = None
+    may_trail = False
     # Pages may be short (the gateway bounds each scan): follow the cursor.
     while len(tasks) < limit:
         page_query = {**query, "limit": str(min(PAGE_MAX, limit - len(tasks)))}
@@ -180,6 +181,7 @@ def list_tasks(
             page_query["cursor"] = cursor
         page = remote.call("GET", "/v1/tasks", query=page_query)
         tasks.extend(page["tasks"])
+        may_trail = may_trail or bool(page.get("may_trail"))
         cursor = page["next_cursor"]
         if cursor is None:
             break
@@ -188,6 +190,11 @@ def list_tasks(
         return
     console.print(_task_table(tasks))
     console.print(f"[dim]{len(tasks)} task(s)[/]")
+    if may_trail:
+        console.print(
+            "[yellow]the query snapshot is behind the node: a task enqueued in the last "
+            "seconds may be missing (`conveyor get ID` asks the node itself)[/]"
+        )
 
 
 def _task_table(tasks: list[dict[str, Any]]) -> Table:

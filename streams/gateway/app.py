@@ -45,6 +45,7 @@ from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.node import Node
 from conveyor.streams.registry import routes as registry_routes
 from conveyor.streams.sinks.metrics import CONTENT_TYPE, Metrics
+from conveyor.streams.sinks.projector import Progress
 
 log = logging.getLogger("conveyor.gateway")
 
@@ -129,13 +130,15 @@ def build_app(
     *,
     blobs: Blobs | None = None,
     snapshot: asyncpg.Pool | None = None,
+    progress: Progress | None = None,
     metrics: Metrics | None = None,
     logs: AttemptLogs | None = None,
     metrics_key: str | None = None,
 ) -> web.Application:
-    """The gateway. ``snapshot``: list from Postgres (else RocksDB scans). ``metrics``: the
-    process's metrics to serve at /metrics (a fresh set watching ``node`` if not given), to
-    bearers of ``metrics_key`` (to nobody without one)."""
+    """The gateway. ``snapshot``: list from Postgres (else RocksDB scans), after waiting for
+    ``progress`` (its projector's) to pass what the node applied (``snapshot.py``).
+    ``metrics``: the process's metrics to serve at /metrics (a fresh set watching ``node`` if
+    not given), to bearers of ``metrics_key`` (to nobody without one)."""
     if metrics is None:
         metrics = Metrics()
         metrics.watch(node)
@@ -145,7 +148,7 @@ def build_app(
         client_max_size=BODY_BYTES_MAX,  # routes.read_body turns the overflow into a 413
     )
     app[routes.GATEWAY] = Gateway(
-        node, keys, registry, Payloads(blobs), snapshot=snapshot, logs=logs
+        node, keys, registry, Payloads(blobs), snapshot=snapshot, progress=progress, logs=logs
     )
     node.pool.caps = lambda tenant: keys.settings(tenant).max_concurrent
     metrics.registry.register(

@@ -483,6 +483,11 @@ _PAGE = obj(
         "next_cursor": nullable({"type": "string"}),
         "count": nullable(integer(0, description="null: counting needs the snapshot")),
         "count_exact": {"type": "boolean", "description": "false: the planner's estimate"},
+        "may_trail": {
+            "type": "boolean",
+            "description": "true: the snapshot had not caught up with the node within 2 s; "
+            "a task acknowledged just now may be missing",
+        },
     }
 )
 _RETRIED = _wrap("retried", obj({"task_id": TASK_ID, "new_task_id": TASK_ID}), 0)

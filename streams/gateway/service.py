@@ -88,6 +88,7 @@ from conveyor.streams.processor.pool import Lease
 from conveyor.streams.registry.definitions import parse_definitions
 from conveyor.streams.registry.service import SchemaRegistry
 from conveyor.streams.routing import mint_task_id, partition_for_key
+from conveyor.streams.sinks.projector import Progress
 
 log = logging.getLogger("conveyor.gateway")
 
@@ -104,6 +105,7 @@ class Gateway:
         payloads: Payloads,
         *,
         snapshot: asyncpg.Pool | None = None,
+        progress: Progress | None = None,
         logs: AttemptLogs | None = None,
     ) -> None:
         self.node = node
@@ -114,6 +116,8 @@ class Gateway:
         registry.bind(node)  # its rows are in this node's log (``registry.py``)
         self.payloads = payloads
         self.snapshot = snapshot  # the Postgres query snapshot; None: list by RocksDB scans
+        # How far the snapshot's projector has come; None: unknown, a listing may trail.
+        self.progress = progress
         # Bulk operations by filter select from the snapshot and keep their cursor there.
         self.operations = BulkOperations(node, snapshot) if snapshot is not None else None
         self.breakers = OpenBreakers()  # what the agents' polls say their breakers hold back
@@ -225,12 +229,17 @@ class Gateway:
 
     async def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
         if self.snapshot is not None:
-            return await snapshot.list_tasks(self.snapshot, tenant, query)
+            fresh = self.progress is not None and await snapshot.wait_fresh(
+                self.node, self.progress
+            )
+            page = await snapshot.list_tasks(self.snapshot, tenant, query)
+            return {**page, "may_trail": not fresh}
         tasks, cursor = listing.list_tasks(
             self.node, tenant, query.filter, query.limit, query.cursor
         )
         body: dict[str, Any] = {"tasks": [render.task_summary(t) for t in tasks]}
         body["next_cursor"] = cursor
+        body["may_trail"] = False  # the processors' own state
         if query.count:
             body["count"] = None  # counting needs the snapshot; a scan cannot afford it
         return body

@@ -5,6 +5,15 @@ task enqueued a moment ago may not be listed yet, while ``GET /v1/tasks/{id}`` (
 its processor) always sees it. Listing needs filters and pages over millions of rows; the
 processors' RocksDB scans cannot give that, Postgres indexes can.
 
+Read your writes: before it reads, a listing waits (up to ``FRESH_WAIT_MS``) until the
+snapshot holds every record the node's processors had applied when the request came in, so a
+task whose enqueue was acknowledged, to this client or to any other, is listed. For each
+partition this node leads, in two steps: its outbox ships the events of those records to the
+events stream, then the projector's watermark passes the end of the stream as it stood once
+they were in. Past the wait the page is served as it is, with ``may_trail`` true. The position
+is the node's, not the client's: no client has to carry one from its enqueue to its listing
+(a shell's ``conveyor enqueue`` then ``conveyor list`` are two processes).
+
 The cursor is opaque to clients: base64url of ``<created_ms>:<task id>`` of the last row
 examined. A search by error text examines a bounded number of rows per page, so its pages may
 be short (even empty) while ``next_cursor`` is set. ``count`` is exact when it is cheap and
@@ -24,6 +33,11 @@ from conveyor.store.postgres import StoreUnavailable, queries
 from conveyor.streams.gateway.fields import check_task_id
 from conveyor.streams.gateway.render import error_json
 from conveyor.streams.gateway.validation import ListQuery, TaskFilter
+from conveyor.streams.node import Node
+from conveyor.streams.sinks.projector import Progress
+
+FRESH_WAIT_MS = 2_000.0  # a listing waits at most this long for the snapshot to pass it
+FRESH_POLL_MS = 5.0  # how often it looks while waiting
 
 
 def encode_cursor(created_ms: int, task_id: str) -> str:
@@ -97,3 +111,27 @@ async def _page(
     if query.count:
         body["count"], body["count_exact"] = await queries.count_or_estimate(pool, q)
     return body
+
+
+async def wait_fresh(node: Node, progress: Progress, wait_ms: float = FRESH_WAIT_MS) -> bool:
+    """Wait until the snapshot holds what this node's processors have applied now (the
+    module's docstring); whether it does, rather than the wait ran out."""
+    clock = node.clock
+    deadline = clock.monotonic_ms() + wait_ms
+    applied = {
+        p: processor.applied
+        for p, processor in enumerate(node.processors)
+        if processor.leader and processor.applied >= 0
+    }
+    ends: dict[int, int] = {}  # per partition: the events stream's end once its events are in
+    while True:
+        for p in [p for p in applied if p not in ends]:
+            if not node.processors[p].outbox.holds_through(applied[p]):
+                ends[p] = node.events.end_offset(p)
+        if len(ends) == len(applied) and all(
+            progress.next_offsets.get(p, 0) >= end for p, end in ends.items()
+        ):
+            return True
+        if clock.monotonic_ms() >= deadline:
+            return False
+        await clock.sleep_ms(FRESH_POLL_MS)

@@ -38,6 +38,14 @@ class OutboxShipper:
         duty = f"partition {p.partition} outbox"
         await ship_while(lambda: p.leader, self.ship_once, self._poke, p.clock, duty, SHIP_PAUSE_MS)
 
+    def holds_through(self, offset: int) -> bool:
+        """Whether a row of a record at or before ``offset`` is still to ship (a listing that
+        reads its writes waits for its events to reach the stream: ``gateway/snapshot.py``)."""
+        for key, _ in self._kv.scan(keys.OUTBOX, self._after):
+            if key != self._after:
+                return key <= keys.outbox(offset)
+        return False
+
     async def ship_once(self) -> bool:
         rows = []
         for key, value in self._kv.scan(keys.OUTBOX, self._after):
