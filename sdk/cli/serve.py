@@ -265,13 +265,25 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-def _banner(url: str, key: str, home: Path) -> None:
+def _banner(url: str, key: str, home: Path, *, dev: bool) -> None:
+    """What the node serves and how to reach it. ``conveyor node`` shows only the first
+    characters of the client key (its output goes to a supervisor's logs, read by others);
+    ``conveyor dev`` runs on the developer's own machine and prints the dashboard's link with
+    the key in its fragment (``#key=``): a browser never sends a fragment to the server, and
+    the page takes it out of the address bar."""
+    from conveyor.streams.gateway.auth import shown
+
+    resolved = home.resolve()
     console.print("[bold green]Conveyor node ready[/]")
     console.print(f"  url      {url}")
-    console.print(f"  api key  {key}")
-    console.print(f"  home     {home.resolve()}")
-    console.print(f"  ui       {url}/ui/  (paste the api key)")
-    console.print(f"  try      CONVEYOR_API_KEY={key} conveyor list --url {url}")
+    if dev:
+        # Never folded: a link cut in two by a narrow terminal would not open.
+        console.print(f"  ui       {url}/ui/#key={key}  (opens signed in)", soft_wrap=True)
+    else:
+        console.print(f"  api key  {shown(key)}  (tenant default; in full: home/keys.json)")
+        console.print(f"  ui       {url}/ui/  (paste a client key)")
+    console.print(f"  home     {resolved}")
+    console.print(f"  try      conveyor list --url {url} --home {resolved}")
     sys.stdout.flush()  # a supervisor (or a test) may be waiting for these lines on a pipe
 
 
@@ -376,7 +388,7 @@ async def _run_node(
         if kafka is not None:
             member = await _join(node, record_log, kafka, url, home, metrics)
             forwarder(app).attach(member.directory, url)  # any request, to its owner
-        _banner(url, key, home)
+        _banner(url, key, home, dev=run_agent is not None)
         try:
             if run_agent is None:
                 await stop.wait()

@@ -24,6 +24,19 @@ export function forgetKey() {
   localStorage.removeItem(KEY_ITEM);
 }
 
+/** A key given in the address as "#key=<key>" (the link `conveyor dev` prints): kept like a
+ * typed one, then taken out of the address bar and this history entry. A fragment is never
+ * sent to the server, so it is in no request and no server log. Whether there was one. */
+export function takeKeyFromUrl() {
+  const match = /^#key=([^&]+)/.exec(location.hash);
+  if (!match) return false;
+  const key = decodeURIComponent(match[1]).trim();
+  history.replaceState(null, "", `${location.pathname}${location.search}#/tasks`);
+  if (!key) return false;
+  setKey(key);
+  return true;
+}
+
 function url(path, query) {
   const params = new URLSearchParams();
   for (const [name, value] of Object.entries(query || {})) {

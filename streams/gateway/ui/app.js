@@ -3,7 +3,7 @@
 // `main` and may register refreshers with `live(fn, ms)` (stopped on the next navigation, or by
 // calling the function it returns).
 
-import { api, ApiError, forgetKey, getKey, setKey } from "./api.js";
+import { api, ApiError, forgetKey, getKey, setKey, takeKeyFromUrl } from "./api.js";
 import { field, h, mount } from "./dom.js";
 import { renderQueues } from "./views/queues.js";
 import { renderSchedules } from "./views/schedules.js";
@@ -102,8 +102,8 @@ function renderLogin(problem) {
   } },
     h("h1", {}, "Conveyor dashboard"),
     h("p", {}, "Paste an API key. ", h("code", {}, "conveyor dev"),
-      " prints one at start; keys live in the node's keys.json. It is kept in this browser's " +
-      "local storage until you choose “Change API key”."),
+      " prints a link that opens this page signed in; keys live in the node's keys.json. It " +
+      "is kept in this browser's local storage until you choose “Change API key”."),
     problem ? h("p", { class: "error" }, problem) : null,
     field("API key", input),
     h("button", { type: "submit" }, "Open dashboard"),
@@ -124,12 +124,17 @@ async function showTenant() {
 }
 
 window.addEventListener("conveyor:unauthorized", (event) => renderLogin(event.detail));
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => {
+  // A "#key=..." link opened in a tab already on the dashboard changes only the hash.
+  if (takeKeyFromUrl()) showTenant().then((ok) => ok && route());
+  else route();
+});
 document.getElementById("forget-key").addEventListener("click", () => {
   forgetKey();
   renderLogin();
 });
 
+takeKeyFromUrl(); // before the first route: "#key=..." is no view
 if (getKey()) {
   showTenant().then((ok) => ok && route());
 } else {
