@@ -42,7 +42,18 @@ The rules:
    nothing written anywhere. If a part fails (a 409 for one key, a 503), its answer is the
    answer, as when one partition of a node's batch fails: the other parts may be applied,
    and resending the batch is safe for every keyed item. Unkeyed enqueues are placed on
-   partitions this node leads (``service.py`` rule 3), so they never leave it.
+   partitions this node leads (``service.py`` rule 3), so they never leave it. A retry of
+   listed tasks (``POST /v1/tasks:retry {task_ids}``) is split the same way; its reply lists
+   only the tasks retried, so the parts' lists are joined in the order of the request.
+6. A registration (``POST /worker/register``) goes to the owner of the tenant's registry
+   partition (``registry/catalog.py``): its processor applies the record on the live
+   catalog and answers, and the types an agent's deploy removes are computed against that
+   catalog, not against this node's mirror of it, which may be a few records behind.
+7. The other routes are served where they arrive, by design: a listing, the queues and the
+   bulk operations by filter read this node's query snapshot, which every node feeds from
+   every partition of the events topic; ``GET /v1/events`` reads that topic, the same for
+   every node; a poll and a signals wait are made to every node by the agent
+   (``agents/cluster.py``); ``GET /worker/nodes`` is the directory itself.
 """
 
 from __future__ import annotations
@@ -60,8 +71,9 @@ from aiohttp import web
 from conveyor.errors import ContractError, TransientError
 from conveyor.streams.gateway import routes
 from conveyor.streams.gateway.errors import dumps, render
-from conveyor.streams.gateway.validation import parse_batch
+from conveyor.streams.gateway.validation import parse_batch, parse_retry
 from conveyor.streams.node import Node
+from conveyor.streams.registry.catalog import registry_partition
 from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
 log = logging.getLogger("conveyor.gateway")
@@ -81,7 +93,10 @@ _ITEMS = {
     "/worker/checkpoint": ("checkpoints", "results"),
     "/worker/steps": ("steps", "results"),
 }
+# POST path -> (the body's list of task ids, the reply's list: an entry per task changed)
+_LISTED = {"/v1/tasks:retry": ("task_ids", "retried")}
 _KEYED = frozenset({"/v1/tasks", "/v1/workflows"})  # POST: one task, routed by its key
+REGISTER_PATH = "/worker/register"
 _PASSED_BACK = ("Content-Type", "Retry-After")
 
 
@@ -146,6 +161,8 @@ def forwarder(app: web.Application) -> Forwarder:
 
 def _partition(fw: Forwarder, request: web.Request, item: Any, list_name: str) -> int | None:
     """The partition of one item; None: any partition serves it, or the handler refuses it."""
+    if list_name == "task_ids":
+        return _of_task(fw, item)
     if not isinstance(item, dict):
         return None
     partitions = fw.node.partitions
@@ -154,9 +171,12 @@ def _partition(fw: Forwarder, request: web.Request, item: Any, list_name: str) -
         if not isinstance(key, str):
             return None
         return partition_for_key(request[routes.TENANT], key, partitions)
-    task_id = item.get("task_id")
+    return _of_task(fw, item.get("task_id"))
+
+
+def _of_task(fw: Forwarder, task_id: Any) -> int | None:
     try:
-        return partition_of(task_id, partitions) if isinstance(task_id, str) else None
+        return partition_of(task_id, fw.node.partitions) if isinstance(task_id, str) else None
     except ContractError:
         return None
 
@@ -192,9 +212,11 @@ async def middleware(
     fw = request.app[FORWARDER]
     if fw.owners is None or routes.TENANT not in request:
         return await handler(request)
-    if request.method == "POST" and request.path in _ITEMS:
+    if request.method == "POST" and (request.path in _ITEMS or request.path in _LISTED):
         return await _items(fw, request, handler)
     p = _of_path(fw, request)
+    if request.method == "POST" and request.path == REGISTER_PATH:
+        p = registry_partition(request[routes.TENANT], fw.node.partitions)  # rule 6
     if p is None and request.method == "POST" and request.path in _KEYED:
         body = await routes.read_body(request)
         p = _partition(fw, request, body, "tasks")
@@ -216,7 +238,8 @@ async def _items(
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> web.StreamResponse:
     """Rule 5."""
-    list_name, reply_name = _ITEMS[request.path]
+    listed = request.path in _LISTED
+    list_name, reply_name = _LISTED[request.path] if listed else _ITEMS[request.path]
     body = await routes.read_body(request)
     items = body.get(list_name) if isinstance(body, dict) else None
     if not isinstance(items, list):
@@ -228,6 +251,8 @@ async def _items(
         return _not_owner(next(p for p in parts if not fw.here(p)))
     if list_name == "tasks":
         parse_batch(body)  # all or nothing: a bad item refuses the batch before any part goes
+    elif listed:
+        parse_retry(body)
     groups: dict[str | None, list[int]] = defaultdict(list)
     for i, p in enumerate(parts):
         groups[fw.owner(p)].append(i)
@@ -240,6 +265,8 @@ async def _items(
 
     urls = list(groups)
     replies = await asyncio.gather(*(part(url, groups[url]) for url in urls))
+    if listed:
+        return _joined(items, replies, reply_name)
     merged: list[Any] = [None] * len(items)
     for url, reply in zip(urls, replies, strict=True):
         if reply.status >= 300:
@@ -249,6 +276,20 @@ async def _items(
             merged[i] = entry
     status = 201 if any(r.status == 201 for r in replies) else 200
     return routes.reply({reply_name: merged}, status)
+
+
+def _joined(items: list[Any], replies: Sequence[_Reply], reply_name: str) -> web.Response:
+    """Rule 5 for a list of task ids: the parts' entries, in the order of the request."""
+    order: dict[Any, int] = {}
+    for i, task_id in enumerate(items):
+        order.setdefault(task_id, i)
+    joined: list[dict[str, Any]] = []
+    for reply in replies:
+        if reply.status >= 300:
+            return _response(reply)
+        joined += json.loads(reply.body).get(reply_name, [])
+    joined.sort(key=lambda entry: order.get(entry.get("task_id"), len(items)))
+    return routes.reply({reply_name: joined})
 
 
 def _not_owner(p: int | None) -> web.Response:

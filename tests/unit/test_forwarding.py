@@ -18,6 +18,7 @@ from conveyor.streams.gateway import KeyStore, Registry, build_app, start
 from conveyor.streams.gateway.forward import FORWARDED, NOT_OWNER, forwarder
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.node import Node
+from conveyor.streams.registry.catalog import registry_partition
 from conveyor.streams.routing import partition_for_key, partition_of
 
 KEY = "key-alpha-0123456789"
@@ -64,6 +65,7 @@ async def two_nodes() -> AsyncIterator[tuple[str, str, Directory, list[Node]]]:
         node.node_id = "ab"[i]
         await node.start()
         await node.stop_partition(1 - i, TransientError("not led here", retry_after_ms=500))
+    await nodes[0].start_partition(0)  # b's start announced a newer epoch of 0: lead it again
     async with serving(nodes[0], directory) as a, serving(nodes[1], directory) as b:
         directory.urls = {0: a, 1: b}
         registered = [(await post(url, "/worker/register", REGISTER))[0] for url in (a, b)]
@@ -198,5 +200,74 @@ def test_worker_reports_of_another_nodes_partition_are_answered_by_its_owner() -
             assert status == 200 and reply["results"][0]["ok"], reply
             status, read, _ = await request("GET", a, f"/v1/tasks/{created['task_id']}")
             assert read["status"] == "SUCCEEDED" and read["result"] == {"ok": 1}
+
+    run(main())
+
+
+async def failed_task(via: str, owner: str, partition: int) -> str:
+    """A task of ``partition`` enqueued through ``via``, leased from its ``owner`` and failed
+    for good (one attempt allowed): a dead letter a retry applies to."""
+    body = {**task(key_on(partition, skip=2)), "retry": {"attempts_max": 1}}
+    status, created = await post(via, "/v1/tasks", body)
+    assert status == 201, created
+    poll = {"agent_id": "t", "app": "app", "queues": [], "capacity": 1, "wait_ms": 5000}
+    status, got = await post(owner, "/worker/poll", {**poll, "lease_ms": 30_000})
+    (lease,) = got["leases"]
+    error = {"class": "Boom", "message": "failed on purpose"}
+    done = {"task_id": created["task_id"], "lease_id": lease["lease_id"], "outcome": "FAILED"}
+    status, reply = await post(
+        owner, "/worker/complete", {"completions": [{**done, "error": error}]}
+    )
+    assert status == 200 and reply["results"][0]["ok"], reply
+    return str(created["task_id"])
+
+
+def test_a_retry_of_listed_tasks_is_split_per_owner_and_answered_in_the_order_asked() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, _, nodes):
+            on_b, on_a = await failed_task(a, b, 1), await failed_task(a, a, 0)
+            asked = [on_b, on_a, on_b]
+            status, reply = await post(a, "/v1/tasks:retry", {"task_ids": asked})
+            assert status == 200, reply
+            assert [r["task_id"] for r in reply["retried"]] == [on_b, on_a]
+            for r in reply["retried"]:  # each new task is on the partition of the old one
+                p = partition_of(r["task_id"], 2)
+                assert partition_of(r["new_task_id"], 2) == p
+                assert nodes[p].get(TENANT, r["new_task_id"]).status.value == "ENQUEUED"
+            status, again = await post(b, "/v1/tasks:retry", {"task_ids": [on_a]})
+            assert status == 200 and again["retried"] == [], again  # retried once only
+
+    run(main())
+
+
+def test_a_bad_retry_is_refused_before_any_part_is_sent() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, _, _):
+            on_b = await failed_task(a, b, 1)
+            status, reply = await post(a, "/v1/tasks:retry", {"task_ids": [on_b, "nope"]})
+            assert status == 400 and reply["error"]["field"] == "task_ids[1]", reply
+            status, reply = await post(a, "/v1/tasks:retry", {"task_ids": [on_b]})
+            assert [r["task_id"] for r in reply["retried"]] == [on_b]  # not retried before
+
+    run(main())
+
+
+def test_a_registration_goes_to_the_leader_of_the_tenants_registry_partition() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, directory, _):
+            p = registry_partition(TENANT, 2)
+            other = b if p == 0 else a  # the node that does not lead it
+            body = {**REGISTER, "task_types": ["echo", "other"]}
+            status, reply = await post(other, "/worker/register", body)
+            assert status == 200, reply
+            status, created = await post(a, "/v1/tasks", {**task(None), "task_type": "other"})
+            assert status == 201, created
+            # Sent to the owner the directory names, not appended here: with the owner out
+            # of reach the registration is refused, and the catalog did not change.
+            directory.urls[p] = "http://127.0.0.1:9"
+            status, reply = await post(other, "/worker/register", {**body, "task_types": ["x"]})
+            assert status == 503 and "cannot be reached" in reply["error"]["message"], reply
+            status, created = await post(a, "/v1/tasks", {**task(None), "task_type": "x"})
+            assert status == 400 and created["error"]["code"] == "unknown_task_type", created
 
     run(main())
