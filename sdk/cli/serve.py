@@ -13,6 +13,7 @@ import enum
 import importlib
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -46,6 +47,7 @@ from conveyor.frozen import frozen
 if TYPE_CHECKING:
     from conveyor.store.blobs import Blobs
     from conveyor.streams.cluster import ClusterMember
+    from conveyor.streams.cluster.signing import ClusterSecret
     from conveyor.streams.node import Node
 
 AGENT_MODULE = "conveyor.agents.host"
@@ -117,6 +119,18 @@ NodeIdOpt = Annotated[
 ClusterOpt = Annotated[
     str,
     typer.Option("--cluster", help="The cluster's name: its topics are <name>-log, <name>-..."),
+]
+ClusterSecretOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster-secret",
+        envvar="CONVEYOR_CLUSTER_SECRET",
+        help="With --kafka, required: a secret of 16+ characters, the same on every node; it "
+        "signs the node's card in <name>-nodes, so no request is forwarded to a URL someone "
+        "else wrote there. Prefer the environment variable (a command line is visible to "
+        "other users of the machine)",
+        show_default=False,
+    ),
 ]
 SessionOpt = Annotated[
     float,
@@ -301,6 +315,7 @@ class KafkaConfig:
 
     bootstrap: str
     node_id: str
+    secret: ClusterSecret  # signs this node's card, checks the others' (``cluster/signing.py``)
     cluster: str = "conveyor"
     session_timeout_ms: int = 10_000  # a dead node's partitions move after this long
     snapshots: str | None = None  # a directory or s3://bucket/prefix; None: none taken
@@ -436,6 +451,7 @@ async def _join(
         cluster=kafka.cluster,
         session_timeout_ms=kafka.session_timeout_ms,
         url=url,
+        secret=kafka.secret,
         snapshots=snapshots,
     )
 
@@ -459,7 +475,11 @@ async def _open_node(home: Path, partitions: int | None, kafka: KafkaConfig | No
 
 
 def _kafka_config(
-    bootstrap: str | None, node_id: str | None, cluster: str, session_timeout_s: float
+    bootstrap: str | None,
+    node_id: str | None,
+    cluster: str,
+    session_timeout_s: float,
+    secret: str | None = None,
 ) -> KafkaConfig | None:
     if bootstrap is None:
         if node_id is not None:
@@ -467,9 +487,24 @@ def _kafka_config(
         return None
     if not node_id:
         raise fail("--kafka needs --node-id: a name for this node, unique in the cluster")
+    from conveyor.streams.cluster.signing import ClusterSecret
+
+    if not secret:
+        raise fail(
+            "--kafka needs the cluster's secret: set CONVEYOR_CLUSTER_SECRET (or "
+            "--cluster-secret) to the same value, 16 characters or more, on every node"
+        )
+    try:
+        checked = ClusterSecret(secret)
+    except ValueError as exc:  # its message gives the length, never the value
+        raise fail(f"CONVEYOR_CLUSTER_SECRET / --cluster-secret: {exc}") from None
     session_ms = int(session_timeout_s * 1000)
     return KafkaConfig(
-        bootstrap=bootstrap, node_id=node_id, cluster=cluster, session_timeout_ms=session_ms
+        bootstrap=bootstrap,
+        node_id=node_id,
+        secret=checked,
+        cluster=cluster,
+        session_timeout_ms=session_ms,
     )
 
 
@@ -567,6 +602,7 @@ def node(
     kafka: KafkaOpt = None,
     node_id: NodeIdOpt = None,
     cluster: ClusterOpt = "conveyor",
+    cluster_secret: ClusterSecretOpt = None,
     session_timeout_s: SessionOpt = 10.0,
     webhooks_allow_private: WebhooksAllowPrivateOpt = False,
     webhooks_retry_s: WebhooksRetryOpt = RETRY_S_DEFAULT,
@@ -582,7 +618,7 @@ def node(
     per-tenant series, and whoever reads the metrics is not shown customers' names.
     """
     _setup_logging(log_level)
-    kafka_config = _kafka_config(kafka, node_id, cluster, session_timeout_s)
+    kafka_config = _kafka_config(kafka, node_id, cluster, session_timeout_s, cluster_secret)
     kafka_config = _with_snapshots(
         kafka_config, snapshots, snapshot_interval, snapshot_keep, s3_endpoint
     )
@@ -640,7 +676,10 @@ def dev(
         kafka_config = None
         if kafka:
             bootstrap = broker.enter_context(_dev_broker(home_path))
-            kafka_config = KafkaConfig(bootstrap=bootstrap, node_id="dev")
+            from conveyor.streams.cluster.signing import ClusterSecret
+
+            secret = ClusterSecret(secrets.token_urlsafe(32))  # one node: nobody to share it
+            kafka_config = KafkaConfig(bootstrap=bootstrap, node_id="dev", secret=secret)
         node = _run_node(
             home_path,
             host,

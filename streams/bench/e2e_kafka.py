@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from conveyor.streams.bench.e2e import Cluster, _free_port
+from conveyor.streams.cluster.signing import SECRET_ENV
 from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
 from conveyor.streams.log.kafka_broker import KafkaCluster, KafkaUnavailable
 
@@ -42,6 +44,7 @@ class KafkaNodes(Cluster):
     brokers: KafkaCluster | None = None
     ports: list[int] = field(default_factory=list)
     leading: dict[int, int] = field(default_factory=dict)  # partition -> node index
+    cluster_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     def names(self) -> list[str]:
         return [f"node-{i}" for i in range(self.nodes)]
@@ -81,7 +84,8 @@ class KafkaNodes(Cluster):
             args = ["node", "--home", str(self.home_of(i)), "--port", str(port)]
             args += ["--partitions", str(self.partitions), "--kafka", self.brokers.bootstrap]
             args += ["--node-id", f"n{i}", "--cluster", CLUSTER]
-            self._spawn(f"node-{i}", args, env={"CONVEYOR_METRICS_KEY": self.metrics_key})
+            env = {"CONVEYOR_METRICS_KEY": self.metrics_key, SECRET_ENV: self.cluster_secret}
+            self._spawn(f"node-{i}", args, env=env)
         self.leading = await self._settled()
         for i, url in enumerate(self.urls()):
             for k in range(self.agents):

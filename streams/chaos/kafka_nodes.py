@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, _popen
+from conveyor.streams.cluster.signing import SECRET_ENV
 from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
 from conveyor.streams.log.kafka_broker import KafkaCluster, KafkaUnavailable
 
@@ -33,6 +35,8 @@ class Cluster:
     concurrency: int
     prefetch: int
     name: str = "failover"
+    # The nodes' shared secret (``cluster/signing.py``), passed in their environment.
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     brokers: KafkaCluster | None = None
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -90,8 +94,9 @@ class Cluster:
         self._spawn(f"agent-{node}", [sys.executable, "-m", "conveyor.cli", *args])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        env = {**os.environ, SECRET_ENV: self.secret}
         with open(self.root / f"{name}.out", "ab") as out:
-            self.procs[name] = _popen(argv, out)
+            self.procs[name] = _popen(argv, out, env)
 
     def output(self, name: str) -> Path:
         return self.root / f"{name}.out"

@@ -120,8 +120,12 @@ class ChaosCluster(Cluster):
         raise RuntimeError(f"the node was not healthy after {timeout_s}s\n{self.logs()}")
 
 
-def _popen(argv: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def _popen(
+    argv: list[str], out: IO[bytes], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+    )
 
 
 @dataclass

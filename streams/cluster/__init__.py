@@ -3,6 +3,7 @@
 membership.py   the consumer group that hands partitions out (sticky, dynamic members)
 ownership.py    what a node does when a partition is assigned or revoked, and its epoch
 directory.py    every node's card (URL, partitions led, epochs, lag) in <cluster>-nodes
+signing.py      cards are signed with the cluster's secret; an unsigned one is not believed
 snapshots.py    partition snapshots: taken by the owner on a schedule, restored by a node that
                 takes a partition, the log trimmed below the oldest kept (snapshot_store.py:
                 a directory or S3)
@@ -14,10 +15,11 @@ from conveyor.frozen import frozen
 from conveyor.streams.cluster.directory import Card, Directory
 from conveyor.streams.cluster.membership import Membership
 from conveyor.streams.cluster.ownership import Fences, NotOwner, Ownership, restore
+from conveyor.streams.cluster.signing import ClusterSecret
 from conveyor.streams.cluster.snapshots import Snapshots
 from conveyor.streams.node import Node
 
-__all__ = ["ClusterMember", "NotOwner", "Snapshots", "join", "leading"]
+__all__ = ["ClusterMember", "ClusterSecret", "NotOwner", "Snapshots", "join", "leading"]
 
 
 @frozen
@@ -57,11 +59,13 @@ async def join(
     cluster: str,
     session_timeout_ms: int,
     url: str,
+    secret: ClusterSecret,
     snapshots: Snapshots | None = None,
 ) -> ClusterMember:
     """Join ``cluster`` as ``node.node_id``: from now on ``node`` leads what the group gives
-    it. ``fences``: the record log (a ``KafkaLog``), unwrapped. ``snapshots``: restores the
-    partitions taken here and snapshots those led here (``snapshots.start`` is called)."""
+    it. ``fences``: the record log (a ``KafkaLog``), unwrapped. ``secret``: signs this node's
+    card and checks the others' (``signing.py``). ``snapshots``: restores the partitions
+    taken here and snapshots those led here (``snapshots.start`` is called)."""
     restore_partition = restore if snapshots is None else snapshots.restore
     ownership = Ownership(node, fences, restore_partition=restore_partition)
     membership = Membership(
@@ -72,7 +76,7 @@ async def join(
         node_id=node.node_id,
         session_timeout_ms=session_timeout_ms,
     )
-    directory = Directory(bootstrap, cluster, lambda: card(node, url))
+    directory = Directory(bootstrap, cluster, lambda: card(node, url), secret.card_key(cluster))
     await directory.start()
     await membership.start()
     if snapshots is not None:

@@ -1,14 +1,16 @@
 """Who leads what: every node's card in the compacted topic ``<cluster>-nodes``, keyed by node id.
 
     key b"n1"  value {"node_id": "n1", "url": "http://127.0.0.1:7401", "ts_ms": ...,
-                      "leading": {"0": {"epoch": 3145729, "lag_records": 0}, ...}}
+                      "leading": {"0": {"epoch": 3145729, "lag_records": 0}, ...},
+                      "mac": "<HMAC-SHA256 of the rest, keyed by the cluster's secret>"}
 
 A node publishes its card every ``PUBLISH_S`` and a tombstone when it leaves. A node killed
 leaves its last card behind; the partitions on it are led by others at higher epochs by then,
 so the owner of a partition is the card that lists it at the highest epoch (and a card's age
 says how stale it is). Readers (``conveyor cluster status``) read the topic whole; a running
 node follows it (``Directory``): its gateway forwards what it does not lead to the owner
-(``gateway/forward.py``) and tells agents which nodes to poll (``nodes``).
+(``gateway/forward.py``) and tells agents which nodes to poll (``nodes``). A card whose
+``mac`` does not check is not believed (``signing.py``): it names no owner and no URL.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from conveyor.streams.cluster.signing import sign, verified
 
 log = logging.getLogger("conveyor.cluster")
 
@@ -52,11 +56,16 @@ async def ensure_topic(bootstrap: str, cluster: str) -> None:
         await admin.close()
 
 
-async def read_cards(bootstrap: str, cluster: str) -> dict[str, Card]:
-    """Every node's last card, by node id (the nodes that left are not there)."""
+async def read_cards(
+    bootstrap: str, cluster: str, key: bytes | None
+) -> tuple[dict[str, Card], list[str]]:
+    """Every node's last card, by node id (the nodes that left are not there), and the node
+    ids under which only refused cards were found. With ``key`` (``ClusterSecret.card_key``)
+    a card must be signed with it; without, every card is taken unchecked."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     tp = TopicPartition(topic_of(cluster), 0)
     cards: dict[str, Card] = {}
+    refused: set[str] = set()
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -65,19 +74,32 @@ async def read_cards(bootstrap: str, cluster: str) -> dict[str, Card]:
         consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
         while await consumer.position(tp) < end:
             for message in (await consumer.getmany(tp, timeout_ms=READ_POLL_MS)).get(tp, []):
-                _note(cards, message.key, message.value)
+                if not _note(cards, message.key, message.value, key):
+                    refused.add((message.key or b"").decode(errors="replace"))
     finally:
         await consumer.stop()
-    return cards
+    return cards, sorted(refused - set(cards))
 
 
-def _note(cards: dict[str, Card], key: bytes | None, value: bytes | None) -> None:
+def _note(
+    cards: dict[str, Card], key: bytes | None, value: bytes | None, mac_key: bytes | None
+) -> bool:
+    """Take one message of the topic into ``cards``; False: a card refused (``signing.py``
+    rule 3), ``cards`` unchanged."""
     if key is None:
-        return
+        return True
+    node_id = key.decode(errors="replace")
     if value is None:
-        cards.pop(key.decode(), None)
-    else:
-        cards[key.decode()] = json.loads(value)
+        cards.pop(node_id, None)
+        return True
+    if mac_key is None:
+        cards[node_id] = json.loads(value)
+        return True
+    card = verified(node_id, value, mac_key)
+    if card is None:
+        return False
+    cards[node_id] = card
+    return True
 
 
 def owners(cards: dict[str, Card]) -> dict[int, Card]:
@@ -94,8 +116,10 @@ def owners(cards: dict[str, Card]) -> dict[int, Card]:
 class Directory:
     """Publishes this node's card and follows everyone's (``owners``)."""
 
-    def __init__(self, bootstrap: str, cluster: str, card: Callable[[], Card]) -> None:
+    def __init__(self, bootstrap: str, cluster: str, card: Callable[[], Card], key: bytes) -> None:
         self._bootstrap = bootstrap
+        self._key = key  # signs this node's card, checks everyone's (``signing.py``)
+        self._refused: set[str] = set()  # keys a refused card came under, warned about once
         self._topic = topic_of(cluster)
         self._cluster = cluster
         self._card = card
@@ -140,7 +164,7 @@ class Directory:
     async def publish(self) -> None:
         card = {**self._card(), "ts_ms": int(time.time() * 1000)}
         key = str(card["node_id"]).encode()
-        await self._producer.send_and_wait(self._topic, json.dumps(card).encode(), key=key)
+        await self._producer.send_and_wait(self._topic, sign(card, self._key), key=key)
 
     async def _publish_loop(self) -> None:
         while True:
@@ -160,12 +184,26 @@ class Directory:
             while True:
                 got = await consumer.getmany(tp, timeout_ms=READ_POLL_MS)
                 for message in got.get(tp, []):
-                    _note(self.cards, message.key, message.value)
+                    if not _note(self.cards, message.key, message.value, self._key):
+                        self._warn_refused(message.key)
                 if got:
                     self._news.set()
                     self._news = asyncio.Event()
         finally:
             await consumer.stop()
+
+    def _warn_refused(self, key: bytes | None) -> None:
+        name = (key or b"").decode(errors="replace")[:64]
+        if name in self._refused:
+            return
+        self._refused.add(name)
+        log.warning(
+            "a card under node id %r in %s is not signed with this cluster's secret: it is "
+            "ignored (no request is forwarded to it, no agent is sent there). Someone wrote "
+            "to the topic without the secret, or that node was given another secret",
+            name,
+            self._topic,
+        )
 
     async def leave(self, node_id: str) -> None:
         """Tombstone this node's card, then stop."""

@@ -49,11 +49,13 @@ The rules:
    partition (``registry/catalog.py``): its processor applies the record on the live
    catalog and answers, and the types an agent's deploy removes are computed against that
    catalog, not against this node's mirror of it, which may be a few records behind.
-7. The other routes are served where they arrive, by design: a listing, the queues and the
-   bulk operations by filter read this node's query snapshot, which every node feeds from
-   every partition of the events topic; ``GET /v1/events`` reads that topic, the same for
-   every node; a poll and a signals wait are made to every node by the agent
-   (``agents/cluster.py``); ``GET /worker/nodes`` is the directory itself.
+7. The other routes are served where they arrive: a listing and the queues read this node's
+   query snapshot, which every node feeds from every partition of the events topic;
+   ``GET /v1/events`` reads that topic, the same for every node; a poll and a signals wait
+   are made to every node by the agent (``agents/cluster.py``); ``GET /worker/nodes`` is the
+   directory itself. Not cluster-wide yet: the list of schedules (the partitions led here)
+   and a bulk operation by filter, whose runner submits to this node's processors and so
+   pauses on a partition led elsewhere (``operations.py``).
 """
 
 from __future__ import annotations

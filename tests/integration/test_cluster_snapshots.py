@@ -210,7 +210,7 @@ def test_a_fresh_node_restores_the_snapshots_past_the_trim_and_replays_only_the_
                 node.stop()
 
 
-KAFKA = ("--kafka", "127.0.0.1:1", "--node-id", "n1")  # never reached: the options fail first
+KAFKA = ("--kafka", "127.0.0.1:1", "--node-id", "n1", "--cluster-secret", "s" * 16)  # never reached
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ KEYS = {
 }
 REPO = Path(__file__).resolve().parents[2]  # examples.shop is imported from here
 RESULT_S = 60.0
+CLUSTER_SECRET = "test-cluster-secret-0123456789"  # the same for every node of a test
 
 
 def kafka_node(root: Path, bootstrap: str, node_id: str, cluster: str) -> NodeProcess:
@@ -36,7 +37,7 @@ def kafka_node(root: Path, bootstrap: str, node_id: str, cluster: str) -> NodePr
     home.mkdir(parents=True)
     (home / "keys.json").write_text(json.dumps({"keys": KEYS}))
     command = ("node", "--kafka", bootstrap, "--node-id", node_id, "--cluster", cluster)
-    return NodeProcess(home, (*command, "--no-projection"))
+    return NodeProcess(home, (*command, "--cluster-secret", CLUSTER_SECRET, "--no-projection"))
 
 
 def start_agent(base: str, out: Path) -> subprocess.Popen[bytes]:
