@@ -266,6 +266,7 @@ class Guest:
             run_key=frame.get("run_key"),
             compensating=bool(frame.get("compensating")),
             cancel=CancelFlag(self.inbox),
+            codec=self.app.codec,
         )
         start_it = self.inbox.begin(ctx, channel)
         task = self.app.tasks.get(ctx.task_type)

@@ -15,6 +15,7 @@ from typing import Any
 from conveyor.agents.runner import run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult, Hooks, Job
 from conveyor.app import App
+from conveyor.codecs import PayloadCodec
 from conveyor.context import Context
 from conveyor.signals import StepRefused
 from conveyor.steps import StepAck
@@ -54,7 +55,14 @@ class InlineSandbox:
     pid: int | None = None
     queued = False  # a thread of its own from the start
 
-    def __init__(self, app: App, job: Job, hooks: Hooks, threads: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        app: App,
+        job: Job,
+        hooks: Hooks,
+        threads: ThreadPoolExecutor,
+        codec: PayloadCodec | None = None,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.ctx = Context(
             task_id=job.task_id,
@@ -66,6 +74,7 @@ class InlineSandbox:
             started_ms=job.started_ms,
             run_key=job.run_key,
             compensating=job.compensating,
+            codec=codec,
         )
         self._killed: str | None = None
         task = app.tasks.get(job.task_type)
@@ -100,15 +109,16 @@ class InlineSandbox:
 class InlineExecutor:
     queued_max = 0
 
-    def __init__(self, app: App, *, threads: int = 8) -> None:
+    def __init__(self, app: App, *, threads: int = 8, codec: PayloadCodec | None = None) -> None:
         self.app = app
+        self.codec = codec if codec is not None else app.codec  # conveyor.codecs
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-task")
 
     async def start(self) -> None:
         return None
 
     async def launch(self, job: Job, hooks: Hooks) -> InlineSandbox:
-        return InlineSandbox(self.app, job, hooks, self._threads)
+        return InlineSandbox(self.app, job, hooks, self._threads, self.codec)
 
     async def close(self) -> None:
         # Threads still running a killed handler are left to finish on their own.

@@ -4,7 +4,9 @@ Shared by the guest stub and the in-process executor, so a handler behaves the s
 ``conveyor.testing`` and in production. The mapping:
 
     returned a JSON value           SUCCEEDED (a value JSON cannot carry is FATAL: a retry
-                                    of the same code returns the same kind of value)
+                                    of the same code returns the same kind of value); with
+                                    the app's codec, the payload is decoded before the call
+                                    (a CodecError fails the attempt) and the result encoded
     raised FatalError               FATAL
     raised a non_retryable error    FATAL (matched by class, so subclasses count)
     raised RetryableError           FAILED, with retry_after_ms when it gave retry_after
@@ -35,6 +37,7 @@ from typing import Any
 
 from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App, TaskType
+from conveyor.codecs import CodecError, decode_value, encode_value
 from conveyor.context import Cancelled, Context, running
 from conveyor.errors import ContractError, FatalError, RetryableError
 from conveyor.loops import run_awaitable
@@ -95,7 +98,7 @@ def run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptRes
 def _run_sync(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     try:
         with running(ctx):
-            value = task.invoke(ctx, payload)
+            value = task.invoke(ctx, decode_value(ctx.codec, payload))
             if inspect.isawaitable(value):
                 value = run_awaitable(value)
     except StepSignal as exc:
@@ -118,7 +121,7 @@ async def run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> Att
 async def _run_async(task: TaskType[Any, Any], ctx: Context, payload: Any) -> AttemptResult:
     try:
         with running(ctx):
-            value = task.invoke(ctx, payload)
+            value = task.invoke(ctx, decode_value(ctx.codec, payload))
             if inspect.isawaitable(value):
                 value = await value
     except StepSignal as exc:
@@ -216,6 +219,11 @@ def succeeded(ctx: Context | None, value: Any) -> AttemptResult:
             error_class="ResultNotSerializable",
             error_message=f"the handler returned a {type(value).__name__}, not JSON: {exc}",
         )
+    if ctx is not None and ctx.codec is not None:
+        try:
+            value = encode_value(ctx.codec, value)
+        except CodecError as exc:  # the key provider failed: another attempt may succeed
+            return AttemptResult(outcome="FAILED", error_class="CodecError", error_message=str(exc))
     return AttemptResult(outcome="SUCCEEDED", result=value)
 
 

@@ -27,6 +27,7 @@ from conveyor.client import (
     parse,
     retry_after_ms,
 )
+from conveyor.codecs import PayloadCodec, decode_tree, decoded_info, encode_bodies, encode_value
 from conveyor.errors import TransientError
 from conveyor.wire import (
     AttemptInfo,
@@ -87,8 +88,10 @@ class AsyncClient:
         app: str | None = None,
         timeout: float = 30.0,
         retries: int = 5,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
+        self.codec = codec  # see Client
         key = api_key or os.environ.get("CONVEYOR_API_KEY") or local_dev_key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.app = app
@@ -158,7 +161,8 @@ class AsyncClient:
         **options: Unpack[EnqueueOptions],
     ) -> AsyncTaskHandle[Any]:
         req = Enqueue(task, payload, **options)
-        reply = await self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
+        [body] = encode_bodies(self.codec, [enqueue_body(req, self.app)], [task])
+        reply = await self._send("POST", "/v1/tasks", body=body)
         created = bool(reply.get("created", True))
         return AsyncTaskHandle(self, reply["task_id"], created, decoder_of(task))
 
@@ -167,6 +171,7 @@ class AsyncClient:
     ) -> list[AsyncTaskHandle[Any]]:
         reqs = items_of(items)
         bodies = [enqueue_body(it, self.app) for it in reqs]
+        bodies = encode_bodies(self.codec, bodies, [it.task for it in reqs])
         decoders = iter([decoder_of(it.task) for it in reqs])
         handles: list[AsyncTaskHandle[Any]] = []
         for chunk in chunks(bodies):
@@ -177,7 +182,8 @@ class AsyncClient:
         return handles
 
     async def get(self, task_id: str) -> TaskInfo:
-        return TaskInfo.from_json(await self._send("GET", f"/v1/tasks/{task_id}"))
+        reply = await self._send("GET", f"/v1/tasks/{task_id}")
+        return decoded_info(self.codec, TaskInfo.from_json(reply))
 
     async def attempt_log(self, attempt: AttemptInfo) -> str:
         """What ``attempt`` printed (its tail), or "" when it left no output."""
@@ -197,7 +203,7 @@ class AsyncClient:
                 params={"wait_ms": left_ms},
                 timeout=left_ms / 1000 + self._http.timeout,
             )
-            info = TaskInfo.from_json(reply)
+            info = decoded_info(self.codec, TaskInfo.from_json(reply))
             if info.finished or (deadline is not None and time.monotonic() >= deadline):
                 return info
 
@@ -206,13 +212,14 @@ class AsyncClient:
 
     async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
         """Send event ``name`` to a workflow (see ``Client.send_event``)."""
-        body = {"name": name, "payload": payload}
+        body = {"name": name, "payload": encode_value(self.codec, payload)}
         reply = await self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
         return str(reply["status"])
 
     async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}`` (see ``Client.get_workflow``)."""
-        return dict(await self._send("GET", f"/v1/workflows/{workflow_id}"))
+        reply = await self._send("GET", f"/v1/workflows/{workflow_id}")
+        return dict(decode_tree(self.codec, reply))
 
     async def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
@@ -220,7 +227,7 @@ class AsyncClient:
         """One page of the workflow's step rows (see ``Client.workflow_history``)."""
         params = query(limit=limit, cursor=cursor)
         path = f"/v1/workflows/{workflow_id}/history"
-        return dict(await self._send("GET", path, params=params))
+        return dict(decode_tree(self.codec, await self._send("GET", path, params=params)))
 
     async def list(
         self,
@@ -303,6 +310,7 @@ class AsyncClient:
         """Run ``task`` with ``payload`` on a cron schedule (five fields, read in ``timezone``);
         creates or replaces the schedule ``schedule_id`` (default: the task type's name)."""
         body = schedule_body(task, payload, self.app, options)
+        [body] = encode_bodies(self.codec, [body], [task])
         return ScheduleInfo.from_json(await self._send("POST", "/v1/schedules", body=body))
 
     async def schedules(self) -> ScheduleList:

@@ -23,6 +23,7 @@ from conveyor.schemas.resume import RESUME_POLICIES
 
 if TYPE_CHECKING:
     from conveyor.client import TaskHandle
+    from conveyor.codecs import PayloadCodec
     from conveyor.context import Context
 
 P = ParamSpec("P")
@@ -159,10 +160,14 @@ class Register(Protocol):
 class App:
     """A named set of task types; agents register and run one App (one version at a time)."""
 
-    def __init__(self, name: str, *, version: str = "dev") -> None:
+    def __init__(
+        self, name: str, *, version: str = "dev", codec: PayloadCodec | None = None
+    ) -> None:
         _check_name(name, "app")
         self.name = name
         self.version = version
+        # Applied by the guest to what its handlers take and give (``conveyor.codecs``).
+        self.codec = codec
         self.tasks: dict[str, TaskType[Any, Any]] = {}
         # Where the App was created: lets agents find a "module:attr" for guest processes.
         self.module: str = sys._getframe(1).f_globals.get("__name__", "__main__")

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 
 from conveyor.app import TaskType
+from conveyor.codecs import PayloadCodec, decode_tree, decoded_info, encode_bodies, encode_value
 from conveyor.errors import ContractError, TaskFailed, TransientError
 from conveyor.wire import (
     AttemptInfo,
@@ -143,7 +144,9 @@ def decoded(value: Any, decode: Decode | None) -> Any:
 
 class Client:
     """Talks to a Conveyor gateway. ``url``/``api_key`` default to $CONVEYOR_URL and
-    $CONVEYOR_API_KEY; ``app`` is the default app of tasks named by string."""
+    $CONVEYOR_API_KEY; ``app`` is the default app of tasks named by string; ``codec`` (a
+    ``conveyor.codecs.PayloadCodec``) encodes the payloads it sends and decodes those it
+    reads."""
 
     def __init__(
         self,
@@ -154,8 +157,10 @@ class Client:
         timeout: float = 30.0,
         retries: int = 5,
         transport: httpx.BaseTransport | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL", DEFAULT_URL)
+        self.codec = codec  # payloads leave encoded and come back decoded (conveyor.codecs)
         key = api_key or os.environ.get("CONVEYOR_API_KEY") or local_dev_key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.app = app
@@ -230,7 +235,8 @@ class Client:
         **options: Unpack[EnqueueOptions],
     ) -> TaskHandle[Any]:
         req = Enqueue(task, payload, **options)
-        reply = self._send("POST", "/v1/tasks", body=enqueue_body(req, self.app))
+        [body] = encode_bodies(self.codec, [enqueue_body(req, self.app)], [task])
+        reply = self._send("POST", "/v1/tasks", body=body)
         created = bool(reply.get("created", True))
         return TaskHandle(self, reply["task_id"], created, decoder_of(task))
 
@@ -240,6 +246,7 @@ class Client:
         """Enqueue many tasks in ``/v1/tasks:batch`` calls of up to 1000; handles in order."""
         reqs = items_of(items)
         bodies = [enqueue_body(it, self.app) for it in reqs]
+        bodies = encode_bodies(self.codec, bodies, [it.task for it in reqs])
         decoders = iter([decoder_of(it.task) for it in reqs])
         handles: list[TaskHandle[Any]] = []
         for chunk in chunks(bodies):
@@ -252,7 +259,8 @@ class Client:
     # -- reads and control ------------------------------------------------------------------
 
     def get(self, task_id: str) -> TaskInfo:
-        return TaskInfo.from_json(self._send("GET", f"/v1/tasks/{task_id}"))
+        reply = self._send("GET", f"/v1/tasks/{task_id}")
+        return decoded_info(self.codec, TaskInfo.from_json(reply))
 
     def attempt_log(self, attempt: AttemptInfo) -> str:
         """What ``attempt`` printed (its tail), or "" when it left no output."""
@@ -273,7 +281,7 @@ class Client:
                 params={"wait_ms": left_ms},
                 timeout=left_ms / 1000 + self._timeout,
             )
-            info = TaskInfo.from_json(reply)
+            info = decoded_info(self.codec, TaskInfo.from_json(reply))
             if info.finished or (deadline is not None and time.monotonic() >= deadline):
                 return info
 
@@ -283,21 +291,22 @@ class Client:
     def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
         """Send event ``name`` to a workflow: it wakes the workflow's ``ctx.wait_for_event
         (name)``, or is kept for its next such wait. Returns the workflow's status."""
-        body = {"name": name, "payload": payload}
+        body = {"name": name, "payload": encode_value(self.codec, payload)}
         reply = self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
         return str(reply["status"])
 
     def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}``: the workflow, its steps with their states, and each
         parallel step with its children (a workflow is enqueued like any task)."""
-        return dict(self._send("GET", f"/v1/workflows/{workflow_id}"))
+        return dict(decode_tree(self.codec, self._send("GET", f"/v1/workflows/{workflow_id}")))
 
     def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         """One page of the workflow's step rows with their values; pass ``next_cursor`` on."""
         params = query(limit=limit, cursor=cursor)
-        return dict(self._send("GET", f"/v1/workflows/{workflow_id}/history", params=params))
+        reply = self._send("GET", f"/v1/workflows/{workflow_id}/history", params=params)
+        return dict(decode_tree(self.codec, reply))
 
     def list(
         self,
@@ -376,6 +385,7 @@ class Client:
         """Run ``task`` with ``payload`` on a cron schedule (five fields, read in ``timezone``);
         creates or replaces the schedule ``schedule_id`` (default: the task type's name)."""
         body = schedule_body(task, payload, self.app, options)
+        [body] = encode_bodies(self.codec, [body], [task])
         return ScheduleInfo.from_json(self._send("POST", "/v1/schedules", body=body))
 
     def schedules(self) -> ScheduleList:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
 
+from conveyor.codecs import PayloadCodec, decode_value, encode_value
 from conveyor.durations import Duration
 from conveyor.errors import ContractError
 from conveyor.steps import StepAck, StepContext
@@ -54,12 +55,16 @@ class Context:
         run_key: str | None = None,
         compensating: bool = False,
         cancel: threading.Event | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self.task_id = task_id
         self.task_type = task_type
         self.attempt = attempt
+        # As the node holds it (encoded, with a codec); decoded when the handler reads it.
         self._checkpoint = checkpoint
+        self._checkpoint_decoded = codec is None
         self._channel = channel
+        self.codec = codec
         # Set by the runtime; a guest passes its own flag, which reads the agent's frames.
         self._cancel = cancel if cancel is not None else threading.Event()
         self.step = StepContext(
@@ -69,6 +74,7 @@ class Context:
             recorded=steps or [],
             channel=channel,
             compensating=compensating,
+            codec=codec,
         )
         self.logger = logging.LoggerAdapter(
             logging.getLogger(f"conveyor.task.{task_type}"),
@@ -114,6 +120,9 @@ class Context:
     def last_checkpoint(self) -> Any:
         """The newest checkpoint of this task: from this attempt, or else the one a previous
         attempt saved (None if there was none)."""
+        if not self._checkpoint_decoded:
+            self._checkpoint = decode_value(self.codec, self._checkpoint)
+            self._checkpoint_decoded = True
         return self._checkpoint
 
     def heartbeat(self, progress: Any = None) -> None:
@@ -123,9 +132,11 @@ class Context:
 
     def checkpoint(self, value: Any) -> None:
         """Save ``value`` (JSON) with the task; the next attempt finds it in
-        ``last_checkpoint``. Saved before the attempt's outcome is reported."""
+        ``last_checkpoint``. Saved before the attempt's outcome is reported; with a codec,
+        encoded, and the cap applies to what is stored."""
         try:
-            size = len(json.dumps(value, separators=(",", ":")).encode())
+            stored = encode_value(self.codec, value)
+            size = len(json.dumps(stored, separators=(",", ":")).encode())
         except (TypeError, ValueError) as exc:
             raise ContractError(f"a checkpoint must be JSON-serializable: {exc}") from exc
         if size > CHECKPOINT_BYTES_MAX:
@@ -134,7 +145,8 @@ class Context:
                 "store big state elsewhere and checkpoint a reference to it"
             )
         self._checkpoint = value
-        self._channel.checkpoint(value)
+        self._checkpoint_decoded = True
+        self._channel.checkpoint(stored)
 
     def request_cancel(self) -> None:
         """Called by the runtime (never by handlers) when the agent learns CANCEL."""

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, overload
 
+from conveyor import codecs
+from conveyor.codecs import PayloadCodec, decode_tree, encode_values
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
 from conveyor.frozen import frozen
@@ -184,8 +186,10 @@ class StepContext:
         recorded: list[dict[str, Any]],
         channel: StepChannel,
         compensating: bool = False,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self._task_id = task_id
+        self._codec = codec  # step values leave encoded, recorded ones are decoded on use
         self.compensating = compensating  # rule 6: replay, then run the compensations
         self._compensations: list[tuple[str, Callable[[Any], Any], Any]] = []
         self._run_key = run_key
@@ -278,8 +282,9 @@ class StepContext:
             self._used.add(identity)
             if compensate is not None and not self.compensating:
                 self._mark(identity)  # committed by code that had no compensate= yet
-            self._register(identity, compensate, row.value)
-            return row.value
+            value = self._plain(row.value)
+            self._register(identity, compensate, value)
+            return value
         if self.compensating:
             raise self._latch(Compensate(identity))
         if compensate is not None:
@@ -301,8 +306,9 @@ class StepContext:
             self._used.add(identity)
             if compensate is not None and not self.compensating:
                 await self._mark_async(identity)
-            self._register(identity, compensate, row.value)
-            return row.value
+            value = self._plain(row.value)
+            self._register(identity, compensate, value)
+            return value
         if self.compensating:
             raise self._latch(Compensate(identity))
         if compensate is not None:
@@ -434,10 +440,10 @@ class StepContext:
         identity, position = self._identify(name, None)
         row = self._by_identity.get(identity)
         if row is not None and row.committed:
-            return results_of(row.value)
+            return results_of(self._plain(row.value))
         if self.compensating:
             raise self._latch(Compensate(identity))
-        bodies = child_bodies(children)
+        bodies = self._sealed_children(child_bodies(children))
         self._enter(identity)  # a fan-out inside a step body overlaps that step
         self._leave()
         raise self._latch(FanOut(identity, position, mode=wire_mode, children=bodies))
@@ -490,7 +496,7 @@ class StepContext:
         identity, position = self._identify(event_step_name(name), None)
         row = self._by_identity.get(identity)
         if row is not None and row.committed:
-            return event_of(name, row.value)
+            return event_of(name, self._plain(row.value))
         if self.compensating:
             raise self._latch(Compensate(identity))
         self._enter(identity)  # a wait inside a step body overlaps that step
@@ -560,12 +566,35 @@ class StepContext:
             self._busy = False
 
     def _write(self, op: str, identity: str, position: int, value: Any) -> None:
+        value = self._sealed(identity, value)
         self._check(identity, self._channel.step(op, identity, position, value))
 
     async def _write_async(self, op: str, identity: str, position: int, value: Any) -> None:
         """``_write`` on a worker thread: the channel blocks until the write is durable."""
         step = self._channel.step
+        value = self._sealed(identity, value)
         self._check(identity, await asyncio.to_thread(step, op, identity, position, value))
+
+    # -- the codec (``conveyor.codecs`` rule 1) -------------------------------------------------
+
+    def _plain(self, value: Any) -> Any:
+        """A recorded value as the body sees it: decoded, however deep (a parallel step's
+        results are the children's results, each encoded by its own attempt)."""
+        return decode_tree(self._codec, value)
+
+    def _sealed(self, identity: str, value: Any) -> Any:
+        """A value as it goes to the node: encoded, except a claim's None and the platform's
+        own markers (``@compensate:``, ``@version:``), whose value is a constant."""
+        if value is None or identity.startswith((COMPENSATE_PREFIX, VERSION_PREFIX)):
+            return value
+        return codecs.encode_value(self._codec, value)
+
+    def _sealed_children(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The children's enqueue bodies with their payloads encoded, in one batch."""
+        if self._codec is None:
+            return bodies
+        payloads = encode_values(self._codec, [b.get("payload") for b in bodies])
+        return [{**b, "payload": p} for b, p in zip(bodies, payloads, strict=True)]
 
     def _check(self, identity: str, ack: StepAck) -> None:
         if ack.ok:

@@ -38,6 +38,7 @@ from conveyor.client import (
     items_of,
     set_default_client,
 )
+from conveyor.codecs import PayloadCodec, decode_tree, decoded_info, encode_bodies, encode_value
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
 from conveyor.schemas import codec
@@ -79,8 +80,11 @@ class Engine:
         tenant: str = "default",
         concurrency: int = 8,
         idle_timeout_s: float = 30.0,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self.app = app
+        # Both sides of conveyor.codecs: the handlers' (default: the app's) and the client's.
+        self.codec = codec if codec is not None else app.codec
         self.durable = durable
         self.partitions = partitions
         self.tenant = tenant
@@ -139,7 +143,7 @@ class Engine:
             heartbeat_s=3_600.0,  # heartbeats are poked by the engine, not timed
             lease_s=LEASE_S,
             poll_wait_s=3_600.0,
-            executor=InlineExecutor(self.app, threads=self.concurrency),
+            executor=InlineExecutor(self.app, threads=self.concurrency, codec=self.codec),
             clock=self.clock,
             agent_id="engine",
         )
@@ -298,6 +302,7 @@ class EngineClient:
     ) -> TaskHandle[Any]:
         req = Enqueue(task, payload, **options)
         body = enqueue_body(req, self._engine.app.name)
+        [body] = encode_bodies(self._engine.codec, [body], [task])
         return self._enqueue_bodies([body], [decoder_of(task)])[0]
 
     def enqueue_many(
@@ -306,13 +311,15 @@ class EngineClient:
         app = self._engine.app.name
         reqs = items_of(items)
         bodies = [enqueue_body(it, app) for it in reqs]
+        bodies = encode_bodies(self._engine.codec, bodies, [it.task for it in reqs])
         return self._enqueue_bodies(bodies, [decoder_of(it.task) for it in reqs])
 
     def get(self, task_id: str) -> TaskInfo:
         engine = self._engine
 
         async def go() -> TaskInfo:
-            return task_info(engine.node, engine.node.get(engine.tenant, task_id))
+            info = task_info(engine.node, engine.node.get(engine.tenant, task_id))
+            return decoded_info(engine.codec, info)
 
         return engine.call(go())
 
@@ -324,7 +331,7 @@ class EngineClient:
 
         async def go() -> TaskInfo:
             task = await engine.node.wait_finished(engine.tenant, task_id, seconds * 1000)
-            return task_info(engine.node, task)
+            return decoded_info(engine.codec, task_info(engine.node, task))
 
         info = engine.call(go(), timeout=seconds + CALL_TIMEOUT_S)
         if not info.finished:
@@ -351,7 +358,8 @@ class EngineClient:
         async def go() -> dict[str, Any]:
             task = engine.node.get(engine.tenant, workflow_id)
             tables = engine.node.tables(engine.node.partition_of(workflow_id))
-            return workflow_json(task, tables, engine.clock.now_ms(), node=engine.node)
+            reply = workflow_json(task, tables, engine.clock.now_ms(), node=engine.node)
+            return dict(decode_tree(engine.codec, reply))
 
         return engine.call(go())
 
@@ -365,7 +373,7 @@ class EngineClient:
         async def go() -> dict[str, Any]:
             engine.node.get(engine.tenant, workflow_id)  # another tenant's is not found
             tables = engine.node.tables(engine.node.partition_of(workflow_id))
-            return history_page(tables, workflow_id, limit, after)
+            return dict(decode_tree(engine.codec, history_page(tables, workflow_id, limit, after)))
 
         return engine.call(go())
 
@@ -373,7 +381,8 @@ class EngineClient:
         """``Client.send_event``: wake the workflow's ``ctx.wait_for_event(name)``, or keep the
         event for its next such wait."""
         engine = self._engine
-        raw = json.dumps(payload, separators=(",", ":")).encode()
+        sent = encode_value(engine.codec, payload)
+        raw = json.dumps(sent, separators=(",", ":")).encode()
 
         async def go() -> str:
             reply = check(await engine.node.send_event(engine.tenant, workflow_id, name, raw))
@@ -464,6 +473,7 @@ class EngineClient:
         """``Client.schedule`` on the engine: firings come as ``engine.advance`` moves time."""
         engine = self._engine
         body = schedule_body(task, payload, engine.app.name, options)
+        [body] = encode_bodies(engine.codec, [body], [task])
         problem = cron_rules.problem(body["cron"], body["timezone"])
         if problem is not None:
             raise ContractError(problem, field="cron")

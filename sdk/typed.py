@@ -95,6 +95,15 @@ class Binding:
             args += more
         return self.fn(*args, **kwargs)
 
+    def check(self, payload: Any) -> None:
+        """Refuse ``payload`` as ``call`` would (``PayloadInvalid``), without calling: a
+        client's check of a payload it sends encoded, which the node cannot check."""
+        self._resolve()
+        if self.style == "payload":
+            self._decode_param(self.params[0], payload)
+        elif self.style == "arguments":
+            self._arguments(payload)
+
     def encode_result(self, value: Any) -> Any:
         try:
             return encode(value)
