@@ -452,12 +452,23 @@ class EventBatchCodec:
         else:
             datum = cast(dict[str, Any], schemaless_reader(buf, writer, self.schema))
         datum["kind"] = list(map(self._kinds.__getitem__, datum["kind"]))
+        if writer is not None:
+            _fill_added_columns(datum, self.columns)
         events = self._rows(datum)
         batch = t.EventBatch(partition=datum["partition"], offset=datum["offset"], events=events)
         if buf.tell() == len(data):
             return batch
         extras = self.extras.decode_exact(data[buf.tell() :], extras_writer)
         return dataclasses.replace(batch, steps=extras.steps, schedules=extras.schedules)
+
+
+def _fill_added_columns(datum: dict[str, Any], names: list[str]) -> None:
+    """A column added since a batch's version resolves to its default, an empty array: one
+    null per event instead (every added column is nullable)."""
+    count = len(datum["kind"])
+    for name in names:
+        if count and not datum[name]:
+            datum[name] = [None] * count
 
 
 def self_contained(schema: Any) -> dict[str, Any]:

@@ -621,6 +621,8 @@ class TaskEvent:
     agent_id: str | None = None
     error_class: str | None = None
     error_message: str | None = None
+    # On the TaskEnqueued of a task not due yet: when it will be (a TaskRequeued follows then).
+    run_at_ms: int | None = None
 
 
 @frozen(kw_only=True)

@@ -13,6 +13,8 @@ Rules, and why:
 4. The fold mirrors the state machine's rules for the columns that events do not carry in
    full: ``created_ms`` is the time of TaskEnqueued, ``finished_ms`` of the terminal event,
    and the error columns change only on events that set the task's error (ERROR_KINDS).
+   ``ready_ms`` is when the task became ready, or, for one enqueued with a delay, when it
+   will be (the TaskEnqueued's ``run_at_ms``; its TaskRequeued when due sets it again).
 5. Step and schedule events carry their whole row, so their fold keeps the newest event per
    row (per step identity of a task, per schedule of a tenant) and the upsert replaces the row
    under the same version guard. A deleted schedule stays as a tombstone for that guard.
@@ -39,6 +41,7 @@ from conveyor.schemas.types import (
     TaskEvent,
     TaskStatus,
 )
+from conveyor.store.postgres.history import HistoryFold
 
 # Events after which the task row holds the event's error (lifecycle.finish/attempt_failed).
 ERROR_KINDS = frozenset(
@@ -204,7 +207,7 @@ def _apply(row: TaskRow, event: TaskEvent) -> None:
     if kind == EventKind.TaskEnqueued:
         row.created_ms = event.ts_ms
     if kind in READY_KINDS and event.status == TaskStatus.ENQUEUED:
-        row.ready_ms = event.ts_ms
+        row.ready_ms = event.ts_ms if event.run_at_ms is None else event.run_at_ms
     if kind == EventKind.TaskLeased:
         row.leased_ms = event.ts_ms
     if event.status in TERMINAL and row.finished_ms is None:
@@ -379,9 +382,18 @@ def _columns(rows: Iterable[object], names: list[str]) -> list[list[object]]:
     return [[getattr(row, name) for row in items] for name in names]
 
 
-async def write(conn: asyncpg.Connection, fold: Fold, marks: Mapping[int, int]) -> None:
-    """Rows of ``fold`` and the watermarks that cover them, in one transaction (rule 3)."""
+async def write(
+    conn: asyncpg.Connection,
+    fold: Fold,
+    marks: Mapping[int, int],
+    history: HistoryFold | None = None,
+) -> None:
+    """Rows of ``fold`` and the watermarks that cover them, in one transaction (rule 3), with
+    the queue history of the chunk's events (history.py; it reads task rows as they stood
+    before the chunk, so it goes first)."""
     async with conn.transaction():
+        if history is not None:
+            await history.write(conn)
         if fold.tasks:
             names = [name for name, _ in _TASK_COLUMNS]
             await conn.execute(UPSERT_TASKS, *_columns(fold.tasks.values(), names))
@@ -411,4 +423,6 @@ async def watermarks(conn: asyncpg.Connection) -> dict[int, int]:
 
 async def truncate(conn: asyncpg.Connection) -> None:
     """Forget everything projected: the next projector run rebuilds from offset 0."""
-    await conn.execute("TRUNCATE tasks, attempts, steps, schedules, watermarks")
+    await conn.execute(
+        "TRUNCATE tasks, attempts, steps, schedules, watermarks, queue_history, history_marks"
+    )

@@ -220,8 +220,14 @@ async def count_or_estimate(
     return int(json.loads(plan)[0]["Plan"]["Plan Rows"]), False
 
 
+# An ENQUEUED task whose ready_ms is still ahead was enqueued with a delay and is not due:
+# it is counted as delayed, and the oldest ready task is the oldest that is due (a task
+# delayed by an hour and a half is not a queue stuck for ten minutes).
 QUEUE_DEPTH = """
-SELECT queue, status, count(*) AS n, min(ready_ms) FILTER (WHERE status = 'ENQUEUED') AS ready
+SELECT queue, status, count(*) AS n,
+       min(ready_ms) FILTER (WHERE status = 'ENQUEUED' AND ready_ms <= $2) AS ready,
+       count(*) FILTER (WHERE status = 'ENQUEUED' AND ready_ms > $2) AS delayed,
+       min(ready_ms) FILTER (WHERE status = 'ENQUEUED' AND ready_ms > $2) AS next_due
 FROM tasks WHERE tenant = $1 AND finished_ms IS NULL
 GROUP BY queue, status
 """
@@ -236,20 +242,32 @@ WINDOWS_S = (60, 300, 3600)
 async def queues(
     conn: asyncpg.Connection | asyncpg.Pool, tenant: str, now_ms: int
 ) -> list[dict[str, Any]]:
-    """Per queue of ``tenant``: depth by state, age of the oldest ready task, and throughput
-    and error rate over the last 1, 5 and 60 minutes."""
+    """Per queue of ``tenant``: depth by state, age of the oldest ready task that is due, the
+    tasks enqueued with a delay that are not due yet and when the next is, and throughput and
+    error rate over the last 1, 5 and 60 minutes."""
     out: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
         return out.setdefault(
-            name, {"queue": name, "depth": {}, "oldest_ready_age_ms": None, "windows": {}}
+            name,
+            {
+                "queue": name,
+                "depth": {},
+                "oldest_ready_age_ms": None,
+                "delayed": 0,
+                "next_due_in_ms": None,
+                "windows": {},
+            },
         )
 
-    for r in await conn.fetch(QUEUE_DEPTH, tenant):
+    for r in await conn.fetch(QUEUE_DEPTH, tenant, now_ms):
         e = entry(r["queue"])
         e["depth"][r["status"]] = int(r["n"])
         if r["ready"] is not None:
             e["oldest_ready_age_ms"] = max(0, now_ms - int(r["ready"]))
+        if r["next_due"] is not None:
+            e["delayed"] = int(r["delayed"])
+            e["next_due_in_ms"] = max(0, int(r["next_due"]) - now_ms)
     for window_s in WINDOWS_S:
         for r in await conn.fetch(QUEUE_WINDOW, tenant, now_ms - window_s * 1000):
             finished, errors = int(r["finished"]), int(r["errors"])

@@ -13,6 +13,7 @@ from conveyor.schemas.limits import ATTEMPT_LOG_BYTES_MAX, POLL_CAPACITY_MAX, WO
 from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX
 from conveyor.schemas.types import Outcome, TaskStatus
+from conveyor.store.postgres import history
 from conveyor.streams.gateway import fields, payloads, validation, worker_requests
 from conveyor.streams.gateway.errors import ERRORS
 from conveyor.streams.processor.signals import PENDING_MAX
@@ -468,7 +469,13 @@ _QUEUE = obj(
     {
         "queue": NAME,
         "depth": {"type": "object", "additionalProperties": integer(0)},
-        "oldest_ready_age_ms": nullable(integer(0)),
+        "oldest_ready_age_ms": nullable(
+            integer(0, description="age of the oldest ENQUEUED task that is due; null: none")
+        ),
+        "delayed": integer(0, description="ENQUEUED tasks enqueued with a delay, not due yet"),
+        "next_due_in_ms": nullable(
+            integer(0, description="when the next delayed task is due; null: none delayed")
+        ),
         "windows": {"type": "object", "additionalProperties": _WINDOW},
     }
 )
@@ -1043,3 +1050,53 @@ def _events_section() -> None:
 
 
 _events_section()
+
+
+def _operators_section() -> None:
+    """The operator's endpoints (operators.py): a queue's history."""
+    ms = nullable(integer(0))
+    point = obj(
+        {
+            "at_ms": integer(0, description="start of the step"),
+            **{name: integer(0) for name in history.COUNTS},
+            "finished": integer(0),
+            "finished_per_s": {"type": "number"},
+            "error_rate": {"type": "number", "description": "finished not SUCCEEDED / finished"},
+            "wait_p50_ms": ms,
+            "wait_p99_ms": ms,
+            "run_p50_ms": ms,
+            "run_p99_ms": ms,
+            "depth": integer(0, description="unfinished tasks at the end of the step"),
+        }
+    )
+    ENDPOINTS.append(
+        (
+            "get",
+            "/v1/stats/history",
+            "A queue's history over the last hour (1-minute steps) or day (15-minute steps): "
+            "throughput, error rate, retries, schedule-to-start and run p50/p99, depth; "
+            "every queue and type unless filtered",
+            None,
+            obj(
+                {
+                    "window": {"enum": list(history.WINDOWS_MS)},
+                    "step_ms": integer(1),
+                    "from_ms": integer(0),
+                    "to_ms": integer(0),
+                    "queue": nullable(NAME),
+                    "task_type": nullable(NAME),
+                    "task_types": _list(NAME),
+                    "depth": integer(0, description="unfinished tasks now"),
+                    "points": _list(point),
+                }
+            ),
+            [
+                _param("window", {"enum": list(history.WINDOWS_MS)}),
+                _param("queue", NAME),
+                _param("task_type", NAME),
+            ],
+        )
+    )
+
+
+_operators_section()

@@ -7,7 +7,14 @@ from typing import Any
 from aiohttp import web
 
 from conveyor.errors import ContractError
-from conveyor.streams.gateway import events, render, schedules, validation, worker_requests
+from conveyor.streams.gateway import (
+    events,
+    operators,
+    render,
+    schedules,
+    validation,
+    worker_requests,
+)
 from conveyor.streams.gateway.auth import Grant
 from conveyor.streams.gateway.errors import PayloadTooLarge, UnsupportedMediaType, dumps
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
@@ -240,4 +247,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/worker/checkpoint", checkpoint)
     app.router.add_post("/worker/steps", steps)
     events.add_routes(app)  # GET /v1/events (events.py)
+    operators.add_routes(app)  # queue history, pause and resume, agents (operators.py)
     webhooks_api.add_routes(app)  # /v1/webhooks (streams/webhooks/api.py)

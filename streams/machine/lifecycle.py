@@ -55,6 +55,7 @@ def emit(
     *,
     error_class: str | None = None,
     error_message: str | None = None,
+    run_at_ms: int | None = None,
 ) -> None:
     out.events.append(
         TaskEvent(
@@ -71,6 +72,7 @@ def emit(
             agent_id=task.agent_id,
             error_class=error_class,
             error_message=error_message,
+            run_at_ms=run_at_ms,
         )
     )
 

@@ -43,7 +43,7 @@ import asyncpg
 from conveyor.frozen import frozen
 from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.schemas.types import EventBatch, EventKind
-from conveyor.store.postgres import projection, queries
+from conveyor.store.postgres import history, projection, queries
 from conveyor.streams.clock import Clock, SystemClock
 from conveyor.streams.log.api import LogRecord
 from conveyor.streams.sinks.metrics import Metrics
@@ -177,6 +177,7 @@ class Projector(Progress):
         self._read_to: dict[int, int] = {}  # per partition, the offset after the last read
         self._held = projection.Fold.empty()  # rule 5: rows not written yet...
         self._held_at: dict[str, _Held] = {}  # ...and since when, from which read
+        self._hints = history.Hints()  # ready and lease times between chunks (history.py)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -279,11 +280,13 @@ class Projector(Progress):
 
     async def _write_with_retry(self, reads: Sequence[_Read], hold: bool) -> None:
         fold, marks = self._chunk(reads, hold)
+        batches = [batch for r in reads for batch in r.batches]
         while True:
             started = self.clock.monotonic_ms()
             try:
                 async with self.pool.acquire() as conn:
-                    await projection.write(conn, fold, marks)
+                    counted = history.HistoryFold(batches, self._hints)
+                    await projection.write(conn, fold, marks, counted)
                 break
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
                 log.warning("projection write failed, retrying: %s", exc)

@@ -4,6 +4,7 @@ schemas.lock.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -128,23 +129,46 @@ def _batch() -> EventBatch:
     return EventBatch(partition=3, offset=9, events=[event])
 
 
+def _version_1() -> codec.EventBatchCodec:
+    """A writer of version 1 batches, from its schemas in events/history/v1/."""
+    batch, _ = codec.EVENT_BATCH.history[0]
+    return codec.EventBatchCodec(batch, codec.EVENT_EXTRAS, [])
+
+
 def test_an_events_batch_written_before_batches_carried_a_version_decodes() -> None:
     data = codec.EVENT_BATCH.encode(_batch())
     assert data[0] == codec.EVENTS_MARK and data[1] == codec.EVENT_BATCH.version
-    assert codec.EVENT_BATCH.decode(data[2:]) == _batch()  # no mark: version 1
+    old = _version_1().encode(_batch())
+    assert old[:2] == bytes([codec.EVENTS_MARK, 1])
+    assert codec.EVENT_BATCH.decode(old[2:]) == _batch()  # no mark: version 1
+
+
+def test_a_version_1_batch_reads_run_at_as_null_for_every_event() -> None:
+    """Version 2 added the ``run_at_ms`` column (a delayed TaskEnqueued says when it is
+    due); a version 1 batch has none, and each of its events reads it as null."""
+    events = [dataclasses.replace(_batch().events[0], task_id=f"{i:032d}") for i in range(3)]
+    batch = EventBatch(partition=3, offset=9, events=events)
+    decoded = codec.EVENT_BATCH.decode(_version_1().encode(batch))
+    assert decoded == batch and [e.run_at_ms for e in decoded.events] == [None] * 3
+    delayed = dataclasses.replace(events[0], run_at_ms=1_000)
+    now = EventBatch(partition=3, offset=9, events=[delayed, events[1]])
+    assert codec.EVENT_BATCH.decode(codec.EVENT_BATCH.encode(now)) == now
 
 
 def test_an_events_batch_of_a_former_version_is_resolved_to_the_current_schema() -> None:
-    # A release that adds a column with a default: version 2, with today's pair as version 1.
+    # A release that adds a column with a default: today's pair becomes the newest former one.
     released = [
         codec.self_contained(s) for s in (codec.EVENT_BATCH.schema, codec.EVENT_EXTRAS.schema)
     ]
     grown = codec.self_contained(codec.EVENT_BATCH.schema)
     grown["fields"].append({"name": "note", "type": "string", "default": ""})
     v1 = tuple(parse_schema(s, named_schemas={}) for s in released)
-    later = codec.EventBatchCodec(parse_schema(grown, named_schemas={}), codec.EVENT_EXTRAS, [v1])
-    assert later.version == 2
-    written = codec.EVENT_BATCH.encode(_batch())  # by today's code: version 1
+    history = [*codec.EVENT_BATCH.history, v1]
+    later = codec.EventBatchCodec(
+        parse_schema(grown, named_schemas={}), codec.EVENT_EXTRAS, history
+    )
+    assert later.version == codec.EVENT_BATCH.version + 1
+    written = codec.EVENT_BATCH.encode(_batch())  # by today's code
     assert later.decode(written) == _batch()
     assert later.decode(later.encode(_batch())) == _batch()
 

@@ -129,14 +129,15 @@ def enqueue_spec(
             fire_at_ms=expires_ms, task_id=spec.task_id, kind=TimerKind.FORGET_KEY, token=0
         )
         tables.add_timer(forget)
-    if task.run_at_ms > meta.ts_ms:
+    delayed = task.run_at_ms > meta.ts_ms
+    if delayed:
         tables.add_timer(run_timer(task))
     else:
         make_ready(tables, task, meta, index)
     for ref in deadline_timers(task):
         tables.add_timer(ref)
     tables.put_task(task, new=True)
-    emit(out, EventKind.TaskEnqueued, task, meta)
+    emit(out, EventKind.TaskEnqueued, task, meta, run_at_ms=task.run_at_ms if delayed else None)
     return Reply(
         offset=meta.offset,
         index=index,
