@@ -295,6 +295,15 @@ class Client:
         reply = self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
         return str(reply["status"])
 
+    def rerun(self, task_id: str) -> str:
+        """Enqueue a finished task again as a new task: the same type, payload and options,
+        fresh attempts and steps (``retry_failed`` instead keeps a dead letter's steps).
+        Returns the new task's id; a resend of this call (a timeout) reuses its key and gets
+        the same task. ``Conflict`` while the task still runs."""
+        body = {"idempotency_key": os.urandom(16).hex()}
+        reply = self._send("POST", f"/v1/tasks/{quote(task_id, safe='')}/rerun", body=body)
+        return str(reply["new_task_id"])
+
     def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}``: the workflow, its steps with their states, and each
         parallel step with its children (a workflow is enqueued like any task)."""
@@ -406,6 +415,13 @@ class Client:
         never fire. ``NotFound`` if there is none."""
         path = f"/v1/schedules/{quote(schedule_id, safe='')}/resume"
         return ScheduleInfo.from_json(self._send("POST", path))
+
+    def run_schedule(self, schedule_id: str) -> str:
+        """Run a schedule's task now, once (the schedule's next firing stays as it was).
+        Returns the task's id; a resend of this call reuses its key and gets the same task."""
+        body = {"idempotency_key": os.urandom(16).hex()}
+        path = f"/v1/schedules/{quote(schedule_id, safe='')}/run"
+        return str(self._send("POST", path, body=body)["task_id"])
 
     # -- the events stream and webhooks -----------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 node, dev, agent                  long-running processes (serve.py)
 enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
-schedule add|list|pause|resume|rm cron schedules over HTTP (schedules.py)
+schedule add|list|pause|resume|run|rm
+                                  cron schedules over HTTP (schedules.py)
+event send                        an event for a workflow's wait (workflows.py)
 keys create|list                  API keys and their roles in the home's keys.json (keys.py)
 cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
 types list|show, schemas register|list|check
@@ -20,7 +22,18 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli import cluster, keys, schedules, schemas, serve, tasks, tools, types, webhooks
+from conveyor.cli import (
+    cluster,
+    keys,
+    schedules,
+    schemas,
+    serve,
+    tasks,
+    tools,
+    types,
+    webhooks,
+    workflows,
+)
 from conveyor.cli.common import CliError, fail
 from conveyor.cli.exits import EPILOG, NOT_FOUND, REFUSED
 from conveyor.errors import ContractError, NotFound
@@ -74,6 +87,7 @@ schedule_app.command("add")(schedules.add)
 schedule_app.command("list")(schedules.list_schedules)
 schedule_app.command("pause")(schedules.pause)
 schedule_app.command("resume")(schedules.resume)
+schedule_app.command("run")(schedules.run)
 schedule_app.command("rm")(schedules.rm)
 keys_app.command("create")(keys.create)
 keys_app.command("list")(keys.list_keys)
@@ -109,6 +123,7 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(types.app, name="types")
 app.add_typer(schemas.app, name="schemas")
 webhooks.register(app)
+workflows.register(app)  # event send
 
 
 def main() -> None:

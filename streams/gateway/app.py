@@ -29,6 +29,7 @@ from conveyor.streams.gateway import (
     forward,
     health,
     openapi,
+    reruns,
     routes,
     usage,
     workflows,
@@ -166,6 +167,7 @@ def build_app(
     _run_operations(app, app[routes.GATEWAY].operations)
     usage.add_route(app, metrics)
     workflows.add_routes(app)
+    reruns.add_routes(app)  # re-runs of tasks, runs of schedules
     dashboard.add_routes(app)
     return app
 

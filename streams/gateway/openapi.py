@@ -147,7 +147,18 @@ def _task_shapes() -> dict[str, Schema]:
         "app_version": nullable(
             {"type": "string", "description": "of the agent the first lease went to"}
         ),
-        "waiting_for": nullable({"type": "string", "description": "why a ready task is not dealt"}),
+        "waiting_for": nullable(
+            {"type": "string", "description": "why a ready or WAITING task does not run"}
+        ),
+        "waiting_for_event": nullable(  # render.waiting_json
+            obj(
+                {
+                    "name": NAME,
+                    "step": {"type": "string", "description": "the wait's step identity"},
+                    "deadline_ms": nullable(integer(description="its timeout; null: none")),
+                }
+            )
+        ),
         "compensating": {
             "type": "boolean",
             "description": "canceled: running its compensations before it ends",
@@ -826,7 +837,7 @@ _WORKFLOW = obj(
                 {
                     "identity": {"type": "string"},
                     "position": integer(-1),
-                    "kind": {"enum": ["run", "sleep", "parallel"]},
+                    "kind": {"enum": ["run", "sleep", "parallel", "event"]},
                     "state": _STEP_STATES,
                     "claims": integer(0),
                     "wake_at_ms": nullable(integer()),
@@ -878,6 +889,37 @@ ENDPOINTS.extend(
         ),
         (
             "get",
+            "/v1/workflows",
+            "The tenant's workflows (tasks that recorded a step), newest first, from the "
+            "snapshot; a page may be short while next_cursor is set",
+            None,
+            obj(
+                {
+                    "workflows": array(
+                        obj(
+                            {
+                                **_task_shapes()["TaskSummary"]["properties"],
+                                "steps": integer(0),
+                                "steps_committed": integer(0),
+                                "last_step_ms": nullable(integer()),
+                            }
+                        )
+                    ),
+                    "next_cursor": TEXT,
+                }
+            ),
+            [
+                _param("status", {"type": "string", "description": "comma-separated statuses"}),
+                _param("task_type", {"type": "string"}),
+                _param("created_from_ms", integer(0)),
+                _param("created_to_ms", integer(0)),
+                _param("id_prefix", {"type": "string", "pattern": "^[0-9a-fA-F]{1,32}$"}),
+                _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
+                _param("cursor", {"type": "string"}),
+            ],
+        ),
+        (
+            "get",
             "/v1/workflows/{task_id}",
             "A workflow, its steps with their states, its parallel steps with their children",
             None,
@@ -908,6 +950,43 @@ ENDPOINTS.extend(
     ]
 )
 CREATES = CREATES | {("post", "/v1/workflows")}
+
+
+# -- re-runs and schedule runs (reruns.py) ---------------------------------------
+
+_RUN_KEY = obj(
+    {
+        "idempotency_key": {
+            "type": "string",
+            "description": "a resent request with the same key answers the first one's task",
+        }
+    }
+)
+ENDPOINTS.extend(
+    [
+        (
+            "post",
+            "/v1/tasks/{task_id}/rerun",
+            "Enqueue a finished task again as a new task (same type, payload and options, "
+            "fresh attempts and steps); 409 while it runs",
+            _RUN_KEY,
+            obj({"task_id": TASK_ID, "new_task_id": TASK_ID, "created": {"type": "boolean"}}),
+            [_ID],
+        ),
+        (
+            "post",
+            "/v1/schedules/{schedule_id}/run",
+            "Run a schedule now: one firing of its task template, the schedule left as it is",
+            _RUN_KEY,
+            obj({"schedule_id": NAME, "task_id": TASK_ID, "created": {"type": "boolean"}}),
+            [_SCHEDULE_ID],
+        ),
+    ]
+)
+CREATES = CREATES | {
+    ("post", "/v1/tasks/{task_id}/rerun"),
+    ("post", "/v1/schedules/{schedule_id}/run"),
+}
 
 
 # -- the events stream and webhooks (events.py, streams/webhooks/) -----------------

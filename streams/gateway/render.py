@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.schemas.resume import RESUME_PINNED
-from conveyor.schemas.types import Attempt, CancelCause, StepRow, Task, TaskStatus
+from conveyor.schemas.types import (
+    Attempt,
+    Barrier,
+    CancelCause,
+    EventWait,
+    StepRow,
+    Task,
+    TaskStatus,
+)
 from conveyor.streams.machine import Reply
 from conveyor.streams.processor.pool import Lease
 
@@ -102,6 +111,37 @@ def version_json(task: Task) -> dict[str, Any]:
         # canceled, and running its compensations before it ends (``conveyor.steps`` rule 6)
         "compensating": task.compensating,
     }
+
+
+def utc(ms: int) -> str:
+    """An epoch-ms instant as ISO 8601 UTC, to the second, for messages."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def waiting_json(task: Task, wait: EventWait | None, open_fans: list[Barrier]) -> dict[str, Any]:
+    """What a WAITING workflow waits for: the event of its ``ctx.wait_for_event`` (name and
+    deadline, from the partition's wait row) or the children of its open ``ctx.parallel``.
+    Only ``waiting_for_event: null`` for a task in any other state (``version_json`` says
+    why a ready one waits)."""
+    if task.status != TaskStatus.WAITING:
+        return {"waiting_for_event": None}
+    if wait is not None:
+        until = "" if wait.deadline_ms is None else f" until {utc(wait.deadline_ms)}"
+        return {
+            "waiting_for": f"event {wait.name!r}{until} (ctx.wait_for_event)",
+            "waiting_for_event": {
+                "name": wait.name,
+                "step": wait.identity,
+                "deadline_ms": wait.deadline_ms,
+            },
+        }
+    if open_fans:
+        steps = ", ".join(repr(b.identity) for b in open_fans)
+        return {
+            "waiting_for": f"the children of parallel step {steps} (ctx.parallel)",
+            "waiting_for_event": None,
+        }
+    return {"waiting_for_event": None}
 
 
 def enqueue_reply(reply: Reply) -> dict[str, Any]:

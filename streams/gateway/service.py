@@ -168,6 +168,18 @@ class Gateway:
                 raise refused(reply, field_of(reply.refusal, req.path))
         return replies
 
+    async def enqueue_spec(self, tenant: str, spec: TaskSpec) -> Reply:
+        """Enqueue a spec built here from a stored one (a re-run, a schedule's run:
+        ``reruns.py``), its id minted on its partition: its type must still be registered,
+        and it is admitted like a client's enqueue."""
+        await self.registry.ready(tenant)
+        self.registry.require(tenant, spec.app, spec.task_type, "task_type")
+        self.admission.admit(tenant, self.keys.settings(tenant), 1)
+        (reply,) = await self.node.enqueue([spec])
+        if not reply.ok:
+            raise refused(reply, field_of(reply.refusal, ""))
+        return reply
+
     def _partition(self, tenant: str, key: str | None) -> int:
         if key is not None:
             return partition_for_key(tenant, key, self.node.partitions)
@@ -191,6 +203,10 @@ class Gateway:
             body["unavailable"] = unavailable
         if task.status == TaskStatus.ENQUEUED and body["waiting_for"] is None:
             body["waiting_for"] = self.registry.unserved(tenant, task.app, task.task_type)
+        waiting = task.status == TaskStatus.WAITING  # the wait rows are read for it only
+        wait = tables.event_wait(task_id) if waiting else None
+        open_fans = [b for b in tables.barriers(task_id) if not b.fired] if waiting else []
+        body.update(render.waiting_json(task, wait, open_fans))
         return body
 
     def attempt_log(self, tenant: str, task_id: str, lease_id: int) -> str:

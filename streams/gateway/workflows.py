@@ -17,9 +17,17 @@ spilled to another partition, ``handlers/workflows.py`` rule 7, is read from tha
 live state, so its status is as fresh as a local child's). ``history``
 pages the step rows, values included, with a keyset cursor (the last identity of the page,
 in identity order): each page is one seek, however many steps the workflow has.
+A workflow WAITING in ``ctx.wait_for_event`` shows that wait from the partition's wait row:
+``waiting_for_event`` {name, step, deadline_ms}, and a step of kind ``event`` in state WAITING
+(a wait has no step row until it ends).
 Rule 4 (events): ``POST /v1/workflows/{id}/events`` {name, payload} appends a SendEvents
 record: it wakes the workflow if it waits for ``name`` (``ctx.wait_for_event``), else it is
 kept for its next wait of that name. A finished workflow takes no events (409).
+Rule 5 (listing): ``GET /v1/workflows`` lists the tasks that recorded a step, newest first,
+from the Postgres snapshot (``store/postgres/workflow_list.py``: a page may be short, even
+empty, while ``next_cursor`` is set), filtered by status, task type, created range and id
+prefix, each with its step counts. A workflow that has not committed its first step yet is
+not listed (nothing says it is one), and the list trails the processors like task listing.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,34 +43,95 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from aiohttp import web
 
+from conveyor.errors import ContractError
 from conveyor.schemas import codec
 from conveyor.schemas.steps import STEP_BYTES_MAX, STEP_NAME_BYTES_MAX
 from conveyor.schemas.types import TERMINAL, Barrier, StepRow, Task, TaskStatus
 from conveyor.store import keys
-from conveyor.store.postgres import queries
+from conveyor.store.postgres import StoreUnavailable, queries, workflow_list
 from conveyor.store.tables import Tables
-from conveyor.streams.gateway import render, routes
+from conveyor.streams.gateway import render, routes, snapshot, validation
 from conveyor.streams.gateway.fields import Fields, compact, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.refusals import refused
-from conveyor.streams.gateway.validation import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, _query_int
+from conveyor.streams.gateway.validation import (
+    LIST_LIMIT_DEFAULT,
+    LIST_LIMIT_MAX,
+    ListQuery,
+    _query_int,
+)
 from conveyor.streams.machine.handlers.workflows import child_id, spilled
 
 if TYPE_CHECKING:
     from conveyor.streams.node import Node
 
 CHILDREN_SHOWN_MAX = 1_000
-EVENT_NAME_BYTES_MAX = STEP_NAME_BYTES_MAX - len("event:")  # the wait is the step event:<name>
+EVENT_STEP_PREFIX = "event:"  # a wait is the step event:<name>#<n> (sdk/workflows.py rule 4)
+EVENT_NAME_BYTES_MAX = STEP_NAME_BYTES_MAX - len(EVENT_STEP_PREFIX)
 EVENT_PAYLOAD_BYTES_MAX = STEP_BYTES_MAX - len('{"payload":}')
 SNAPSHOT_WAIT_MS = 2_000  # how long a read of an ended workflow waits for the projection
 SNAPSHOT_POLL_MS = 20
+LIST_FIELDS = (
+    "status",
+    "task_type",
+    "created_from_ms",
+    "created_to_ms",
+    "id_prefix",
+    "limit",
+    "cursor",
+)
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/workflows", routes.enqueue)  # rule 1: the same request
+    app.router.add_get("/v1/workflows", list_workflows, allow_head=False)
     app.router.add_get("/v1/workflows/{task_id}", get_workflow, allow_head=False)
     app.router.add_get("/v1/workflows/{task_id}/history", get_history, allow_head=False)
     app.router.add_post("/v1/workflows/{task_id}/events", send_event)
+
+
+async def list_workflows(request: web.Request) -> web.Response:
+    """Rule 5."""
+    gw, tenant = routes.context(request)
+    query, id_prefix = parse_list_query(request.query)
+    if gw.snapshot is None:
+        raise ContractError(
+            "listing workflows needs the Postgres snapshot; run the node without "
+            "--no-projection, or open a workflow by its id",
+            field=None,
+        )
+    after = snapshot.decode_cursor(query.cursor) if query.cursor else None
+    q = workflow_list.WorkflowQuery(
+        tasks=snapshot.task_query(tenant, query.filter), id_prefix=id_prefix
+    )
+    try:
+        rows, resume = await workflow_list.list_workflows(gw.snapshot, q, query.limit, after)
+    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
+    cursor = snapshot.encode_cursor(*resume) if resume is not None else None
+    return routes.reply({"workflows": [_listed(r) for r in rows], "next_cursor": cursor})
+
+
+def parse_list_query(query: Mapping[str, str]) -> tuple[ListQuery, str | None]:
+    """The filters of ``GET /v1/tasks`` that a workflow has (status, task_type, created
+    range, limit, cursor) and ``id_prefix``: the start of a workflow id, in hex."""
+    fields = dict(query)
+    unknown = sorted(set(fields) - set(LIST_FIELDS))
+    if unknown:
+        raise invalid(unknown[0], f"is not a filter of workflows; use {', '.join(LIST_FIELDS)}")
+    prefix = fields.pop("id_prefix", "").strip().lower() or None
+    if prefix is not None and not re.fullmatch(r"[0-9a-f]{1,32}", prefix):
+        raise invalid("id_prefix", "must be 1..32 hex digits: the start of a workflow id")
+    return validation.parse_list_query(fields), prefix
+
+
+def _listed(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **snapshot.summary(row),
+        "steps": int(row["steps"]),
+        "steps_committed": int(row["steps_committed"]),
+        "last_step_ms": row["last_step_ms"],
+    }
 
 
 def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
@@ -149,6 +219,18 @@ def workflow_json(
     barriers = {b.identity: b for b in tables.barriers(task.task_id)}
     steps = [_step_summary(row, task, barriers.get(row.identity), now_ms) for row in rows]
     seen = {row.identity for row in rows}
+    wait = tables.event_wait(task.task_id) if task.status == TaskStatus.WAITING else None
+    if wait is not None and wait.identity not in seen:  # a wait has no step row until it ends
+        steps.append(
+            {
+                "identity": wait.identity,
+                "position": wait.position,
+                "kind": "event",
+                "state": "WAITING",
+                "claims": 0,
+                "wake_at_ms": wait.deadline_ms,
+            }
+        )
     for barrier in barriers.values():  # a parallel step not committed yet has no step row
         if barrier.identity not in seen:
             steps.append(
@@ -161,8 +243,10 @@ def workflow_json(
                     "wake_at_ms": None,
                 }
             )
+    workflow = {**render.task_summary(task), **render.version_json(task)}
+    workflow.update(render.waiting_json(task, wait, [b for b in barriers.values() if not b.fired]))
     return {
-        "workflow": {**render.task_summary(task), **render.version_json(task)},
+        "workflow": workflow,
         "steps": steps,
         "parallel": [_parallel(tables, task.task_id, b, node) for b in barriers.values()],
     }
@@ -175,7 +259,12 @@ def _step_summary(row: StepRow, task: Task, barrier: Barrier | None, now_ms: int
         state = "SLEEPING" if task.status == TaskStatus.SLEEPING else "COMMITTED"
     else:
         state = "COMMITTED"
-    kind = "parallel" if barrier is not None else "sleep" if row.wake_at_ms else "run"
+    if barrier is not None:
+        kind = "parallel"
+    elif row.identity.startswith(EVENT_STEP_PREFIX):
+        kind = "event"
+    else:
+        kind = "sleep" if row.wake_at_ms else "run"
     return {
         "identity": row.identity,
         "position": row.position,
