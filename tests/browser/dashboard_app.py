@@ -27,3 +27,11 @@ def checkout(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
     children = [conveyor.Enqueue(double, {"n": i}, delay=hold) for i in range(3)]
     doubled = ctx.parallel("fan", children)
     return {"price": price, "doubled": doubled}
+
+
+@app.workflow
+def approval(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Waits for the event ``approved`` (sent from the workflow page or the CLI)."""
+    order = ctx.step.run("prepare", lambda: payload["order"])
+    decision = ctx.wait_for_event("approved", timeout="1h")
+    return {"order": order, "decision": decision}

@@ -9,7 +9,7 @@ import { renderQueues } from "./views/queues.js";
 import { renderSchedules } from "./views/schedules.js";
 import { renderTask } from "./views/task.js";
 import { renderDeadLetters, renderTasks } from "./views/tasks.js";
-import { renderWorkflow, renderWorkflowLookup } from "./views/workflow.js";
+import { renderWorkflow, renderWorkflows } from "./views/workflow.js";
 
 const VIEWS = {
   tasks: renderTasks,
@@ -17,7 +17,7 @@ const VIEWS = {
   task: renderTask,
   queues: renderQueues,
   schedules: renderSchedules,
-  workflows: renderWorkflowLookup,
+  workflows: renderWorkflows,
   workflow: renderWorkflow,
 };
 

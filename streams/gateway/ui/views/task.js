@@ -128,7 +128,23 @@ function actions(task, { nav, flash, reload }) {
         flash(err.message, "error");
       }
     } }, "Retry");
-  return h("div", { class: "actions" }, retry, cancel);
+  // A re-run is a new task with the same spec (any finished task, fresh steps); its key is
+  // minted per click, so a resent request does not run it twice.
+  const key = crypto.randomUUID();
+  const rerun = h("button", { type: "button", id: "rerun-task", class: "secondary",
+    disabled: !TERMINAL.has(task.status),
+    title: TERMINAL.has(task.status) ? "enqueue it again as a new task" : "it has not finished",
+    onclick: async () => {
+      try {
+        const reply = await api("POST", `/v1/tasks/${encodeURIComponent(task.task_id)}/rerun`,
+          { body: { idempotency_key: key } });
+        flash(`Re-ran ${task.task_id} as`, "ok", taskLink(reply.new_task_id));
+        nav("task", reply.new_task_id);
+      } catch (err) {
+        flash(err.message, "error");
+      }
+    } }, "Re-run");
+  return h("div", { class: "actions" }, rerun, retry, cancel);
 }
 
 export async function renderTask(main, ctx) {

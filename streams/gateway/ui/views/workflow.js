@@ -10,7 +10,8 @@
 
 import { api, hasPath } from "../api.js";
 import {
-  badge, field, fmtTime, h, jsonBlock, mount, s, table, taskLink, TERMINAL,
+  badge, field, fmtTime, fromLocalInput, h, jsonBlock, mount, s, STATUSES, table, taskLink,
+  TERMINAL, toLocalInput,
 } from "../dom.js";
 
 const NODE_W = 200;
@@ -110,20 +111,100 @@ async function stepValues(id) {
   return values;
 }
 
-export async function renderWorkflowLookup(main, { nav, arg }) {
-  const input = h("input", { name: "workflow-id", value: arg, size: 36, required: true,
-    placeholder: "workflow (task) id" });
-  mount(main, h("h1", {}, "Workflows"),
-    h("form", { class: "filters", onsubmit: (event) => {
-      event.preventDefault();
-      nav("workflow", input.value.trim());
-    } }, field("Workflow id", input), h("div", { class: "actions" },
-      h("button", { type: "submit" }, "Open"))),
-    h("p", { class: "muted" }, "A workflow is a task that uses steps: its id is the task's " +
-      "id, and every task page links to its step view."));
+const LIST_PAGE = 50;
+const ID_PREFIX = /^[0-9a-f]{1,32}$/i;
+
+/** GET /v1/workflows: filters (state, type, created range) and one search box: hex is an id
+ * prefix (a whole id opens the workflow), anything else a workflow type. */
+export async function renderWorkflows(main, { nav, query }) {
+  const search = h("input", { name: "search", value: query.search || "", size: 30,
+    placeholder: "id prefix or workflow type" });
+  const status = h("select", { name: "status" }, h("option", { value: "" }, "any"),
+    STATUSES.map((st) => h("option", { value: st, selected: query.status === st }, st)));
+  const from = h("input", { type: "datetime-local", name: "created_from", step: 1,
+    value: toLocalInput(query.created_from_ms) });
+  const to = h("input", { type: "datetime-local", name: "created_to", step: 1,
+    value: toLocalInput(query.created_to_ms) });
+  const results = h("div", { class: "results" });
+  const form = h("form", { class: "filters", onsubmit: (event) => {
+    event.preventDefault();
+    const text = search.value.trim();
+    if (/^[0-9a-f]{32}$/i.test(text)) return nav("workflow", text.toLowerCase());
+    nav("workflows", "", { search: text, status: status.value,
+      created_from_ms: fromLocalInput(from.value), created_to_ms: fromLocalInput(to.value) });
+  } }, field("Search", search), field("State", status), field("Created from", from),
+  field("Created to", to), h("div", { class: "actions" }, h("button", { type: "submit" }, "Apply")));
+  mount(main, h("h1", {}, "Workflows"), form, results);
+  const text = (query.search || "").trim();
+  const params = { limit: LIST_PAGE, status: query.status,
+    created_from_ms: query.created_from_ms, created_to_ms: query.created_to_ms };
+  if (ID_PREFIX.test(text)) params.id_prefix = text.toLowerCase();
+  else if (text) params.task_type = text;
+  const rows = [];
+  const more = h("button", { type: "button", class: "secondary more" }, "More");
+  const draw = () => mount(results, rows.length
+    ? table(["Workflow", "Type", "State", "Steps", "Created", "Last step", "Finished"], rows,
+      { class: "workflows" })
+    : h("p", { class: "muted empty" }, "No workflow matches. A workflow shows here once it " +
+      "has recorded a step."), params.cursor ? more : null);
+  const load = async () => {
+    const reply = await api("GET", "/v1/workflows", { query: params });
+    for (const wf of reply.workflows) {
+      rows.push(h("tr", { "data-workflow-id": wf.task_id },
+        h("td", {}, h("a", { href: `#/workflow/${encodeURIComponent(wf.task_id)}`,
+          class: "mono" }, wf.task_id)),
+        h("td", {}, wf.task_type),
+        h("td", {}, badge(wf.status)),
+        h("td", { class: "num" }, `${wf.steps_committed}/${wf.steps}`),
+        h("td", {}, fmtTime(wf.created_ms)),
+        h("td", {}, fmtTime(wf.last_step_ms)),
+        h("td", {}, fmtTime(wf.finished_ms))));
+    }
+    params.cursor = reply.next_cursor;
+    draw();
+  };
+  more.addEventListener("click", () => load().catch((err) => mount(results,
+    h("p", { class: "error" }, err.message))));
+  await load();
 }
 
-export async function renderWorkflow(main, { arg, live }) {
+/** Send an event to the workflow (POST /v1/workflows/{id}/events); the name is the one it
+ * waits for, when it waits. */
+function eventForm(wf, { flash, redraw }) {
+  const waiting = wf.waiting_for_event;
+  const name = h("input", { name: "event-name", required: true, size: 24,
+    value: waiting ? waiting.name : "", placeholder: "event name" });
+  const payload = h("textarea", { name: "event-payload", rows: 3, cols: 40,
+    placeholder: "JSON payload (empty: null)" });
+  const form = h("form", { class: "send-event", onsubmit: async (event) => {
+    event.preventDefault();
+    let body;
+    try {
+      body = { name: name.value.trim(), payload: payload.value.trim()
+        ? JSON.parse(payload.value) : null };
+    } catch (err) {
+      return flash(`The payload is not JSON: ${err.message}`, "error");
+    }
+    try {
+      const reply = await api("POST", `/v1/workflows/${encodeURIComponent(wf.task_id)}/events`,
+        { body });
+      flash(`Event ${reply.name} sent: the workflow is ${reply.status}.`, "ok");
+      await redraw();
+    } catch (err) {
+      flash(err.message, "error");
+    }
+  } }, field("Event", name), field("Payload", payload),
+  h("div", { class: "actions" }, h("button", { type: "submit" }, "Send event")));
+  return h("section", { class: "card events" }, h("h2", {}, "Send an event"),
+    waiting ? h("p", { class: "waiting-event" }, "Waiting for event ",
+      h("strong", { class: "mono" }, waiting.name),
+      waiting.deadline_ms ? ` until ${fmtTime(waiting.deadline_ms)}` : " (no timeout)")
+      : h("p", { class: "muted" }, "It waits for no event now: one sent is kept for its next " +
+        "wait of that name."),
+    form);
+}
+
+export async function renderWorkflow(main, { arg, live, flash }) {
   if (!(await hasPath("/v1/workflows/"))) {
     mount(main, h("h1", {}, "Workflow"),
       h("p", { class: "notice missing-endpoint" }, "This node has no workflow endpoint " +
@@ -153,7 +234,8 @@ export async function renderWorkflow(main, { arg, live }) {
         h("dt", {}, "Attempt"), h("dd", {}, wf.attempt),
         h("dt", {}, "App version"),
         h("dd", {}, wf.app_version ? `${wf.app_version} (resume ${wf.resume})` : "—"),
-        wf.waiting_for ? [h("dt", {}, "Waiting for"), h("dd", {}, wf.waiting_for)] : null,
+        wf.waiting_for ? [h("dt", {}, "Waiting for"),
+          h("dd", { id: "waiting-for" }, wf.waiting_for)] : null,
         wf.compensating ? [h("dt", {}, "Canceled"), h("dd", {}, "compensations: see the " +
           "@undo: steps")] : null),
       h("section", { class: "card" }, h("h2", {}, "Steps"), graph(reply.steps, reply.parallel),
@@ -161,7 +243,8 @@ export async function renderWorkflow(main, { arg, live }) {
         TERMINAL.has(wf.status) ? h("p", { class: "muted dropped" }, "The step memos of a " +
           "finished task are dropped (they only serve a task that can still run); parallel " +
           "steps stay with their children.") : null),
-      reply.parallel.map(parallelCard));
+      reply.parallel.map(parallelCard),
+      TERMINAL.has(wf.status) ? null : eventForm(wf, { flash, redraw: draw }));
     return wf;
   };
   const wf = await draw();
