@@ -10,8 +10,15 @@ Rules, from the trust boundary (design Q6):
    sandbox: ``agents/bwrap.py``). Soft and hard alike, so user code cannot raise them.
 3. Each attempt's stdout/stderr go to the file whose descriptor came with its "run" frame.
 
-A guest runs one attempt at a time. It has no reader thread: whichever thread needs the next
-frame reads it (``Inbox``): the main thread while the guest is idle, and while a handler runs,
+A guest runs one attempt at a time, unless the agent hands it attempts of an async task type
+with ``concurrency`` > 1 ("run" with ``concurrent``): those start at once on the guest's one
+event loop (``conveyor.loops``, where every async handler of the guest runs) and run side by
+side, each reporting under its own task id; an attempt handed without ``concurrent`` waits
+until they are done. The agent stops one of them with "abort": its coroutine is cancelled at
+the await it is stopped at and reported as killed; the others go on.
+
+It has no reader thread: whichever thread needs the next frame reads it (``Inbox``): the main
+thread while the guest is idle or runs only concurrent attempts, and while a handler runs,
 the thread that reads ``ctx.cancelled`` (a non-blocking look at most every ``POLL_EVERY_S``),
 waits in ``ctx.wait_cancelled`` or waits for a step's ack. So a cancel reaches a handler that
 looks for it, and a task costs the guest one wakeup, not a wakeup and a hand-off.
@@ -20,6 +27,7 @@ looks for it, and a task costs the guest one wakeup, not a wakeup and a hand-off
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -35,11 +43,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.agents.frames import BlockingFrames, FrameError
-from conveyor.agents.runner import load_app, run_sync, unknown_type
+from conveyor.agents.runner import load_app, run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App
 from conveyor.context import Context
 from conveyor.process import tune_malloc
+from conveyor.loops import Flight, Lane, share_one_loop
 from conveyor.steps import StepAck
 
 Run = dict[str, Any]  # a "run" frame
@@ -50,6 +59,12 @@ NEVER_STARTED = AttemptResult(
 )
 POLL_EVERY_S = 0.001  # ctx.cancelled looks at the socket at most this often
 # What a "done" frame carries of an AttemptResult (None fields are left out).
+IDLE_LOOK_S = 0.01  # how often an attempt waiting for the concurrent ones looks if they ended
+ABORTED = AttemptResult(
+    outcome="FAILED",
+    error_class="Killed",
+    error_message="the agent stopped this attempt: its coroutine was cancelled at an await",
+)
 REPORTED = ("outcome", "result", "error_class", "error_message", "error_stack")
 REPORTED_TOO = ("retry_after_ms", "sleep", "fan_out", "wait")
 
@@ -58,11 +73,12 @@ class Inbox:
     """The frames the agent sent, read by whichever thread waits for one (one at a time).
 
     The reading thread files each frame: a "run" joins ``jobs`` (the agent may hand a busy
-    guest a few jobs to start next); a "cancel" reaches the current attempt's context, or marks
-    its queued job, which then never starts; a "withdraw" takes a queued job back (answered
+    guest a few jobs to start next); a "cancel" reaches the context of the running attempt it
+    names, or marks its queued job, which then never starts; an "abort" cancels the coroutine
+    of the concurrent attempt it names; a "withdraw" takes a queued job back (answered
     "withdrawn"; a job already started is not answered: the agent learns it started from the
-    "done" before it, see ``Guest.run``); a "step_ack"
-    goes to the current attempt's channel; "exit" or EOF or a broken frame closes the inbox."""
+    "done" before it, see ``Guest.run``); a "step_ack" goes to the channel of the running
+    attempt it names; "exit" or EOF or a broken frame closes the inbox."""
 
     def __init__(self, frames: BlockingFrames) -> None:
         self.frames = frames
@@ -71,8 +87,10 @@ class Inbox:
         self._cond = threading.Condition()
         self._reading = False
         self._polled_at = 0.0
-        self._current: Context | None = None
-        self._channel: GuestChannel | None = None
+        # The attempts running now, by task id: one, or several concurrent ones.
+        self._current: dict[str, Context] = {}
+        self._channels: dict[str, GuestChannel] = {}
+        self._flying: dict[str, Flight[Any]] = {}  # concurrent coroutines
         self._cancels: set[str] = set()  # cancels of jobs queued here, not started yet
         self._replies: list[dict[str, Any]] = []  # to send once the frames are filed
 
@@ -136,8 +154,8 @@ class Inbox:
             self.jobs.append(frame)
         elif op == "cancel":
             task_id = str(frame.get("task_id"))
-            if self._current is not None and self._current.task_id == task_id:
-                self._current.request_cancel()
+            if task_id in self._current:
+                self._current[task_id].request_cancel()
             elif any(job.get("task_id") == task_id for job in self.jobs):
                 self._cancels.add(task_id)
         elif op == "withdraw":
@@ -149,25 +167,40 @@ class Inbox:
             if queued:
                 self._replies.append({"op": "withdrawn", "task_id": task_id})
         elif op == "step_ack":
-            channel = self._channel
-            if channel is not None and frame.get("task_id") == channel.task_id:
+        elif op == "abort":
+            flying = self._flying.get(str(frame.get("task_id")))
+            if flying is not None:
+                flying.cancel()  # the lane cancels the coroutine's task
+            channel = self._channels.get(str(frame.get("task_id")))
+            if channel is not None:
                 channel.acks[frame.get("seq")] = frame
 
     def begin(self, ctx: Context, channel: GuestChannel) -> bool:
-        """``ctx`` is the attempt running now; False when it was canceled while queued."""
+        """``ctx`` is an attempt running now; False when it was canceled while queued."""
         with self._cond:
-            self._current = ctx
-            self._channel = channel
+            self._current[ctx.task_id] = ctx
+            self._channels[ctx.task_id] = channel
             if ctx.task_id in self._cancels:
                 self._cancels.discard(ctx.task_id)
                 ctx.request_cancel()
                 return False
             return True
 
-    def end(self) -> None:
+    def flying(self, task_id: str, flight: Flight[Any]) -> None:
+        """A concurrent attempt's coroutine is on the lane (an "abort" cancels it)."""
         with self._cond:
-            self._current = None
-            self._channel = None
+            self._flying[task_id] = flight
+
+    def landed(self) -> bool:
+        """No concurrent attempt is running."""
+        with self._cond:
+            return not self._flying
+
+    def end(self, ctx: Context) -> None:
+        with self._cond:
+            self._current.pop(ctx.task_id, None)
+            self._channels.pop(ctx.task_id, None)
+            self._flying.pop(ctx.task_id, None)
 
 
 class CancelFlag(threading.Event):
@@ -231,11 +264,12 @@ class GuestChannel:
 
 
 class Guest:
-    def __init__(self, app: App, frames: BlockingFrames) -> None:
+    def __init__(self, app: App, frames: BlockingFrames, lane: Lane | None = None) -> None:
         self.app = app
         self.frames = frames
         self.inbox = Inbox(frames)
         # Where the next attempt's output starts: the end of the log after the previous one
+        self.lane = lane  # the event loop of every async handler here (``share_one_loop``)
         # (anything written between two attempts counts for the next one).
         self._log_end = _log_size()
 
@@ -248,11 +282,37 @@ class Guest:
                 return
             if not inbox.jobs:
                 continue  # the queued job was withdrawn meanwhile: wait for the next one
-            if not self.run(inbox.jobs.popleft()):
+            frame = inbox.jobs.popleft()
+            if frame.get("concurrent") and self.start(frame):
+                continue
+            while not inbox.landed() and not inbox.closed:  # it runs alone: after them
+                inbox.wait(inbox.landed, IDLE_LOOK_S)
+            if not self.run(frame):
                 return
 
-    def run(self, frame: dict[str, Any]) -> bool:
-        """Run one attempt and report it; False when this process must not be reused."""
+    def start(self, frame: dict[str, Any]) -> bool:
+        """Start a concurrent attempt on the lane and return at once (its "done" follows when
+        it ends); False when it is not an async handler here: it runs alone instead."""
+        task = self.app.tasks.get(str(frame["task_type"]))
+        if self.lane is None or task is None or not task.is_async:
+            return False
+        ctx, channel = self._attempt(frame)
+        start = _log_size()
+        if not self.inbox.begin(ctx, channel):
+            self._done(ctx, NEVER_STARTED, [start, start])
+            return True
+        flight = self.lane.submit(run_async(task, ctx, frame.get("payload")))
+        self.inbox.flying(ctx.task_id, flight)
+
+        def landed(future: concurrent.futures.Future[AttemptResult]) -> None:
+            result = ABORTED if future.cancelled() else future.result()
+            self._done(ctx, result, [start, _log_size()])
+
+        # On the lane's thread; at once if it already ended (after ``flying``: ``end`` forgets).
+        flight.future.add_done_callback(landed)
+        return True
+
+    def _attempt(self, frame: dict[str, Any]) -> tuple[Context, GuestChannel]:
         task_id = str(frame["task_id"])
         channel = GuestChannel(self.inbox, task_id)
         ctx = Context(
@@ -269,6 +329,11 @@ class Guest:
             codec=self.app.codec,
         )
         start_it = self.inbox.begin(ctx, channel)
+        return ctx, channel
+
+    def run(self, frame: dict[str, Any]) -> bool:
+        """Run one attempt and report it; False when this process must not be reused."""
+        ctx, channel = self._attempt(frame)
         task = self.app.tasks.get(ctx.task_type)
         start = self._log_end
         with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
@@ -279,15 +344,18 @@ class Guest:
             else:
                 result = run_sync(task, ctx, frame.get("payload"))
         self._log_end = _log_size()
-        log_range = [start, self._log_end]
-        self.inbox.end()
+        return self._done(ctx, result, [start, self._log_end])
+
+    def _done(self, ctx: Context, result: AttemptResult, log_range: list[int]) -> bool:
+        """Report an attempt; False when this process must not be reused."""
+        self.inbox.end(ctx)
         # File the frames that came meanwhile (jobs queued behind this one, their cancels and
         # withdraws) before this report: the agent takes a job it withdrew that is still in
         # line after a "done" as started, and kills this guest for it.
         self.inbox.poll(now_or_never=True)
         # After a MemoryError the heap may be half-built: do not run anything else here.
         reuse = result.error_class != "MemoryError"
-        done = {"op": "done", "task_id": task_id, "reuse": reuse, "log_range": log_range}
+        done = {"op": "done", "task_id": ctx.task_id, "reuse": reuse, "log_range": log_range}
         self.frames.send(_report(done, result))
         return reuse
 
@@ -383,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         frames.send({"op": "hello", "ok": False, "error": traceback.format_exc()})
         return 2
     frames.send({"op": "hello", "ok": True, "pid": os.getpid(), "version": app.version})
-    Guest(app, frames).serve()
+    Guest(app, frames, share_one_loop()).serve()
     return 0
 
 

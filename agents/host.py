@@ -193,6 +193,7 @@ class HostAgent:
             sandbox=sandbox,
             hidden=(str(home),),
         )
+            concurrency_of={n: t.options.concurrency for n, t in self.app.tasks.items()},
 
     # -- public surface ---------------------------------------------------------------------
 

@@ -30,6 +30,22 @@ done) may report. A queued job
   handed to a guest with room (so a slow job does not hold it back while others move on);
 - on a guest that dies: fails as ``GuestCrashed`` ("before it started"), not counted as a
   crash of its task type, and is retried per its policy like the running one.
+
+Concurrent attempts (a task type with ``concurrency`` N > 1, async handlers only): a job of
+such a type goes first to a guest already running attempts of concurrent types and nothing
+queued, while they number fewer than the smallest ``concurrency`` among them and it (the most
+loaded such guest: packed, not spread). It runs there at once, ``beside`` the guest's first
+attempt; only then does it take an idle guest or start one. Every attempt is still one lease
+and one of the agent's slots, so the agent's accounting is unchanged: a guest running N
+coroutines holds N leases. Each reports under its own task id. Nothing is queued behind a
+guest running several. A kill of a concurrent attempt (the cancel grace, a lost lease) asks
+the guest to "abort" it: its coroutine is cancelled at the await it waits in, its clean-up
+runs, and the others go on. The coroutine may not let go (it blocks the loop, or swallows the
+cancellation): after ``ABORT_GRACE_S`` its guest is killed, as for an attempt that runs alone,
+and the attempts beside it fail as ``GuestCrashed`` (killed with another attempt; not counted
+as crashes of their types) and are retried per their policy, like a queued job of a guest that
+died. Waiting for them instead would let one stuck coroutine hold its neighbours' leases past
+their own deadlines, and they run on a loop that is stuck too.
 """
 
 from __future__ import annotations
@@ -64,6 +80,7 @@ EXIT_WAIT_S = 5.0
 QUEUED_PER_GUEST = 3  # jobs a busy guest holds to start next (with pipelining)
 WITHDRAW_AFTER_S = 0.05  # a queued job waits this long behind a busy guest before it moves
 REBALANCE_EVERY_S = 0.02
+ABORT_GRACE_S = 2.0  # a concurrent attempt's coroutine has this long to end after an abort
 
 
 class GuestStartError(Exception):
@@ -80,6 +97,8 @@ class GuestProcess:
         self.serial = serial
         self.tasks_run = 0
         self.attempts: deque[GuestSandbox] = deque()  # the first one is running
+        self.beside: list[GuestSandbox] = []  # concurrent attempts running beside the first
+        self.retiring = False  # asked not to be reused: nothing new goes to it
         self.hello: asyncio.Future[dict[str, Any] | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -104,12 +123,30 @@ class GuestProcess:
         if frame.get("op") == "withdrawn":
             self._withdrawn(frame.get("task_id"))
             return
-        # Rule: only the attempt running now may report; anything else is dropped.
-        head = self.attempts[0] if self.attempts else None
-        if head is None or frame.get("task_id") != head.job.task_id:
-            log.warning("guest %d reported on a task it was not handed", self.pid)
-            return
-        head.on_frame(frame)
+        # Rule: only the attempts running now may report; anything else is dropped.
+        task_id = frame.get("task_id")
+        for sandbox in self.running():
+            if sandbox.job.task_id == task_id:
+                sandbox.on_frame(frame)
+                return
+        log.warning("guest %d reported on a task it was not handed", self.pid)
+
+    def running(self) -> list[GuestSandbox]:
+        """The attempts it runs now: the first handed, and those beside it."""
+        return [self.attempts[0], *self.beside] if self.attempts else []
+
+    def ended(self, sandbox: GuestSandbox, *, reuse: bool) -> bool:
+        """``sandbox`` reported done; True when it ran alone (the pool ``release``s the guest:
+        it is idle, or starts its next queued job), False while others still run beside."""
+        self.retiring = self.retiring or not reuse
+        if sandbox in self.beside:
+            self.beside.remove(sandbox)
+            return False
+        self.attempts.popleft()
+        if self.beside:  # nothing is queued beside others: one of them is first now
+            self.attempts.appendleft(self.beside.pop(0))
+            return False
+        return True
 
     def _withdrawn(self, task_id: Any) -> None:
         for sandbox in self.attempts:
@@ -125,7 +162,10 @@ class GuestProcess:
             self.hello.set_result(None)
         for position, sandbox in enumerate(self.attempts):
             sandbox.on_close(started=position == 0)
+        for sandbox in self.beside:
+            sandbox.on_close(started=True)
         self.attempts.clear()
+        self.beside.clear()
 
     def kill(self) -> None:
         if self.proc.returncode is None:
@@ -164,13 +204,17 @@ class GuestSandbox:
     """One attempt in one guest process. Its frames come from the guest's protocol
     (``GuestProcess``): no task of its own, except one per step while the agent records it."""
 
-    def __init__(self, pool: GuestPool, guest: GuestProcess, job: Job, hooks: Hooks) -> None:
+    def __init__(
+        self, pool: GuestPool, guest: GuestProcess, job: Job, hooks: Hooks, *, beside: bool
+    ) -> None:
         self.pool = pool
         self.guest = guest
         self.job = job
         self.hooks = hooks
         self.pid: int | None = guest.pid
         self._killed: str | None = None
+        self._collateral: str | None = None  # killed with another attempt of its guest
+        self.concurrency = pool.concurrency_of.get(job.task_type, 1)
         self._cancel_sent = False
         self._started = True  # False: its guest died or it was killed before it started
         self.stopping = False  # asked to stop: no job is queued behind it
@@ -180,24 +224,30 @@ class GuestSandbox:
         self._done: asyncio.Future[dict[str, Any] | None] = (
             asyncio.get_running_loop().create_future()
         )
-        self.place(guest)
+        self.place(guest, beside=beside)
 
-    def place(self, guest: GuestProcess) -> None:
-        """Hand the job to ``guest``: it runs it now, or next when it is busy."""
+    def place(self, guest: GuestProcess, *, beside: bool = False) -> None:
+        """Hand the job to ``guest``: it runs it now (``beside`` its running ones, or alone),
+        or next when it is busy."""
         # The attempt's output lands in the guest's own log file; the guest reports the byte
         # range it wrote. No file is opened and no descriptor passed per attempt.
         self.guest = guest
         self.pid = guest.pid
         self.withdrawing = False
+        beside = beside and bool(guest.attempts)
         self.queued_at = asyncio.get_running_loop().time() if guest.attempts else None
-        guest.attempts.append(self)
+        if beside:
+            self.queued_at = None
+            guest.beside.append(self)
+        else:
+            guest.attempts.append(self)
         try:
             guest.send(self._run_frame())
             if self._cancel_sent:
                 guest.send({"op": "cancel", "task_id": self.job.task_id})
             guest.tasks_run += 1
         except (OSError, FrameError):
-            self.on_close(started=len(guest.attempts) == 1)
+            self.on_close(started=beside or len(guest.attempts) == 1)
 
     @property
     def done(self) -> bool:
@@ -232,7 +282,7 @@ class GuestSandbox:
             return
         self._killed = reason
         self.stopping = True
-        if self.queued or self not in self.guest.attempts:
+        if self.queued or self not in self.guest.running():
             # Not started (queued, or moving to another guest): take it back, spare the guest.
             # A queued one stays in its guest's line until the guest gives it back, for the
             # guest may start it before the withdraw gets there (``GuestPool.release``).
@@ -241,10 +291,34 @@ class GuestSandbox:
             self._started = False
             self._done.set_result(None)
             return
+        if self.concurrency > 1:
+            self._abort()
+            return
         for queued in list(self.guest.attempts)[1:]:  # not started: they run elsewhere
             self.guest.attempts.remove(queued)
             self.pool.moved(queued, self.guest)
         self.guest.kill()
+
+    def _abort(self) -> None:
+        """Stop this concurrent attempt's coroutine alone; its guest too if it will not."""
+        self._send({"op": "abort", "task_id": self.job.task_id})
+        loop = asyncio.get_running_loop()
+        loop.call_later(ABORT_GRACE_S, self._abort_failed)
+
+    def _abort_failed(self) -> None:
+        if self._done.done() or not self.guest.alive:
+            return
+        guest = self.guest
+        for other in guest.running():
+            if other is not self:
+                other._collateral = (
+                    f"its guest was killed with task {self.job.task_id}, whose coroutine still "
+                    f"ran {ABORT_GRACE_S:g} s after it was stopped ({self._killed})"
+                )
+        for queued in list(guest.attempts)[1:]:  # not started: they run elsewhere
+            guest.attempts.remove(queued)
+            self.pool.moved(queued, guest)
+        guest.kill()
 
     def withdraw(self) -> None:
         """Ask the guest to give this queued job back (``moved`` follows its answer)."""
@@ -270,6 +344,7 @@ class GuestSandbox:
             "compensating": job.compensating,
             "cpu_s": self.pool.cpu_s,
             "cpu_hard": self.pool.fresh_process,
+            "concurrent": self.concurrency > 1,
         }
 
     def on_frame(self, frame: dict[str, Any]) -> None:
@@ -284,9 +359,12 @@ class GuestSandbox:
             self._steps.add(step)  # the loop holds tasks weakly
             step.add_done_callback(self._steps.discard)
         elif op == "done" and not self._done.done():
-            self.guest.attempts.popleft()
             self._done.set_result(frame)
-            self.pool.release(self.guest, reuse=bool(frame.get("reuse", True)))
+            guest = self.guest
+            if guest.ended(self, reuse=bool(frame.get("reuse", True))):
+                self.pool.release(guest, reuse=not guest.retiring)
+            else:
+                self.pool.room()
 
     def on_close(self, *, started: bool) -> None:
         """The guest's socket closed (it died, was killed, or broke the framing)."""
@@ -333,6 +411,13 @@ class GuestSandbox:
             code = None
         self.pool.forget(self.guest)
         self.guest.close()
+        if self._collateral is not None:  # not this type's crash: the other attempt's
+            return AttemptResult(
+                outcome="FAILED",
+                error_class=GUEST_CRASHED,
+                error_message=f"{self._collateral}; {describe_exit(code)}",
+                log_ref=self.guest.log_path,
+            )
         if self._killed is not None:
             return AttemptResult(
                 outcome="FAILED",
@@ -411,8 +496,11 @@ class GuestPool:
         start_timeout_s: float = 60.0,
         sandbox: bwrap.SandboxPolicy | None = None,
         hidden: tuple[str, ...] = (),
+        concurrency_of: dict[str, int] | None = None,
     ) -> None:
         self.app_ref = app_ref
+        # Task types whose attempts run side by side in one guest, and how many at most.
+        self.concurrency_of = {t: n for t, n in (concurrency_of or {}).items() if n > 1}
         self.log_dir = Path(log_dir)
         self.size_max = size_max
         self.warm = 0 if fresh_process else min(warm, size_max)
@@ -444,8 +532,31 @@ class GuestPool:
             self.idle.append(guest)
 
     async def launch(self, job: Job, hooks: Hooks) -> GuestSandbox:
-        guest = await self._take()
-        return GuestSandbox(self, guest, job, hooks)
+        beside = self._beside(job.task_type)
+        guest = beside or await self._take()
+        return GuestSandbox(self, guest, job, hooks, beside=beside is not None)
+
+    def _beside(self, task_type: str, avoid: GuestProcess | None = None) -> GuestProcess | None:
+        """The most loaded guest that may run an attempt of ``task_type`` beside its running
+        ones: all of concurrent types, nothing queued, none stopped, fewer than the smallest
+        ``concurrency`` among them and this one."""
+        room = self.concurrency_of.get(task_type, 1)
+        if room <= 1 or self.fresh_process:
+            return None
+        found: GuestProcess | None = None
+        for guest in self.guests.values():
+            running = guest.running()
+            if guest is avoid or guest.retiring or not guest.alive or len(guest.attempts) != 1:
+                continue
+            if any(s.concurrency <= len(running) or s.stopping for s in running):
+                continue
+            if len(running) < room and (found is None or len(running) > len(found.beside) + 1):
+                found = guest
+        return found
+
+    def room(self) -> None:
+        """An attempt ended in a guest that still runs others."""
+        self._room.set()
 
     async def _take(self, avoid: GuestProcess | None = None) -> GuestProcess:
         while True:
@@ -476,6 +587,8 @@ class GuestPool:
         for guest in self.guests.values():
             attempts = guest.attempts
             if not 0 < len(attempts) <= room or attempts[0].stopping or not guest.alive:
+                continue
+            if guest.beside or guest.retiring:  # nothing waits behind several at once
                 continue
             if guest is not avoid:
                 return guest
@@ -520,7 +633,8 @@ class GuestPool:
             sandbox.on_close(started=False)
             return
         try:
-            guest = await self._take(avoid=old)
+            beside = self._beside(sandbox.job.task_type, avoid=old)
+            guest = beside or await self._take(avoid=old)
         except GuestStartError as exc:
             sandbox.on_close(started=False)
             log.warning("could not move task %s to a new guest: %s", sandbox.job.task_id, exc)
@@ -529,7 +643,7 @@ class GuestPool:
             if not guest.attempts:
                 self.release(guest, reuse=True)
             return
-        sandbox.place(guest)
+        sandbox.place(guest, beside=beside is not None)
 
     def _rebalance(self) -> None:
         """A guest finished a job: the jobs queued longest (at least ``WITHDRAW_AFTER_S``)
@@ -661,10 +775,14 @@ class GuestPool:
         await guest.proc.wait()
         self.forget(guest)
         guest.close()
-        detail = str(hello.get("error")) if hello else f"no hello; see {out_path}"
+        if hello is not None:  # it could not import the app, and said why (startup.py)
+            raise GuestStartError(
+                f"a guest cannot import the app {self.app_ref}:\n{hello.get('error')}\n"
+                f"(the whole traceback: {out_path})"
+            )
         raise GuestStartError(
-            f"guest for {self.app_ref} failed to start: {describe_exit(guest.proc.returncode)}\n"
-            f"{detail}"
+            f"guest for {self.app_ref} failed to start: {describe_exit(guest.proc.returncode)}; "
+            f"no hello; see {out_path}"
         )
 
 

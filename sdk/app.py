@@ -30,6 +30,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 PRIORITY_MAX = 9
+CONCURRENCY_MAX = 1000  # attempts of one async task type side by side in one guest
 
 
 @frozen
@@ -92,6 +93,7 @@ class TaskOptions:
     schedule_to_close_ms: int | None = None
     cancel_grace_ms: int = 30_000
     resume: str = "latest"  # workflows only: "latest" | "pinned" (``App.workflow``)
+    concurrency: int = 1  # async handlers: attempts one guest runs at once (``App.task``)
 
     def timeouts(self) -> dict[str, int | None]:
         return {
@@ -191,6 +193,7 @@ class App:
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
         cancel_grace: Duration = "30s",
+        concurrency: int = 1,
     ) -> Register: ...
 
     def task(
@@ -206,12 +209,25 @@ class App:
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
         cancel_grace: Duration = "30s",
+        concurrency: int = 1,
     ) -> Any:
         """Register a handler, sync or async: ``def f(ctx, payload)``, ``def f(payload)``,
         ``def f(ctx)`` or Celery-style arguments ``def f(x: int, y: int)``; annotations type
         the payload and the result (the rules are in ``conveyor.typed``).
 
         ``timeout`` is start_to_close: the limit of one attempt.
+
+        ``concurrency`` (async handlers only): how many attempts of this type one guest runs
+        at once, side by side on its event loop, so I/O-bound work scales without more
+        processes. Each attempt still holds its own lease and one of the agent's slots
+        (``conveyor agent --concurrency`` counts attempts, not processes): raise both. Such
+        attempts share the guest's CPU, memory and log (each attempt's log range covers the
+        guest's output while it ran), and the agent's ``--cpu-s`` budget does not apply to
+        them. A cancel reaches the one attempt's ``ctx.cancelled``; a kill (the cancel grace
+        ran out, the lease was lost) cancels its coroutine at the await it is stopped at. One
+        that still holds the loop ``ABORT_GRACE_S`` later (``conveyor.agents.pool``) gets its
+        guest killed, and the attempts beside it fail as ``GuestCrashed`` and are retried per
+        their policy.
         """
         options = TaskOptions(
             queue=_check_name(queue, "queue"),
@@ -221,10 +237,19 @@ class App:
             schedule_to_start_ms=to_ms_or_none(schedule_to_start, field="schedule_to_start"),
             schedule_to_close_ms=to_ms_or_none(schedule_to_close, field="schedule_to_close"),
             cancel_grace_ms=to_ms(cancel_grace, field="cancel_grace"),
+            concurrency=check_concurrency(concurrency),
         )
 
         def register(f: Callable[..., Any]) -> TaskType[Any, Any]:
             task_name = _check_name(name or f.__name__, "task name")
+            if options.concurrency > 1 and not inspect.iscoroutinefunction(f):
+                raise ContractError(
+                    f"task {task_name!r}: concurrency={options.concurrency} runs attempts side "
+                    "by side on one event loop, which only an async def handler can share; "
+                    "make it async, or leave concurrency at 1 and raise the agent's "
+                    "--concurrency to run more processes",
+                    field="concurrency",
+                )
             if task_name in self.tasks:
                 raise ContractError(f"app {self.name!r} already has a task {task_name!r}")
             task: TaskType[Any, Any] = TaskType(self, f, task_name, options)
@@ -280,6 +305,16 @@ def check_priority(priority: int) -> int:
     if not 0 <= priority <= PRIORITY_MAX:
         raise ContractError(f"priority must be 0..{PRIORITY_MAX}, got {priority}", field="priority")
     return priority
+
+
+def check_concurrency(concurrency: int) -> int:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+        raise ContractError(f"concurrency must be an int 1..{CONCURRENCY_MAX}", field="concurrency")
+    if not 1 <= concurrency <= CONCURRENCY_MAX:
+        raise ContractError(
+            f"concurrency must be 1..{CONCURRENCY_MAX}, got {concurrency}", field="concurrency"
+        )
+    return concurrency
 
 
 def _check_name(name: str, what: str) -> str:
