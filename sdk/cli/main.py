@@ -6,6 +6,7 @@ schedule add|list|pause|resume|run|rm
                                   cron schedules over HTTP (schedules.py)
 event send                        an event for a workflow's wait (workflows.py)
 keys create|list                  API keys and their roles in the home's keys.json (keys.py)
+codec-server                      the user's codec endpoint, for the dashboard (codec.py)
 cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
 types list|show, schemas register|list|check
                                   task types and the schema registry (types.py, schemas.py)
@@ -24,6 +25,7 @@ import typer
 
 from conveyor.cli import (
     cluster,
+    codec,
     keys,
     schedules,
     schemas,
@@ -124,6 +126,7 @@ app.add_typer(types.app, name="types")
 app.add_typer(schemas.app, name="schemas")
 webhooks.register(app)
 workflows.register(app)  # event send
+app.command("codec-server")(codec.codec_server)
 
 
 def main() -> None:
