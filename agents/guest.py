@@ -47,8 +47,8 @@ from conveyor.agents.runner import load_app, run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult
 from conveyor.app import App
 from conveyor.context import Context
-from conveyor.process import tune_malloc
 from conveyor.loops import Flight, Lane, share_one_loop
+from conveyor.process import tune_malloc
 from conveyor.steps import StepAck
 
 Run = dict[str, Any]  # a "run" frame
@@ -58,13 +58,13 @@ NEVER_STARTED = AttemptResult(
     outcome="CANCELED", error_class="Canceled", error_message="canceled before it started"
 )
 POLL_EVERY_S = 0.001  # ctx.cancelled looks at the socket at most this often
-# What a "done" frame carries of an AttemptResult (None fields are left out).
 IDLE_LOOK_S = 0.01  # how often an attempt waiting for the concurrent ones looks if they ended
 ABORTED = AttemptResult(
     outcome="FAILED",
     error_class="Killed",
     error_message="the agent stopped this attempt: its coroutine was cancelled at an await",
 )
+# What a "done" frame carries of an AttemptResult (None fields are left out).
 REPORTED = ("outcome", "result", "error_class", "error_message", "error_stack")
 REPORTED_TOO = ("retry_after_ms", "sleep", "fan_out", "wait")
 
@@ -166,11 +166,11 @@ class Inbox:
                 self._cancels.discard(task_id)
             if queued:
                 self._replies.append({"op": "withdrawn", "task_id": task_id})
-        elif op == "step_ack":
         elif op == "abort":
             flying = self._flying.get(str(frame.get("task_id")))
             if flying is not None:
                 flying.cancel()  # the lane cancels the coroutine's task
+        elif op == "step_ack":
             channel = self._channels.get(str(frame.get("task_id")))
             if channel is not None:
                 channel.acks[frame.get("seq")] = frame
@@ -268,8 +268,8 @@ class Guest:
         self.app = app
         self.frames = frames
         self.inbox = Inbox(frames)
-        # Where the next attempt's output starts: the end of the log after the previous one
         self.lane = lane  # the event loop of every async handler here (``share_one_loop``)
+        # Where the next attempt's output starts: the end of the log after the previous one
         # (anything written between two attempts counts for the next one).
         self._log_end = _log_size()
 
@@ -328,12 +328,12 @@ class Guest:
             cancel=CancelFlag(self.inbox),
             codec=self.app.codec,
         )
-        start_it = self.inbox.begin(ctx, channel)
         return ctx, channel
 
     def run(self, frame: dict[str, Any]) -> bool:
         """Run one attempt and report it; False when this process must not be reused."""
         ctx, channel = self._attempt(frame)
+        start_it = self.inbox.begin(ctx, channel)
         task = self.app.tasks.get(ctx.task_type)
         start = self._log_end
         with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):

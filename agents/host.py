@@ -192,8 +192,8 @@ class HostAgent:
             cpu_s=cpu_s,
             sandbox=sandbox,
             hidden=(str(home),),
-        )
             concurrency_of={n: t.options.concurrency for n, t in self.app.tasks.items()},
+        )
 
     # -- public surface ---------------------------------------------------------------------
 
