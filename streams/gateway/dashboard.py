@@ -8,7 +8,9 @@ path tricks).
 Rule 3: every file goes out with a strict Content-Security-Policy: scripts, styles and fetches
 from this origin only, no inline script or style, no frames, no forms posting elsewhere. The
 page never parses data as HTML (it builds DOM nodes and sets ``textContent``), and the policy
-stops an injected ``<script>`` even if a bug did.
+stops an injected ``<script>`` even if a bug did. Fetches may also go to this machine's
+loopback, for a codec endpoint the user runs there (``conveyor codec-server``), which decodes
+encoded payloads for the page; nowhere else.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from conveyor.errors import NotFound
 UI_DIR = Path(__file__).with_name("ui")
 PREFIX = "/ui"
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self' http://127.0.0.1:* http://localhost:*; "
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 CONTENT_TYPES = {

@@ -2,8 +2,9 @@
 // payload, result and checkpoint, with cancel and retry. Refreshes itself until terminal.
 
 import { api, hasPath } from "../api.js";
+import { codecSettings, isEncoded, valueBlock } from "../codec.js";
 import {
-  badge, fmtDuration, fmtTime, h, jsonBlock, mount, s, table, taskLink, TERMINAL,
+  badge, fmtDuration, fmtTime, h, mount, s, table, taskLink, TERMINAL,
 } from "../dom.js";
 
 const REFRESH_MS = 2000;
@@ -167,11 +168,15 @@ export async function renderTask(main, ctx) {
       h("section", { class: "card" }, h("h2", {}, "Attempts"), timeline(task, task.attempts),
         attemptsTable(task.attempts)),
       h("div", { class: "columns" },
-        h("section", { class: "card payload" }, h("h2", {}, "Payload"), jsonBlock(task.payload)),
-        h("section", { class: "card result" }, h("h2", {}, "Result"), jsonBlock(task.result)),
+        h("section", { class: "card payload" }, h("h2", {}, "Payload"), valueBlock(task.payload)),
+        h("section", { class: "card result" }, h("h2", {}, "Result"), valueBlock(task.result)),
         task.checkpoint !== null && task.checkpoint !== undefined
-          ? h("section", { class: "card" }, h("h2", {}, "Checkpoint"), jsonBlock(task.checkpoint))
-          : null));
+          ? h("section", { class: "card checkpoint" }, h("h2", {}, "Checkpoint"),
+            valueBlock(task.checkpoint))
+          : null),
+      // Encoded values (conveyor.codecs): where to have them decoded.
+      [task.payload, task.result, task.checkpoint].some(isEncoded)
+        ? codecSettings(() => paint(shown)) : null);
   };
   async function reload() {
     const task = await api("GET", path);
