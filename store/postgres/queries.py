@@ -278,6 +278,27 @@ async def queues(
     return sorted(out.values(), key=lambda e: str(e["queue"]))
 
 
+RUNNING_MAX = 1_000  # leased tasks listed per tenant (GET /v1/agents)
+
+
+async def running_by_agent(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant: str, limit: int = RUNNING_MAX
+) -> dict[str, list[dict[str, Any]]]:
+    """The tenant's LEASED tasks by agent id, longest running first, at most ``limit``."""
+    rows = await conn.fetch(
+        "SELECT agent_id, task_id, app, task_type, queue, attempt, leased_ms FROM tasks"
+        " WHERE tenant = $1 AND status = 'LEASED' AND agent_id IS NOT NULL"
+        " ORDER BY leased_ms LIMIT $2",
+        tenant,
+        limit,
+    )
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        row = dict(r)
+        out.setdefault(row.pop("agent_id"), []).append(row)
+    return out
+
+
 async def tasks_by_state(conn: asyncpg.Connection | asyncpg.Pool) -> list[tuple[str, str, int]]:
     """(queue, status, count) over every tenant, for the ``conveyor_tasks`` gauge."""
     rows = await conn.fetch("SELECT queue, status, count(*) AS n FROM tasks GROUP BY 1, 2")

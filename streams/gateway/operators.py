@@ -1,5 +1,6 @@
 """What an operator asks of a tenant's queues and agents: the history of a queue over the last
-hour or day (``GET /v1/stats/history``, from the snapshot's queue history).
+hour or day (``GET /v1/stats/history``, from the snapshot's queue history), and the agents that
+poll this node (``GET /v1/agents``).
 
 Parsing follows validation.py: one small function per request, every error naming its field.
 """
@@ -12,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from conveyor.errors import ContractError
-from conveyor.store.postgres import history
+from conveyor.store.postgres import history, queries
 from conveyor.streams.gateway import routes
 from conveyor.streams.gateway.fields import Fields, invalid
 from conveyor.streams.gateway.service import Gateway
@@ -40,10 +41,26 @@ async def queue_history(gw: Gateway, q: history.HistoryQuery) -> dict[str, Any]:
     return await history.read(gw.snapshot, q, gw.node.clock.now_ms())
 
 
+async def agents(gw: Gateway, tenant: str) -> dict[str, Any]:
+    """The agents polling this node for ``tenant``, with their running tasks when the snapshot
+    can say (seen_agents.py)."""
+    running = None
+    if gw.snapshot is not None:
+        running = await queries.running_by_agent(gw.snapshot, tenant)
+    now_ms = gw.node.clock.now_ms()
+    return {"agents": gw.agents.of_tenant(tenant, now_ms, running), "now_ms": now_ms}
+
+
 async def stats_history(request: web.Request) -> web.Response:
     gw, tenant = routes.context(request)
     return routes.reply(await queue_history(gw, parse_history(tenant, request.query)))
 
 
+async def list_agents(request: web.Request) -> web.Response:
+    gw, tenant = routes.context(request)
+    return routes.reply(await agents(gw, tenant))
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/stats/history", stats_history, allow_head=False)
+    app.router.add_get("/v1/agents", list_agents, allow_head=False)

@@ -60,6 +60,7 @@ from conveyor.streams.gateway.payloads import Payloads, PayloadUnavailable
 from conveyor.streams.gateway.refusals import field_of, refused
 from conveyor.streams.gateway.registry import Registry
 from conveyor.streams.gateway.schedules import ScheduleRequest, schedule_json, to_record
+from conveyor.streams.gateway.seen_agents import SeenAgents
 from conveyor.streams.gateway.tenants import HIDDEN
 from conveyor.streams.gateway.validation import (
     BulkCancelRequest,
@@ -121,6 +122,7 @@ class Gateway:
         # Bulk operations by filter select from the snapshot and keep their cursor there.
         self.operations = BulkOperations(node, snapshot) if snapshot is not None else None
         self.breakers = OpenBreakers()  # what the agents' polls say their breakers hold back
+        self.agents = SeenAgents()  # the agents that poll this node, for operators
         self._round_robin = itertools.count()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -447,6 +449,17 @@ class Gateway:
             req.open_breakers,
             now_ms=self.node.clock.monotonic_ms(),
             wait_ms=req.wait_ms,
+        )
+        self.agents.polled(
+            tenant,
+            req.agent_id,
+            app=req.app,
+            version=req.version,
+            queues=req.queues,
+            task_types=req.task_types,
+            capacity=req.capacity,
+            wait_ms=req.wait_ms,
+            now_ms=self.node.clock.now_ms(),
         )
         leases = await self.node.poll(
             agent_id=req.agent_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import conveyor
@@ -18,6 +19,12 @@ def explode(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
 @app.task
 def double(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, int]:
     return {"twice": payload["n"] * 2}
+
+
+@app.task
+def nap(ctx: conveyor.Context, payload: dict[str, Any]) -> None:
+    """Holds a slot for a while: the agents page shows it running."""
+    time.sleep(payload["s"])
 
 
 @app.workflow

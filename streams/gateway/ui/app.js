@@ -5,6 +5,7 @@
 
 import { api, ApiError, forgetKey, getKey, setKey, takeKeyFromUrl } from "./api.js";
 import { field, h, mount } from "./dom.js";
+import { renderAgents } from "./views/agents.js";
 import { renderQueues } from "./views/queues.js";
 import { renderSchedules } from "./views/schedules.js";
 import { renderTask } from "./views/task.js";
@@ -16,6 +17,7 @@ const VIEWS = {
   dead: renderDeadLetters,
   task: renderTask,
   queues: renderQueues,
+  agents: renderAgents,
   schedules: renderSchedules,
   workflows: renderWorkflows,
   workflow: renderWorkflow,

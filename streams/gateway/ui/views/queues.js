@@ -1,14 +1,17 @@
-// Queues: depth by state (stacked bar), age of the oldest ready task, and throughput and error
-// rate per window (from GET /v1/queues), plus a sparkline of depth and throughput sampled while
-// the page is open.
+// Queues: depth by state (stacked bar), the oldest task that is due and the delayed ones not
+// due yet, throughput and error rate per window (GET /v1/queues), and the queue's history over
+// the last hour or day from the server (GET /v1/stats/history): throughput and errors, error
+// rate, retries, schedule-to-start and run time p50/p99, depth. The history is the node's, so
+// it is there when the page opens, whatever was open before.
 
 import { api } from "../api.js";
 import { fmtDuration, h, mount, s, STATUSES, table } from "../dom.js";
 
 const REFRESH_MS = 5000;
-const SAMPLES_MAX = 60;
 const WINDOWS = ["60s", "300s", "3600s"];
-const samples = new Map(); // queue -> [{depth, rate}], kept across visits of the view
+const HISTORY_WINDOWS = ["1h", "24h"];
+const CHART_W = 260;
+const CHART_H = 56;
 
 function depthBar(depth) {
   const total = Object.values(depth).reduce((a, b) => a + b, 0);
@@ -23,21 +26,6 @@ function depthBar(depth) {
   });
   return s("svg", { class: "depth-bar", viewBox: `0 0 ${width} 16`, width, height: 16,
     role: "img", "aria-label": "depth by state" }, parts);
-}
-
-function sparkline(points, label) {
-  const width = 160;
-  const height = 32;
-  if (points.length < 2) return h("span", { class: "muted" }, "collecting…");
-  const max = Math.max(...points, 1e-9);
-  const step = width / (SAMPLES_MAX - 1);
-  const offset = width - (points.length - 1) * step;
-  const coords = points.map((v, i) => `${(offset + i * step).toFixed(1)},${
-    (height - 2 - (v / max) * (height - 4)).toFixed(1)}`);
-  return s("svg", { class: "spark", viewBox: `0 0 ${width} ${height}`, width, height,
-    role: "img", "aria-label": label },
-    s("polyline", { points: coords.join(" ") }),
-    s("title", {}, `${label}: last ${points[points.length - 1]}, max ${max}`));
 }
 
 function windowsTable(windows) {
@@ -55,27 +43,94 @@ function windowsTable(windows) {
   return table(["Window", "Finished / s", "Error rate", ""], rows, { class: "windows" });
 }
 
-function card(queue) {
+/** A small line chart of one or more series over the history's points (null: no value). */
+function chart(name, points, series, fmt = (v) => String(v)) {
+  const values = series.flatMap((one) => points.map(one.value)).filter((v) => v !== null);
+  const max = Math.max(0, ...values);
+  const step = CHART_W / Math.max(1, points.length - 1);
+  const y = (v) => (CHART_H - 2 - (v / Math.max(max, 1e-9)) * (CHART_H - 4)).toFixed(1);
+  const lines = series.map((one) => {
+    let path = "";
+    points.forEach((p, i) => {
+      const v = one.value(p);
+      if (v === null) return;
+      path += `${path && points[i - 1] && one.value(points[i - 1]) !== null ? "L" : "M"}` +
+        `${(i * step).toFixed(1)},${y(v)} `;
+    });
+    return s("path", { class: `line ${one.cls}`, d: path.trim() || "M0,0" });
+  });
+  const last = points.length ? points[points.length - 1] : null;
+  const now = series.map((one) => {
+    const v = last ? one.value(last) : null;
+    return h("span", { class: `legend ${one.cls}` }, h("i", { class: `sw ${one.cls}` }),
+      `${one.label} ${v === null ? "—" : fmt(v)}`);
+  });
+  return h("figure", { class: "chart", "data-chart": name },
+    h("figcaption", {}, h("span", {}, name), h("span", { class: "muted max" }, `max ${fmt(max)}`)),
+    s("svg", { viewBox: `0 0 ${CHART_W} ${CHART_H}`, width: CHART_W, height: CHART_H,
+      role: "img", "aria-label": name },
+    s("title", {}, `${name}: max ${fmt(max)} over ${points.length} points`), lines),
+    h("div", { class: "legends" }, now));
+}
+
+const ms = (v) => fmtDuration(v);
+const pct = (v) => `${(v * 100).toFixed(1)} %`;
+
+function historyCharts(hist) {
+  const p = hist.points;
+  const per = hist.step_ms >= 60_000 ? `/ ${hist.step_ms / 60_000} min` : "";
+  return h("div", { class: "charts", "data-window": hist.window, "data-points": p.length },
+    chart(`finished ${per}`, p, [
+      { label: "finished", cls: "c-ok", value: (x) => x.finished },
+      { label: "not succeeded", cls: "c-fail", value: (x) => x.finished - x.succeeded },
+    ]),
+    chart("error rate", p, [{ label: "errors", cls: "c-fail", value: (x) => x.error_rate }], pct),
+    chart(`retries ${per}`, p, [{ label: "retried", cls: "c-warn", value: (x) => x.retried }]),
+    chart("schedule to start", p, [
+      { label: "p50", cls: "c-run", value: (x) => x.wait_p50_ms },
+      { label: "p99", cls: "c-wait", value: (x) => x.wait_p99_ms },
+    ], ms),
+    chart("run time", p, [
+      { label: "p50", cls: "c-run", value: (x) => x.run_p50_ms },
+      { label: "p99", cls: "c-wait", value: (x) => x.run_p99_ms },
+    ], ms),
+    chart("depth", p, [{ label: "unfinished", cls: "c-idle", value: (x) => x.depth }]));
+}
+
+function readyLine(queue) {
+  const delayed = queue.delayed
+    ? [" · ", h("strong", { class: "delayed" }, queue.delayed), " delayed, next due in ",
+      h("strong", { class: "next-due" }, fmtDuration(queue.next_due_in_ms))]
+    : null;
   const total = Object.values(queue.depth).reduce((a, b) => a + b, 0);
-  const history = samples.get(queue.queue) || [];
+  return h("p", {}, h("strong", { class: "total" }, total), " tasks · oldest ready ",
+    h("strong", { class: "age" }, queue.oldest_ready_age_ms === null ? "—"
+      : fmtDuration(queue.oldest_ready_age_ms)), delayed);
+}
+
+function card(queue, state) {
   const legend = STATUSES.filter((name) => queue.depth[name]).map((name) =>
     h("span", { class: "legend" }, h("i", { class: `sw f-${name.toLowerCase()}` }),
       `${name} ${queue.depth[name]}`));
-  return h("section", { class: "card queue", "data-queue": queue.queue },
-    h("h2", {}, queue.queue),
+  const charts = h("div", { class: "history" }, h("span", { class: "muted" }, "loading history…"));
+  const typeSelect = h("select", { name: "task_type", "aria-label": "task type",
+    onchange: () => { state.types.set(queue.queue, typeSelect.value); state.redraw(); } },
+  h("option", { value: "" }, "every task type"));
+  const section = h("section", { class: "card queue", "data-queue": queue.queue },
+    h("div", { class: "title-row" }, h("h2", {}, queue.queue), typeSelect),
     h("div", { class: "queue-grid" },
-      h("div", {},
-        h("p", {}, h("strong", { class: "total" }, total), " tasks · oldest ready ",
-          h("strong", { class: "age" }, queue.oldest_ready_age_ms === null ? "—"
-            : fmtDuration(queue.oldest_ready_age_ms))),
-        depthBar(queue.depth),
-        h("div", { class: "legends" }, legend)),
-      h("div", {}, windowsTable(queue.windows)),
-      h("div", { class: "sparks" },
-        h("div", {}, h("span", { class: "muted" }, "depth "),
-          sparkline(history.map((p) => p.depth), "depth")),
-        h("div", {}, h("span", { class: "muted" }, "finished/s (60s) "),
-          sparkline(history.map((p) => p.rate), "throughput")))));
+      h("div", {}, readyLine(queue), depthBar(queue.depth), h("div", { class: "legends" }, legend)),
+      h("div", {}, windowsTable(queue.windows))),
+    charts);
+  const chosen = state.types.get(queue.queue) || "";
+  api("GET", "/v1/stats/history", { query: { window: state.window, queue: queue.queue,
+    task_type: chosen } }).then((hist) => {
+    for (const type of hist.task_types) {
+      typeSelect.append(h("option", { value: type, selected: type === chosen }, type));
+    }
+    mount(charts, historyCharts(hist));
+  }).catch((err) => mount(charts, h("p", { class: "error" }, err.message)));
+  return section;
 }
 
 // The circuit breakers agents hold open (a task type whose guests keep crashing is not claimed
@@ -88,22 +143,23 @@ function breakersRow(breakers) {
     `${b.app} / ${b.task_type} × ${b.agents}`)));
 }
 
-export async function renderQueues(main, { live }) {
+export async function renderQueues(main, { query, nav, live }) {
   const list = h("div", { class: "queues" });
   const breakers = h("div", {});
-  mount(main, h("h1", {}, "Queues"),
-    h("p", { class: "muted" }, `Refreshed every ${REFRESH_MS / 1000} s from the query snapshot.`),
-    breakers, list);
+  const state = { window: HISTORY_WINDOWS.includes(query.window) ? query.window : "1h",
+    types: new Map(), redraw: () => draw() };
+  const toggle = HISTORY_WINDOWS.map((name) => h("button", { type: "button",
+    class: name === state.window ? "" : "secondary", "data-window": name,
+    onclick: () => nav("queues", "", { window: name }) }, `last ${name}`));
+  mount(main, h("div", { class: "title-row" }, h("h1", {}, "Queues"),
+    h("span", { class: "actions history-window" }, toggle)),
+  h("p", { class: "muted" }, `Refreshed every ${REFRESH_MS / 1000} s from the query snapshot; ` +
+    "history from the node, kept per minute."),
+  breakers, list);
   const draw = async () => {
     const reply = await api("GET", "/v1/queues");
-    for (const q of reply.queues) {
-      const depth = Object.values(q.depth).reduce((a, b) => a + b, 0);
-      const rate = (q.windows["60s"] || {}).finished_per_s || 0;
-      const history = [...(samples.get(q.queue) || []), { depth, rate }].slice(-SAMPLES_MAX);
-      samples.set(q.queue, history);
-    }
     mount(breakers, breakersRow(reply.breakers));
-    mount(list, reply.queues.length ? reply.queues.map(card)
+    mount(list, reply.queues.length ? reply.queues.map((q) => card(q, state))
       : h("p", { class: "muted empty" }, "No queue has tasks yet."));
   };
   await draw();
