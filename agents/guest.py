@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from conveyor import logs
 from conveyor.agents.frames import BlockingFrames, FrameError
 from conveyor.agents.runner import load_app, run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult
@@ -438,12 +439,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--file-mb", type=int, default=None)
     parser.add_argument("--drop-to", default=None, metavar="UID:GID")
+    parser.add_argument("--log-json", action="store_true")  # as its agent logs (conveyor.logs)
     args = parser.parse_args(argv)
     _confine(args)
     tune_malloc()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(logging.INFO, as_json=args.log_json)
     frames = BlockingFrames(socket.socket(fileno=args.fd))
     try:
         app = load_app(args.app)

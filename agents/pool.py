@@ -62,6 +62,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from conveyor import logs
 from conveyor.agents import bwrap
 from conveyor.agents.frames import AsyncFrames, FrameError
 from conveyor.agents.sandbox import (
@@ -741,6 +742,8 @@ class GuestPool:
         serial = next(self._serial)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = ["--app", self.app_ref, "--fd", str(child.fileno())]
+        if logs.json_wanted():  # guests log as their agent does
+            args.append("--log-json")
         if self.memory_mb:
             args += ["--memory-mb", str(self.memory_mb)]
         out_path = self.log_dir / "guests" / f"guest-{os.getpid()}-{serial}.log"

@@ -76,9 +76,10 @@ class Context:
             compensating=compensating,
             codec=codec,
         )
+        # Its records carry the attempt's task id, attempt and task type (``conveyor.logs``).
         self.logger = logging.LoggerAdapter(
             logging.getLogger(f"conveyor.task.{task_type}"),
-            {"task_id": task_id, "attempt": attempt},
+            {"task_id": task_id, "attempt": attempt, "task_type": task_type},
         )
 
     def version(self, name: str) -> bool:

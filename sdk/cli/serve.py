@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import enum
 import importlib
-import logging
 import os
 import secrets
 import signal
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from conveyor import logs
 from conveyor.cli import redact
 from conveyor.cli.common import (
     DEFAULT_URL,
@@ -61,6 +61,14 @@ PartitionsOpt = Annotated[
     ),
 ]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")]
+LogJsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--log-json",
+        help="Log one JSON object a line, the agent's guests too; a handler's records carry its "
+        "task_id, attempt and task_type [also: CONVEYOR_LOG_JSON=1]",
+    ),
+]
 AppRefOpt = Annotated[str, typer.Option("--app", help="The App to run, as module:attribute")]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, help="Tasks at once")]
 DsnOpt = Annotated[
@@ -227,13 +235,13 @@ AllowNetOpt = Annotated[
 ]
 
 
-def _setup_logging(level: str) -> None:
-    """Log to stderr, with API keys and Authorization values redacted (``redact.py``)."""
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _setup_logging(level: str, log_json: bool = False) -> None:
+    """Log to stderr, with API keys and Authorization values redacted (``redact.py``), as
+    text or JSON (``conveyor.logs``); an agent started here passes JSON on to its guests."""
+    as_json = logs.json_wanted(log_json)
+    if as_json:
+        os.environ[logs.LOG_JSON_ENV] = "1"
+    logs.configure(level, as_json=as_json, stream=sys.stderr)
     redact.guard()
 
 
@@ -651,6 +659,7 @@ def dev(
     partitions: PartitionsOpt = None,
     concurrency: ConcurrencyOpt = 8,
     log_level: LogLevelOpt = "warning",
+    log_json: LogJsonOpt = False,
     projection: ProjectionOpt = True,
     postgres_dsn: DsnOpt = None,
     blobs_url: BlobsOpt = None,
@@ -665,7 +674,7 @@ def dev(
 
     /metrics names tenants by default: they are the developer's own.
     """
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_json)
     _load_agent()  # fail before touching the home dir
     _check_app(app_ref)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
@@ -730,9 +739,10 @@ def agent(
     sandbox: SandboxOpt = Sandbox.bwrap,
     allow_net: AllowNetOpt = False,
     log_level: LogLevelOpt = "warning",
+    log_json: LogJsonOpt = False,
 ) -> None:
     """Run a host agent that polls a node and runs the app's handlers."""
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_json)
     run_agent = _load_agent()
     app_name = _check_app(app_ref).name
     key = api_key or dev_key(home_dir(home), app=app_name)
