@@ -18,6 +18,9 @@ Rules, and why:
 5. Step and schedule events carry their whole row, so their fold keeps the newest event per
    row (per step identity of a task, per schedule of a tenant) and the upsert replaces the row
    under the same version guard. A deleted schedule stays as a tombstone for that guard.
+   A step's ``started_ms`` is the time of the first event of its row (its claim, made before
+   its body runs): the fold keeps the earliest per row, since a claim and its commit often
+   fall in one chunk, and the upsert sets it once, when it inserts the row.
 6. Text goes in as PostgreSQL text, which cannot hold U+0000: a handler's exception text can
    (a C library's message, bytes decoded as text), and one such event would fail every retry
    of its chunk and halt the projection. In the snapshot it reads U+FFFD; the node keeps the
@@ -27,7 +30,7 @@ Rules, and why:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
@@ -121,6 +124,7 @@ class Fold:
     # Attempts handed back before they started: an open row of theirs is deleted (before
     # this chunk's starts are written: the same attempt number may be leased again).
     released: set[tuple[str, int]]
+    step_started: dict[tuple[str, str], int] = field(default_factory=dict)  # rule 5
 
     @classmethod
     def empty(cls) -> Fold:
@@ -128,6 +132,8 @@ class Fold:
 
     def add_step(self, event: StepEvent) -> None:
         key = (event.task_id, event.identity)
+        started = self.step_started.get(key)
+        self.step_started[key] = event.ts_ms if started is None else min(started, event.ts_ms)
         held = self.steps.get(key)
         # Equal versions: two writes of one record (a claim, then its commit); the later wins.
         if held is None or held.version <= event.version:
@@ -311,9 +317,10 @@ _STEP_COLUMNS = (
 _STEP_UNNEST = ", ".join(f"${i}::{kind}[]" for i, (_, kind) in enumerate(_STEP_COLUMNS, 1))
 UPSERT_STEPS = f"""
 INSERT INTO steps AS s (task_id, identity, tenant, position, state, claims, value, wake_at_ms,
-                        updated_ms, version)
-SELECT * FROM unnest({_STEP_UNNEST})
+                        updated_ms, version, started_ms)
+SELECT * FROM unnest({_STEP_UNNEST}, ${len(_STEP_COLUMNS) + 1}::int8[])
 ON CONFLICT (task_id, identity) DO UPDATE SET
+    started_ms = COALESCE(s.started_ms, EXCLUDED.started_ms),
     position = EXCLUDED.position,
     state = EXCLUDED.state,
     claims = EXCLUDED.claims,
@@ -407,7 +414,8 @@ async def write(
                 await conn.execute(sql, *_columns(rows, _ATTEMPT_NAMES))
         if fold.steps:
             names = [name for name, _ in _STEP_COLUMNS]
-            await conn.execute(UPSERT_STEPS, *_columns(fold.steps.values(), names))
+            started = [fold.step_started.get(k, e.ts_ms) for k, e in fold.steps.items()]
+            await conn.execute(UPSERT_STEPS, *_columns(fold.steps.values(), names), started)
         if fold.schedules:
             names = [name for name, _ in _SCHEDULE_COLUMNS]
             await conn.execute(UPSERT_SCHEDULES, *_columns(fold.schedules.values(), names))

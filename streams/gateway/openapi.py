@@ -841,6 +841,8 @@ _WORKFLOW = obj(
                     "state": _STEP_STATES,
                     "claims": integer(0),
                     "wake_at_ms": nullable(integer()),
+                    "started_ms": nullable(integer(description="its first claim (snapshot)")),
+                    "ended_ms": nullable(integer(description="its commit (snapshot)")),
                 }
             ),
         ),
@@ -860,6 +862,9 @@ _WORKFLOW = obj(
                                 "index": integer(0),
                                 "task_id": TASK_ID,
                                 "status": {"type": "string"},
+                                "created_ms": nullable(integer()),
+                                "started_ms": nullable(integer()),
+                                "finished_ms": nullable(integer()),
                             }
                         )
                     ),

@@ -24,10 +24,15 @@ Rule 4 (events): ``POST /v1/workflows/{id}/events`` {name, payload} appends a Se
 record: it wakes the workflow if it waits for ``name`` (``ctx.wait_for_event``), else it is
 kept for its next wait of that name. A finished workflow takes no events (409).
 Rule 5 (listing): ``GET /v1/workflows`` lists the tasks that recorded a step, newest first,
-from the Postgres snapshot (``store/postgres/workflow_list.py``: a page may be short, even
+from the Postgres snapshot (``store/postgres/workflows.py``: a page may be short, even
 empty, while ``next_cursor`` is set), filtered by status, task type, created range and id
 prefix, each with its step counts. A workflow that has not committed its first step yet is
 not listed (nothing says it is one), and the list trails the processors like task listing.
+Rule 6 (times): each step of ``GET`` has ``started_ms`` (its first claim) and ``ended_ms`` (its
+commit) from the snapshot, which keeps them (the partition's step rows carry no times): null
+without a snapshot and until the projection has folded them. A parallel step starts when its
+barrier was made (its row is first written when it fires). Each child listed has its
+``created_ms``, ``started_ms`` (its last lease) and ``finished_ms`` from its task row.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from conveyor.schemas import codec
 from conveyor.schemas.steps import STEP_BYTES_MAX, STEP_NAME_BYTES_MAX
 from conveyor.schemas.types import TERMINAL, Barrier, StepRow, Task, TaskStatus
 from conveyor.store import keys
-from conveyor.store.postgres import StoreUnavailable, queries, workflow_list
+from conveyor.store.postgres import StoreUnavailable, queries
+from conveyor.store.postgres import workflows as snapshot_workflows
 from conveyor.store.tables import Tables
 from conveyor.streams.gateway import render, routes, snapshot, validation
 from conveyor.streams.gateway.fields import Fields, compact, invalid
@@ -101,11 +107,11 @@ async def list_workflows(request: web.Request) -> web.Response:
             field=None,
         )
     after = snapshot.decode_cursor(query.cursor) if query.cursor else None
-    q = workflow_list.WorkflowQuery(
+    q = snapshot_workflows.WorkflowQuery(
         tasks=snapshot.task_query(tenant, query.filter), id_prefix=id_prefix
     )
     try:
-        rows, resume = await workflow_list.list_workflows(gw.snapshot, q, query.limit, after)
+        rows, resume = await snapshot_workflows.list_workflows(gw.snapshot, q, query.limit, after)
     except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
     cursor = snapshot.encode_cursor(*resume) if resume is not None else None
@@ -144,11 +150,18 @@ def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
 async def get_workflow(request: web.Request) -> web.Response:
     task, tables, now_ms = _workflow(request)
     pool = await _ended_snapshot(request, task)
-    node = request.app[routes.GATEWAY].node
-    if pool is None:
-        return routes.reply(workflow_json(task, tables, now_ms, node=node))
-    rows = await queries.step_rows(pool, task.tenant, task.task_id)
-    return routes.reply(workflow_json(task, tables, now_ms, rows, node=node))
+    gw = request.app[routes.GATEWAY]
+    rows = None if pool is None else await queries.step_rows(pool, task.tenant, task.task_id)
+    body = workflow_json(task, tables, now_ms, rows, node=gw.node)
+    times = {}  # rule 6
+    if gw.snapshot is not None:
+        times = await snapshot_workflows.step_times(gw.snapshot, task.tenant, task.task_id)
+    fanned = {p["identity"]: p["created_ms"] for p in body["parallel"]}
+    for step in body["steps"]:
+        step["started_ms"], step["ended_ms"] = times.get(step["identity"], (None, None))
+        if step["identity"] in fanned:  # its row is written when it fires: it began earlier
+            step["started_ms"] = fanned[step["identity"]]
+    return routes.reply(body)
 
 
 async def get_history(request: web.Request) -> web.Response:
@@ -275,6 +288,17 @@ def _step_summary(row: StepRow, task: Task, barrier: Barrier | None, now_ms: int
     }
 
 
+def _times(child: Task | None) -> dict[str, int | None]:
+    """A child's times for the waterfall (rule 6)."""
+    if child is None:
+        return {"created_ms": None, "started_ms": None, "finished_ms": None}
+    return {
+        "created_ms": child.created_ms,
+        "started_ms": child.leased_ms,
+        "finished_ms": child.finished_ms,
+    }
+
+
 def _parallel(
     tables: Tables, parent_id: str, barrier: Barrier, node: Node | None
 ) -> dict[str, Any]:
@@ -290,7 +314,7 @@ def _parallel(
         status = child.status.value if child is not None else "UNKNOWN"
         counts[status] += 1
         if index < CHILDREN_SHOWN_MAX:
-            shown.append({"index": index, "task_id": task_id, "status": status})
+            shown.append({"index": index, "task_id": task_id, "status": status, **_times(child)})
     return {
         "identity": barrier.identity,
         "position": barrier.position,

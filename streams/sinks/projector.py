@@ -363,4 +363,6 @@ def _take_held(
         held.attempts[key] = fold.attempts.pop(key)
     for step in [key for key in fold.steps if key[0] in since]:
         held.steps[step] = fold.steps.pop(step)
+        if step in fold.step_started:  # the earliest time seen goes with it
+            held.step_started[step] = fold.step_started.pop(step)
     return held, since

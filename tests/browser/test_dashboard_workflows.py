@@ -180,3 +180,38 @@ def test_finished_task_is_rerun_from_its_page(page: Any, dev: Dev) -> None:
         assert time.monotonic() < deadline, "the re-run workflow never reached its wait"
         time.sleep(0.1)
     dev.call("POST", f"/v1/tasks/{rerun['new_task_id']}/cancel")
+
+
+def test_workflow_page_draws_its_steps_and_children_on_a_time_axis(page: Any, dev: Dev) -> None:
+    body = {"task_type": "checkout", "app": APP, "payload": {"n": 3}, "queue": queue_name()}
+    workflow_id = str(dev.call("POST", "/v1/workflows", body)["task_id"])
+    dev.wait_status(workflow_id, "SUCCEEDED")
+
+    def timed() -> bool:  # the times come from the snapshot, which may trail
+        steps = dev.call("GET", f"/v1/workflows/{workflow_id}")["steps"]
+        return all(s["started_ms"] and s["ended_ms"] for s in steps)
+
+    until(timed, "the step times in the snapshot")
+    read = dev.call("GET", f"/v1/workflows/{workflow_id}")
+    run = next(s for s in read["steps"] if s["kind"] == "run")
+    fan = next(s for s in read["steps"] if s["kind"] == "parallel")
+    assert read["workflow"]["created_ms"] <= run["started_ms"] <= run["ended_ms"], run
+    assert run["ended_ms"] <= fan["started_ms"] <= fan["ended_ms"], (run, fan)
+    children = read["parallel"][0]["children"]
+    assert len(children) == 3
+    for child in children:
+        assert child["created_ms"] <= child["started_ms"] <= child["finished_ms"], child
+        assert fan["started_ms"] <= child["created_ms"] and child["finished_ms"] <= fan["ended_ms"]
+
+    open_dashboard(page, dev, f"#/workflow/{workflow_id}")
+    bars = page.locator("svg.waterfall g.bar")
+    bars.first.wait_for()
+    keys = bars.evaluate_all("gs => gs.map(g => g.dataset.bar)")
+    assert keys == [run["identity"], fan["identity"], *(c["task_id"] for c in children)], keys
+    # Bars start where their times say: the fan-out starts after the run step began.
+    x = {
+        key: float(page.locator(f"g[data-bar='{key}'] rect").get_attribute("x") or "nan")
+        for key in keys
+    }
+    assert x[run["identity"]] <= x[fan["identity"]] <= min(x[c["task_id"]] for c in children)
+    assert page.locator("svg.waterfall g.open").count() == 0  # everything ended

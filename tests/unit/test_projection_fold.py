@@ -64,6 +64,16 @@ def test_step_fold_keeps_the_newest_event_per_step() -> None:
     }
 
 
+def test_step_fold_keeps_when_each_step_started() -> None:
+    # A claim and its commit in one chunk: the row is the commit's, the start the claim's.
+    fold = Fold.empty()
+    fold.add_step(step("a#0", "CLAIMED", 3))
+    fold.add_step(step("a#0", "COMMITTED", 5))
+    fold.add_step(step("b#0", "COMMITTED", 6))  # committed without a claim (a sleep, a wait)
+    assert fold.steps[("t1", "a#0")].state == "COMMITTED"
+    assert fold.step_started == {("t1", "a#0"): 1003, ("t1", "b#0"): 1006}
+
+
 def schedule(version: int, *, paused: bool = False, deleted: bool = False) -> ScheduleEvent:
     return ScheduleEvent(
         tenant="a", schedule_id="s", cron="* * * * *", timezone="UTC", app="shop",

@@ -1,17 +1,20 @@
-// Workflow detail (GET /v1/workflows/{id}): the steps in order as a graph with per-step state,
-// each parallel step fanned out to its children, and the step values from the paged history.
+// Workflows: the list (GET /v1/workflows, filters and search), and one workflow
+// (GET /v1/workflows/{id}): a timing waterfall, the steps in order as a graph with per-step
+// state, each parallel step fanned out to its children, the step values from the paged
+// history, and, while it runs, a form to send it an event (the one it waits for, if any).
 // On a node without the endpoint the view says so and links the root task instead.
 //
-//   {"workflow": <task summary>,
-//    "steps": [{"identity", "position", "kind": run|sleep|parallel, "state", "claims",
-//               "wake_at_ms"}],
+//   {"workflow": <task summary + waiting_for, waiting_for_event: {name, step, deadline_ms}>,
+//    "steps": [{"identity", "position", "kind": run|sleep|parallel|event, "state", "claims",
+//               "wake_at_ms", "started_ms", "ended_ms"}],
 //    "parallel": [{"identity", "position", "mode", "total", "fired", "counts": {status: n},
-//                  "children": [{"index", "task_id", "status"}], "children_truncated"}]}
+//                  "children": [{"index", "task_id", "status", "created_ms", "started_ms",
+//                                "finished_ms"}], "children_truncated"}]}
 
 import { api, hasPath } from "../api.js";
 import {
-  badge, field, fmtTime, fromLocalInput, h, jsonBlock, mount, s, STATUSES, table, taskLink,
-  TERMINAL, toLocalInput,
+  badge, field, fmtDuration, fmtTime, fromLocalInput, h, jsonBlock, mount, s, STATUSES, table,
+  taskLink, TERMINAL, toLocalInput,
 } from "../dom.js";
 
 const NODE_W = 200;
@@ -67,6 +70,63 @@ function graph(steps, parallel) {
   });
   return s("svg", { class: "graph", viewBox: `0 0 ${width} ${y - GAP + 8}`, width,
     height: y - GAP + 8, role: "img", "aria-label": "workflow steps" }, edges, parts);
+}
+
+const WATERFALL_W = 720;
+const WATERFALL_LABEL_W = 170;
+const WATERFALL_ROW_H = 20;
+const OUTCOME = { COMMITTED: "succeeded", SUCCEEDED: "succeeded", ENDED: "succeeded",
+  FAILED: "failed", CANCELED: "canceled", EXPIRED: "canceled" };
+
+/** The bars of the waterfall: each step from its start (its first claim) to its end (its
+ * commit; a sleep to its wake time), a parallel step's children under it (created, leased,
+ * finished). A bar with no end yet runs to the right edge; a step whose start the snapshot has
+ * not folded yet is left out. */
+function waterfallRows(steps, parallel) {
+  const fans = new Map(parallel.map((p) => [p.identity, p]));
+  const rows = [];
+  for (const step of steps) {
+    const fan = fans.get(step.identity);
+    const start = step.started_ms ?? (fan ? fan.created_ms : null);
+    if (start === null || start === undefined) continue;
+    const stop = step.kind === "sleep" && step.wake_at_ms ? step.wake_at_ms : step.ended_ms;
+    rows.push({ label: step.identity, start, stop, state: step.state, key: step.identity });
+    for (const child of (fan ? fan.children.slice(0, CHILDREN_DRAWN_MAX) : [])) {
+      if (!child.created_ms) continue;
+      rows.push({ label: `  child #${child.index}`, start: child.created_ms,
+        run: child.started_ms, stop: child.finished_ms, state: child.status,
+        key: child.task_id });
+    }
+  }
+  return rows;
+}
+
+/** Steps and children as bars on one time axis (GET /v1/workflows/{id}: started_ms, ended_ms
+ * of each step and the times of each child). */
+function waterfall(wf, steps, parallel) {
+  const rows = waterfallRows(steps, parallel);
+  if (!rows.length) return null;
+  const t0 = Math.min(wf.created_ms, ...rows.map((r) => r.start));
+  const t1 = Math.max(wf.finished_ms || Date.now(), ...rows.map((r) => r.stop || 0));
+  const span = Math.max(1, t1 - t0);
+  const x = (ms) => WATERFALL_LABEL_W + ((ms - t0) / span) * (WATERFALL_W - WATERFALL_LABEL_W - 8);
+  const bars = rows.map((r, i) => {
+    const y = i * WATERFALL_ROW_H;
+    const x0 = x(r.start);
+    const x1 = Math.max(x0 + 2, x(r.stop || t1));
+    const kind = OUTCOME[r.state] || "running";
+    const took = r.stop ? fmtDuration(r.stop - r.start) : "not ended";
+    return s("g", { class: `bar o-${kind}${r.stop ? "" : " open"}`, "data-bar": r.key },
+      s("text", { x: 4, y: y + 14 }, label(r.label, 26)),
+      s("rect", { x: x0, y: y + 4, width: x1 - x0, height: WATERFALL_ROW_H - 8, rx: 2 },
+        s("title", {}, `${r.label}: ${r.state} · ${took}` +
+          (r.run ? ` · started ${fmtDuration(r.run - r.start)} after it was created` : ""))));
+  });
+  const height = rows.length * WATERFALL_ROW_H + 18;
+  const axis = [0, 0.5, 1].map((f) => s("text", { x: Math.min(x(t0 + f * span), WATERFALL_W - 40),
+    y: height - 4, class: "tick" }, `+${fmtDuration(f * span)}`));
+  return s("svg", { class: "timeline waterfall", viewBox: `0 0 ${WATERFALL_W} ${height}`,
+    role: "img", "aria-label": "step timing waterfall" }, bars, axis);
 }
 
 function stepsTable(steps, values) {
@@ -238,6 +298,9 @@ export async function renderWorkflow(main, { arg, live, flash }) {
           h("dd", { id: "waiting-for" }, wf.waiting_for)] : null,
         wf.compensating ? [h("dt", {}, "Canceled"), h("dd", {}, "compensations: see the " +
           "@undo: steps")] : null),
+      h("section", { class: "card timing" }, h("h2", {}, "Timing"),
+        waterfall(wf, reply.steps, reply.parallel) || h("p", { class: "muted" },
+          "No step times yet (they come from the query snapshot).")),
       h("section", { class: "card" }, h("h2", {}, "Steps"), graph(reply.steps, reply.parallel),
         stepsTable(reply.steps, values),
         TERMINAL.has(wf.status) ? h("p", { class: "muted dropped" }, "The step memos of a " +

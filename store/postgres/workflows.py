@@ -1,4 +1,6 @@
-"""Listing workflows from the snapshot: the tasks that recorded a step, newest first.
+"""Workflow reads from the snapshot: the list of workflows, and the times of a workflow's steps.
+
+Listing: the tasks that recorded a step, newest first.
 
 A workflow is a task whose body records steps, so nothing in the ``tasks`` row says it is one:
 the ``steps`` table does. A page walks the tenant's tasks that match the filter in listing
@@ -7,6 +9,10 @@ order (the same indexes and keyset as ``queries.list_page``) and keeps those wit
 long, so a page examines at most ``SCAN_ROWS_MAX`` tasks and may come back short, even empty,
 with a cursor to go on from, as a text search does. The kept rows are then read with their
 step counts.
+
+Step times: when each step of a workflow started (its row's first event: the claim made before
+its body runs) and, once committed, ended (its commit), for the page's timing waterfall. The
+partition's live step rows carry no times; the snapshot's trail them by the projection lag.
 """
 
 from __future__ import annotations
@@ -78,3 +84,20 @@ async def list_workflows(
 
 def _key(row: Any) -> tuple[int, str]:
     return int(row["created_ms"]), str(row["task_id"])
+
+
+async def step_times(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant: str, task_id: str
+) -> dict[str, tuple[int | None, int | None]]:
+    """(started_ms, ended_ms) per step identity of ``task_id``; ended is None until the step
+    is committed, started None for a row projected before the snapshot kept it."""
+    rows = await conn.fetch(
+        "SELECT identity, started_ms, updated_ms, state FROM steps "
+        "WHERE tenant = $1 AND task_id = $2",
+        tenant,
+        task_id,
+    )
+    return {
+        r["identity"]: (r["started_ms"], r["updated_ms"] if r["state"] == "COMMITTED" else None)
+        for r in rows
+    }
