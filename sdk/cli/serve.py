@@ -140,6 +140,15 @@ ClusterSecretOpt = Annotated[
         show_default=False,
     ),
 ]
+EventsKeepOpt = Annotated[
+    str,
+    typer.Option(
+        "--events-keep",
+        help="With --kafka: the events topic keeps at least this long (e.g. 7d, 12h), for "
+        "GET /v1/events clients' cursors; older events go once every node's projector and "
+        "webhook deliverer has read them",
+    ),
+]
 SessionOpt = Annotated[
     float,
     typer.Option(
@@ -330,6 +339,7 @@ class KafkaConfig:
     snapshot_interval_ms: int = 30_000
     snapshot_keep: int = 2
     s3_endpoint: str | None = None
+    events_keep_ms: int = 7 * 24 * 3_600_000  # the events topic keeps at least this long
 
 
 @frozen
@@ -409,7 +419,8 @@ async def _run_node(
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         if kafka is not None:
-            member = await _join(node, record_log, kafka, url, home, metrics)
+            readers = _events_readers(app, snapshot)
+            member = await _join(node, record_log, kafka, url, home, metrics, readers)
             forwarder(app).attach(member.directory, url)  # any request, to its owner
         _banner(url, key, home, dev=run_agent is not None)
         try:
@@ -431,10 +442,18 @@ async def _run_node(
 
 
 async def _join(
-    node: Node, record_log: Any, kafka: KafkaConfig, url: str, home: Path, metrics: Any
+    node: Node,
+    record_log: Any,
+    kafka: KafkaConfig,
+    url: str,
+    home: Path,
+    metrics: Any,
+    readers: Callable[[], list[Any]],
 ) -> ClusterMember:
     from conveyor.streams.cluster import Snapshots, join, leading
     from conveyor.streams.cluster.snapshot_store import open_store
+
+    events: Any = node.events  # a KafkaLog, as ``_open_node`` opened it on --kafka
 
     snapshots = None
     if kafka.snapshots is not None:
@@ -460,8 +479,26 @@ async def _join(
         session_timeout_ms=kafka.session_timeout_ms,
         url=url,
         secret=kafka.secret,
+        events=events,
+        readers=readers,
+        events_keep_ms=kafka.events_keep_ms,
+        events_interval_ms=kafka.snapshot_interval_ms,  # housekeeping on one schedule
         snapshots=snapshots,
     )
+
+
+def _events_readers(app: Any, snapshot: Any) -> Callable[[], list[Any]]:
+    """Where this node's readers of the events topic are (the webhook deliverer, the
+    projector): a cluster trims the topic below them (``cluster/events_trim.py``)."""
+    from conveyor.streams.webhooks.api import WEBHOOKS
+
+    hooks = app.get(WEBHOOKS)
+
+    def readers() -> list[Any]:
+        found = [] if hooks is None else [hooks.needed]
+        return found if snapshot is None else [*found, snapshot.projector.next_offsets]
+
+    return readers
 
 
 async def _open_node(home: Path, partitions: int | None, kafka: KafkaConfig | None) -> Node:
@@ -488,6 +525,7 @@ def _kafka_config(
     cluster: str,
     session_timeout_s: float,
     secret: str | None = None,
+    events_keep: str = "7d",
 ) -> KafkaConfig | None:
     if bootstrap is None:
         if node_id is not None:
@@ -506,6 +544,13 @@ def _kafka_config(
         checked = ClusterSecret(secret)
     except ValueError as exc:  # its message gives the length, never the value
         raise fail(f"CONVEYOR_CLUSTER_SECRET / --cluster-secret: {exc}") from None
+    from conveyor.durations import to_ms
+    from conveyor.errors import ContractError
+
+    try:
+        keep_ms = to_ms(events_keep, field="--events-keep")
+    except (ContractError, ValueError) as exc:
+        raise fail(str(exc)) from None
     session_ms = int(session_timeout_s * 1000)
     return KafkaConfig(
         bootstrap=bootstrap,
@@ -513,6 +558,7 @@ def _kafka_config(
         secret=checked,
         cluster=cluster,
         session_timeout_ms=session_ms,
+        events_keep_ms=keep_ms,
     )
 
 
@@ -611,6 +657,7 @@ def node(
     node_id: NodeIdOpt = None,
     cluster: ClusterOpt = "conveyor",
     cluster_secret: ClusterSecretOpt = None,
+    events_keep: EventsKeepOpt = "7d",
     session_timeout_s: SessionOpt = 10.0,
     webhooks_allow_private: WebhooksAllowPrivateOpt = False,
     webhooks_retry_s: WebhooksRetryOpt = RETRY_S_DEFAULT,
@@ -626,7 +673,9 @@ def node(
     per-tenant series, and whoever reads the metrics is not shown customers' names.
     """
     _setup_logging(log_level)
-    kafka_config = _kafka_config(kafka, node_id, cluster, session_timeout_s, cluster_secret)
+    kafka_config = _kafka_config(
+        kafka, node_id, cluster, session_timeout_s, cluster_secret, events_keep
+    )
     kafka_config = _with_snapshots(
         kafka_config, snapshots, snapshot_interval, snapshot_keep, s3_endpoint
     )

@@ -4,6 +4,7 @@ membership.py   the consumer group that hands partitions out (sticky, dynamic me
 ownership.py    what a node does when a partition is assigned or revoked, and its epoch
 directory.py    every node's card (URL, partitions led, epochs, lag) in <cluster>-nodes
 signing.py      cards are signed with the cluster's secret; an unsigned one is not believed
+events_trim.py  the events topic trimmed below what every node's readers still need
 snapshots.py    partition snapshots: taken by the owner on a schedule, restored by a node that
                 takes a partition, the log trimmed below the oldest kept (snapshot_store.py:
                 a directory or S3)
@@ -11,8 +12,18 @@ snapshots.py    partition snapshots: taken by the owner on a schedule, restored 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from conveyor.frozen import frozen
 from conveyor.streams.cluster.directory import Card, Directory
+from conveyor.streams.cluster.events_trim import (
+    INTERVAL_MS,
+    KEEP_MS_DEFAULT,
+    NEEDED,
+    EventsLog,
+    EventsTrimmer,
+)
+from conveyor.streams.cluster.events_trim import needed as events_needed
 from conveyor.streams.cluster.membership import Membership
 from conveyor.streams.cluster.ownership import Fences, NotOwner, Ownership, restore
 from conveyor.streams.cluster.signing import ClusterSecret
@@ -28,11 +39,13 @@ class ClusterMember:
     membership: Membership
     directory: Directory
     node_id: str
+    trimmer: EventsTrimmer
     snapshots: Snapshots | None = None
 
     async def leave(self) -> None:
-        """Stop snapshotting, leave the group, then stop taking partitions; the node is
-        stopped by its owner."""
+        """Stop snapshotting and trimming, leave the group, then stop taking partitions; the
+        node is stopped by its owner."""
+        await self.trimmer.stop()
         if self.snapshots is not None:
             await self.snapshots.stop()
         await self.membership.stop()
@@ -40,14 +53,19 @@ class ClusterMember:
         await self.directory.leave(self.node_id)
 
 
-def card(node: Node, url: str) -> Card:
-    """What the directory says of ``node``: where it serves, what it leads."""
+Readers = Callable[[], list[Mapping[int, int]]]
+
+
+def card(node: Node, url: str, readers: Readers) -> Card:
+    """What the directory says of ``node``: where it serves, what it leads, and what its
+    readers of the events topic still need of it (``events_trim.py``)."""
     leading = {
         str(p.partition): {"epoch": p.epoch, "lag_records": p.lag_records()}
         for p in node.processors
         if p.leader
     }
-    return {"node_id": node.node_id, "url": url, "leading": leading}
+    needed = events_needed(readers(), node.partitions)
+    return {"node_id": node.node_id, "url": url, "leading": leading, NEEDED: needed}
 
 
 async def join(
@@ -60,12 +78,19 @@ async def join(
     session_timeout_ms: int,
     url: str,
     secret: ClusterSecret,
+    events: EventsLog,
+    readers: Readers = list,
+    events_keep_ms: int = KEEP_MS_DEFAULT,
+    events_interval_ms: int = INTERVAL_MS,
     snapshots: Snapshots | None = None,
 ) -> ClusterMember:
     """Join ``cluster`` as ``node.node_id``: from now on ``node`` leads what the group gives
     it. ``fences``: the record log (a ``KafkaLog``), unwrapped. ``secret``: signs this node's
-    card and checks the others' (``signing.py``). ``snapshots``: restores the partitions
-    taken here and snapshots those led here (``snapshots.start`` is called)."""
+    card and checks the others' (``signing.py``). ``events``: the events topic, trimmed here
+    every ``events_interval_ms`` below what ``readers`` (each a reader's next offset by
+    partition) and every other node's need, keeping ``events_keep_ms`` (``events_trim.py``).
+    ``snapshots``: restores the partitions taken here and snapshots those led here
+    (``snapshots.start`` is called)."""
     restore_partition = restore if snapshots is None else snapshots.restore
     ownership = Ownership(node, fences, restore_partition=restore_partition)
     membership = Membership(
@@ -76,9 +101,21 @@ async def join(
         node_id=node.node_id,
         session_timeout_ms=session_timeout_ms,
     )
-    directory = Directory(bootstrap, cluster, lambda: card(node, url), secret.card_key(cluster))
+    directory = Directory(
+        bootstrap, cluster, lambda: card(node, url, readers), secret.card_key(cluster)
+    )
+    trimmer = EventsTrimmer(
+        events,
+        lambda: directory.cards,
+        lambda p: leading(node, p),
+        node.partitions,
+        clock=node.clock,
+        keep_ms=events_keep_ms,
+        interval_ms=events_interval_ms,
+    )
     await directory.start()
     await membership.start()
+    trimmer.start()
     if snapshots is not None:
         snapshots.start()
     return ClusterMember(
@@ -86,6 +123,7 @@ async def join(
         membership=membership,
         directory=directory,
         node_id=node.node_id,
+        trimmer=trimmer,
         snapshots=snapshots,
     )
 

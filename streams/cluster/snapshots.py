@@ -29,9 +29,8 @@ The rules, and why:
    tenant's catalog (``keys.REGISTRY`` rows) is not trimmed: a node that does not own it
    follows its log from the start into a memory mirror of the catalog
    (``streams/registry/catalog.py``), which a trim would leave without its first rows. The
-   events topic is not trimmed: the Postgres projection reads it from its own watermark,
-   kept in Postgres, which a node does not read, and a projection rebuilt from scratch reads
-   it from the start.
+   events topic is trimmed on its own terms, below what every node's readers still need
+   (``events_trim.py``), not below a snapshot.
 5. Restore (``restore``, the ownership's seam) runs while the partition is closed here. It
    installs the newest snapshot whose state schemas are this build's when the local store
    applied less than it (or nothing). The archive is checked (size, SHA-256, the offset in the

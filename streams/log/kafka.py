@@ -473,6 +473,21 @@ class KafkaLog:
         self._start[partition] = up_to
         self._end[partition] = max(self._end[partition], up_to)
 
+    async def offset_for_time(self, partition: int, ts_ms: int) -> int:
+        """The first offset of ``partition`` written at ``ts_ms`` or later (the broker's
+        record timestamps: the producer's clock); the high watermark if none is."""
+        tp = TopicPartition(self.topic, partition)
+        consumer = _consumer(self.bootstrap)
+        await _translated("find an offset by time", consumer.start())
+        try:
+            found = await _translated(
+                "find an offset by time", consumer.offsets_for_times({tp: max(0, ts_ms)})
+            )
+        finally:
+            await consumer.stop()
+        at = found.get(tp)
+        return int(at.offset) if at is not None else await self._high_watermark(tp)
+
     async def _high_watermark(self, tp: TopicPartition) -> int:
         consumer = _consumer(self.bootstrap)
         await _translated("trim", consumer.start())

@@ -175,6 +175,7 @@ class ProjectorProcess(Progress):
 
     async def _ship(self, partition: int, start: int, writer: asyncio.StreamWriter) -> None:
         try:
+            start = await self._readable(partition, start)
             async for records in self.events.read(
                 partition, start, follow=True, max_batch=READ_BATCH
             ):
@@ -186,6 +187,29 @@ class ProjectorProcess(Progress):
             raise
         except Exception as exc:  # the child's reader raises it: its projector stops
             writer.write(_frame(FAILED, partition, start, repr(exc).encode()))
+
+    async def _readable(self, partition: int, start: int) -> int:
+        """``start``, or the events log's start if it was trimmed past it: a cluster trims the
+        events topic below what every node's card says its readers need
+        (``cluster/events_trim.py``), so only a node that was gone through a trim, or is new
+        to a trimmed cluster, gets here. Its snapshot then lists the tasks whose events are
+        still in the log."""
+        refresh = getattr(self.events, "refresh_start_offset", None)  # a log others trim
+        if refresh is None:
+            return start
+        first = int(await refresh(partition))
+        if start < first:
+            log.warning(
+                "projector: events partition %d was trimmed below %d, past this snapshot's "
+                "watermark %d; projecting from %d (the snapshot lacks the tasks whose events "
+                "were all trimmed)",
+                partition,
+                first,
+                start,
+                first,
+            )
+            return first
+        return start
 
     def _progress(self, report: dict[str, Any]) -> None:
         self.next_offsets = {int(p): int(o) for p, o in report["next_offsets"].items()}
@@ -221,6 +245,7 @@ class ShippedLog:
         self._writer = writer
         self._queues: dict[int, asyncio.Queue[list[LogRecord] | Exception]] = {}
         self._next: dict[int, int] = {}  # per partition, the offset the next records start at
+        self._opening: set[int] = set()  # partitions whose first records have not come yet
 
     @property
     def partitions(self) -> int:
@@ -236,6 +261,7 @@ class ShippedLog:
             raise InvariantError(f"partition {partition}: a projector process follows each once")
         queue = self._queues[partition] = asyncio.Queue(SHIPPED_MAX)
         self._next[partition] = from_offset
+        self._opening.add(partition)
         self._writer.write(_frame(READ, partition, from_offset))
         while True:
             item = await queue.get()
@@ -250,7 +276,11 @@ class ShippedLog:
             queue = self._queues[partition]
             if kind == RECORDS:
                 records = _unpack_records(offset, body)
-                if offset != self._next[partition]:
+                # The first records may start later: the log was trimmed past the offset
+                # asked for, and the node starts at the log's start (``_readable``).
+                opening = partition in self._opening and offset > self._next[partition]
+                self._opening.discard(partition)
+                if offset != self._next[partition] and not opening:
                     raise RuntimeError(
                         f"events partition {partition}: shipped from {offset}, "
                         f"expected {self._next[partition]}"

@@ -149,6 +149,10 @@ class Webhooks:
         self._flush: asyncio.Future[None] | None = None
         self.sent = 0  # attempts made
         self.delivered = 0  # attempts that succeeded
+        # Per events partition, the offset the deliverer reads next from its stored cursor:
+        # what it still needs of the events log (a cluster trims below it,
+        # ``cluster/events_trim.py``). Empty until it has read its cursor: it needs all.
+        self.needed: dict[int, int] = {}
 
     async def load(self) -> None:
         self.hooks = {h.id: h for h in await self.store.webhooks()}
@@ -241,6 +245,7 @@ class Webhooks:
     async def feed(self) -> None:
         """The events log -> deliveries, with the cursor (rule 1); until cancelled."""
         positions = await self._start_positions()
+        self.needed = {p: pos.next for p, pos in enumerate(positions)}
         last_commit = self.clock.monotonic_ms()
         dirty = False
         async with Tail(self.events, positions) as tail:
@@ -259,8 +264,10 @@ class Webhooks:
                 if new or (dirty and due):
                     now = self.clock.now_ms()
                     deadline = now + self.settings.retry_for_ms
+                    committed = {p: pos.next for p, pos in enumerate(tail.positions)}
                     if await self.store.commit(tail.cursor(), new, now, deadline):
                         self._poke.poke()
+                    self.needed = committed
                     last_commit, dirty = self.clock.monotonic_ms(), False
 
     def _matches(self, item: Event) -> list[NewDelivery]:
