@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit dev clean
+.PHONY: test lint typecheck unit dev clean docs
 
 test: lint typecheck unit
 
@@ -24,6 +24,10 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
+
+# The docs site (docs/, mkdocs.yml) with the API reference from the docstrings, into .build/site.
+docs: $(STAMP)
+	tools/typecheck-tree.sh >/dev/null && $(BIN)/mkdocs build --strict
 
 dev: $(STAMP)
 	$(BIN)/conveyor dev --app examples.shop:app

@@ -34,7 +34,7 @@ from conveyor.wire import Enqueue, ErrorInfo, TaskInfo, TaskPage
 from conveyor.workflows import ChildError, ChildFailed, EventTimeout, WorkflowRefused
 
 if TYPE_CHECKING:
-    from conveyor import testing
+    from conveyor import codecs, testing
     from conveyor.aclient import AsyncClient, AsyncTaskHandle
     from conveyor.client import Client, TaskHandle, set_default_client
 
@@ -71,6 +71,7 @@ __all__ = [
     "TransientError",
     "Unauthorized",
     "WorkflowRefused",
+    "codecs",
     "current_task",
     "set_default_client",
     "testing",
@@ -82,6 +83,7 @@ __all__ = [
 # process (it imports the app, hence ``conveyor``) never uses: they were most of its start-up.
 _LAZY = {
     "testing": ("conveyor.testing", None),
+    "codecs": ("conveyor.codecs", None),
     "AsyncClient": ("conveyor.aclient", "AsyncClient"),
     "AsyncTaskHandle": ("conveyor.aclient", "AsyncTaskHandle"),
     "Client": ("conveyor.client", "Client"),

@@ -65,21 +65,27 @@ class AsyncTaskHandle(Generic[R]):
         return f"<AsyncTaskHandle {self.id}>"
 
     async def get(self) -> TaskInfo:
+        """The task as the node describes it now (see ``TaskHandle.get``)."""
         return await self._client.get(self.id)
 
     async def status(self) -> str:
+        """The task's status now."""
         return (await self._client.get(self.id)).status
 
     async def cancel(self) -> str:
+        """Ask the platform to cancel the task; returns its status after the request."""
         return await self._client.cancel(self.id)
 
     async def result(self, timeout: float | None = None) -> R:
+        """``TaskHandle.result``, awaited."""
         info = await self._client.wait(self.id, timeout)
         value: R = decoded(outcome(info, timeout), self._decode)
         return value
 
 
 class AsyncClient:
+    """``Client``'s methods as coroutines, on aiohttp: ``async with AsyncClient(url, key) as c``."""
+
     def __init__(
         self,
         url: str | None = None,
@@ -107,6 +113,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close the HTTP session (``async with`` does it)."""
         await self._http.close()
 
     async def _send(
@@ -160,6 +167,7 @@ class AsyncClient:
         payload: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> AsyncTaskHandle[Any]:
+        """Enqueue one task (see ``Client.enqueue``)."""
         req = Enqueue(task, payload, **options)
         [body] = encode_bodies(self.codec, [enqueue_body(req, self.app)], [task])
         reply = await self._send("POST", "/v1/tasks", body=body)
@@ -169,6 +177,7 @@ class AsyncClient:
     async def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
     ) -> list[AsyncTaskHandle[Any]]:
+        """Enqueue many tasks in batches of up to 1000; handles in order."""
         reqs = items_of(items)
         bodies = [enqueue_body(it, self.app) for it in reqs]
         bodies = encode_bodies(self.codec, bodies, [it.task for it in reqs])
@@ -182,6 +191,7 @@ class AsyncClient:
         return handles
 
     async def get(self, task_id: str) -> TaskInfo:
+        """``GET /v1/tasks/{id}`` (see ``Client.get``)."""
         reply = await self._send("GET", f"/v1/tasks/{task_id}")
         return decoded_info(self.codec, TaskInfo.from_json(reply))
 
@@ -192,6 +202,7 @@ class AsyncClient:
         return str((await self._send("GET", attempt.log_url))["log"])
 
     async def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
+        """The task once it is terminal, or as it is after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left_ms = WAIT_SLICE_MS
@@ -208,6 +219,7 @@ class AsyncClient:
                 return info
 
     async def cancel(self, task_id: str) -> str:
+        """Cancel a task; returns its status after the request."""
         return str((await self._send("POST", f"/v1/tasks/{task_id}/cancel"))["status"])
 
     async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
@@ -239,6 +251,7 @@ class AsyncClient:
         limit: int = 100,
         cursor: str | None = None,
     ) -> TaskPage:
+        """One page of the tenant's tasks (see ``Client.list``)."""
         params = query(
             status=status,
             queue=queue,
@@ -296,6 +309,7 @@ class AsyncClient:
         return OperationInfo.from_json(reply)
 
     async def operation(self, operation_id: str) -> OperationInfo:
+        """A bulk operation and its progress (see ``Client.operation``)."""
         path = f"/v1/operations/{quote(operation_id, safe='')}"
         return OperationInfo.from_json(await self._send("GET", path))
 
@@ -314,6 +328,7 @@ class AsyncClient:
         return ScheduleInfo.from_json(await self._send("POST", "/v1/schedules", body=body))
 
     async def schedules(self) -> ScheduleList:
+        """The tenant's schedules."""
         reply = await self._send("GET", "/v1/schedules")
         return [ScheduleInfo.from_json(s) for s in reply.get("schedules", [])]
 
@@ -353,9 +368,11 @@ class AsyncClient:
         return dict(await self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
     async def webhooks(self) -> tuple[dict[str, Any], ...]:
+        """The tenant's webhooks."""
         return tuple((await self._send("GET", "/v1/webhooks"))["webhooks"])
 
     async def delete_webhook(self, webhook_id: str) -> None:
+        """Delete a webhook."""
         await self._send("DELETE", f"/v1/webhooks/{quote(webhook_id, safe='')}")
 
     async def webhook_deliveries(

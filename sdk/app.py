@@ -57,6 +57,7 @@ class Retry:
         to_ms(self.cap, field="retry.cap")
 
     def class_names(self) -> list[str]:
+        """The ``non_retryable`` classes by name, as the platform matches them."""
         return [c if isinstance(c, str) else c.__name__ for c in self.non_retryable]
 
     def matches(self, exc: BaseException) -> bool:
@@ -72,6 +73,7 @@ class Retry:
         return False
 
     def to_wire(self) -> dict[str, Any]:
+        """The policy as an enqueue body carries it (milliseconds)."""
         return {
             "attempts_max": self.attempts,
             "backoff_base_ms": to_ms(self.base, field="retry.base"),
@@ -96,6 +98,7 @@ class TaskOptions:
     concurrency: int = 1  # async handlers: attempts one guest runs at once (``App.task``)
 
     def timeouts(self) -> dict[str, int | None]:
+        """The timeouts an enqueue body carries, in milliseconds (None: no limit)."""
         return {
             "schedule_to_start_ms": self.schedule_to_start_ms,
             "start_to_close_ms": self.start_to_close_ms,

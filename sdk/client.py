@@ -123,12 +123,15 @@ class TaskHandle(Generic[R]):
         return f"<TaskHandle {self.id}>"
 
     def get(self) -> TaskInfo:
+        """The task as the node describes it now (payload and result decoded)."""
         return self._backend.get(self.id)
 
     def status(self) -> str:
+        """The task's status now: ENQUEUED, LEASED, ..., SUCCEEDED, FAILED, CANCELED."""
         return self._backend.get(self.id).status
 
     def cancel(self) -> str:
+        """Ask the platform to cancel the task; returns its status after the request."""
         return self._backend.cancel(self.id)
 
     def result(self, timeout: float | None = None) -> R:
@@ -179,6 +182,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close the HTTP connections (``with Client(...)`` does it)."""
         self._http.close()
 
     def _send(
@@ -234,6 +238,9 @@ class Client:
         payload: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> TaskHandle[Any]:
+        """Enqueue one task of ``task`` (a ``TaskType`` or its name) with ``payload``;
+        ``options`` as ``conveyor.Enqueue`` takes them (delay, run_at, queue, priority,
+        idempotency_key, ...)."""
         req = Enqueue(task, payload, **options)
         [body] = encode_bodies(self.codec, [enqueue_body(req, self.app)], [task])
         reply = self._send("POST", "/v1/tasks", body=body)
@@ -259,6 +266,7 @@ class Client:
     # -- reads and control ------------------------------------------------------------------
 
     def get(self, task_id: str) -> TaskInfo:
+        """``GET /v1/tasks/{id}``: the task with its payload, result and attempts."""
         reply = self._send("GET", f"/v1/tasks/{task_id}")
         return decoded_info(self.codec, TaskInfo.from_json(reply))
 
@@ -286,6 +294,7 @@ class Client:
                 return info
 
     def cancel(self, task_id: str) -> str:
+        """Cancel a task (``NotFound`` if there is none); returns its status after the request."""
         return str(self._send("POST", f"/v1/tasks/{task_id}/cancel")["status"])
 
     def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
@@ -327,6 +336,7 @@ class Client:
         limit: int = 100,
         cursor: str | None = None,
     ) -> TaskPage:
+        """One page of the tenant's tasks, newest first, filtered; pass ``next_cursor`` on."""
         params = query(
             status=status,
             queue=queue,
@@ -380,6 +390,7 @@ class Client:
         return OperationInfo.from_json(reply)
 
     def operation(self, operation_id: str) -> OperationInfo:
+        """A bulk operation (``retry_where``, ``cancel_where``) and its progress."""
         path = f"/v1/operations/{quote(operation_id, safe='')}"
         return OperationInfo.from_json(self._send("GET", path))
 
@@ -398,6 +409,7 @@ class Client:
         return ScheduleInfo.from_json(self._send("POST", "/v1/schedules", body=body))
 
     def schedules(self) -> ScheduleList:
+        """The tenant's schedules."""
         reply = self._send("GET", "/v1/schedules")
         return [ScheduleInfo.from_json(s) for s in reply.get("schedules", [])]
 
@@ -444,9 +456,11 @@ class Client:
         return dict(self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
     def webhooks(self) -> tuple[dict[str, Any], ...]:
+        """The tenant's webhooks (their secrets are shown only when created)."""
         return tuple((self._send("GET", "/v1/webhooks"))["webhooks"])
 
     def delete_webhook(self, webhook_id: str) -> None:
+        """Delete a webhook; its pending deliveries are not made."""
         self._send("DELETE", f"/v1/webhooks/{quote(webhook_id, safe='')}")
 
     def webhook_deliveries(

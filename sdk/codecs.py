@@ -46,6 +46,24 @@ from conveyor.errors import ContractError
 from conveyor.schemas.envelope import ENVELOPE_KEY, ENVELOPE_VERSION, is_envelope
 from conveyor.wire import TaskInfo
 
+__all__ = [
+    "Chain",
+    "CodecError",
+    "Compression",
+    "Encryption",
+    "KeyProvider",
+    "Keys",
+    "Payload",
+    "PayloadCodec",
+    "decode_tree",
+    "decode_value",
+    "decode_values",
+    "describe",
+    "encode_value",
+    "encode_values",
+    "load_codec",
+]
+
 COMPRESS_BYTES_MIN = 1024  # smaller payloads rarely shrink enough to pay for the envelope
 DECODED_BYTES_MAX = 64 * 1024 * 1024  # a decompressed payload larger than this is refused
 DATA_KEY_BYTES = 32  # AES-256 per payload
@@ -76,9 +94,13 @@ class PayloadCodec(Protocol):
     payloads whose last ``encoding`` is its name, remove that name, and pass the others on
     untouched. Both take and return lists in the same order, so a codec can batch."""
 
-    def encode(self, payloads: Sequence[Payload]) -> list[Payload]: ...
+    def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """The payloads encoded, in order."""
+        ...
 
-    def decode(self, payloads: Sequence[Payload]) -> list[Payload]: ...
+    def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """The payloads with this codec's encoding undone, in order."""
+        ...
 
 
 class Chain:
@@ -94,12 +116,14 @@ class Chain:
         self.codecs = codecs
 
     def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """Each codec's ``encode`` in the order given."""
         out = list(payloads)
         for codec in self.codecs:
             out = codec.encode(out)
         return out
 
     def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """Each codec's ``decode``, last first."""
         out = list(payloads)
         for codec in reversed(self.codecs):
             out = codec.decode(out)
@@ -116,6 +140,7 @@ class Compression:
         self.level = level
 
     def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """Compressed where a payload is at least the threshold and shrinks."""
         return [self._encode(p) for p in payloads]
 
     def _encode(self, payload: Payload) -> Payload:
@@ -129,6 +154,7 @@ class Compression:
         )
 
     def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """Decompressed where "zlib" is the last encoding; others pass."""
         return [self._decode(p) if _last(p) == self.name else p for p in payloads]
 
     def _decode(self, payload: Payload) -> Payload:
@@ -180,12 +206,15 @@ class Keys:
         self._current = current
 
     def current(self) -> tuple[str, bytes]:
+        """The current key's id and bytes."""
         return self._current, self._keys[self._current]
 
     def get(self, key_id: str) -> bytes | None:
+        """The key of ``key_id``, or None."""
         return self._keys.get(key_id)
 
     def ids(self) -> Iterable[str]:
+        """The ids of the keys, sorted."""
         return sorted(self._keys)
 
 
@@ -208,6 +237,7 @@ class Encryption:
         self._keywrap = keywrap
 
     def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """Each payload sealed under a fresh data key, wrapped by the current key."""
         key_id, kek = self._keys.current()
         return [self._encode(p, key_id, kek) for p in payloads]
 
@@ -224,6 +254,7 @@ class Encryption:
         )
 
     def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        """Opened where "aes-gcm" is the last encoding (under the key its id names)."""
         return [self._decode(p) if _last(p) == self.name else p for p in payloads]
 
     def _decode(self, payload: Payload) -> Payload:
@@ -296,6 +327,7 @@ _MARK = json.dumps(ENVELOPE_KEY).encode()
 
 
 def encode_value(codec: PayloadCodec | None, value: Any) -> Any:
+    """One value as ``encode_values`` stores it."""
     return encode_values(codec, [value])[0] if codec is not None else value
 
 
@@ -323,6 +355,7 @@ def decode_values(codec: PayloadCodec | None, values: Sequence[Any]) -> list[Any
 
 
 def decode_value(codec: PayloadCodec | None, value: Any) -> Any:
+    """One value as ``decode_values`` reads it."""
     return decode_values(codec, [value])[0] if codec is not None else value
 
 

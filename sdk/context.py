@@ -109,6 +109,7 @@ class Context:
         return self._cancel.is_set()
 
     def raise_if_cancelled(self) -> None:
+        """Raise ``Cancelled`` (a BaseException) once a cancel has come; a no-op before."""
         if self._cancel.is_set():
             raise Cancelled(f"task {self.task_id} attempt {self.attempt} was cancelled")
 

@@ -21,6 +21,7 @@ class ConveyorError(Exception):
     http_status = 500
 
     def to_json(self) -> dict[str, Any]:
+        """The error as the API sends it: ``{"error": {"code", "message"}}``."""
         return {"error": {"code": self.code, "message": str(self)}}
 
 
@@ -35,6 +36,7 @@ class ContractError(ConveyorError):
         self.field = field
 
     def to_json(self) -> dict[str, Any]:
+        """``ConveyorError.to_json`` with the field at fault, when there is one."""
         body = super().to_json()
         if self.field is not None:
             body["error"]["field"] = self.field
@@ -42,11 +44,15 @@ class ContractError(ConveyorError):
 
 
 class NotFound(ContractError):
+    """The named task, schedule, webhook or workflow does not exist (for this tenant)."""
+
     code = "not_found"
     http_status = 404
 
 
 class Unauthorized(ContractError):
+    """The request carried no API key, or one the node does not know."""
+
     code = "unauthorized"
     http_status = 401
 
@@ -60,6 +66,8 @@ class Forbidden(ContractError):
 
 
 class Conflict(ContractError):
+    """The request contradicts the current state (the task still runs, the id is taken)."""
+
     code = "conflict"
     http_status = 409
 

@@ -64,6 +64,8 @@ from conveyor.wire import (
     schedule_body,
 )
 
+__all__ = ["Engine", "EngineClient", "FakeClock"]
+
 T = TypeVar("T")
 
 LEASE_S = 10 * 365 * 86_400.0  # leases never lapse on a fake-time jump: no agent can die here
@@ -71,6 +73,10 @@ CALL_TIMEOUT_S = 60.0
 
 
 class Engine:
+    """The platform in this process on a fake clock: a real node and a host agent running
+    ``app``'s handlers in this process (see the module's docstring). ``codec`` (default: the
+    app's) encodes payloads on both sides, as ``conveyor.codecs`` describes."""
+
     def __init__(
         self,
         app: App,
@@ -167,16 +173,19 @@ class Engine:
 
     @property
     def node(self) -> Node:
+        """The engine's ``Node`` (to read its state in a test)."""
         assert self._node is not None, "the engine is not running: use `with Engine(app):`"
         return self._node
 
     @property
     def agent(self) -> HostAgent:
+        """The engine's host agent."""
         assert self._agent is not None, "the engine is not running: use `with Engine(app):`"
         return self._agent
 
     @property
     def known(self) -> dict[str, set[str]]:
+        """The task types the agent registered, by app."""
         assert self._api is not None, "the engine is not running: use `with Engine(app):`"
         return self._api.known
 
@@ -195,6 +204,7 @@ class Engine:
             self.run_until_idle()
 
     def now_ms(self) -> int:
+        """The fake clock's time, in epoch milliseconds."""
         return self.clock.now_ms()
 
     def run_until_idle(self, timeout: float | None = None) -> None:
@@ -300,6 +310,7 @@ class EngineClient:
         payload: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> TaskHandle[Any]:
+        """``Client.enqueue`` on the engine."""
         req = Enqueue(task, payload, **options)
         body = enqueue_body(req, self._engine.app.name)
         [body] = encode_bodies(self._engine.codec, [body], [task])
@@ -308,6 +319,7 @@ class EngineClient:
     def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
     ) -> list[TaskHandle[Any]]:
+        """``Client.enqueue_many`` on the engine."""
         app = self._engine.app.name
         reqs = items_of(items)
         bodies = [enqueue_body(it, app) for it in reqs]
@@ -315,6 +327,7 @@ class EngineClient:
         return self._enqueue_bodies(bodies, [decoder_of(it.task) for it in reqs])
 
     def get(self, task_id: str) -> TaskInfo:
+        """``Client.get`` on the engine."""
         engine = self._engine
 
         async def go() -> TaskInfo:
@@ -342,6 +355,7 @@ class EngineClient:
         return info
 
     def cancel(self, task_id: str) -> str:
+        """``Client.cancel`` on the engine; a running handler learns it at once."""
         engine = self._engine
 
         async def go() -> str:
@@ -400,6 +414,7 @@ class EngineClient:
         limit: int = 100,
         cursor: str | None = None,
     ) -> TaskPage:
+        """``Client.list`` on the engine."""
         engine = self._engine
 
         async def go() -> list[TaskInfo]:
@@ -506,6 +521,7 @@ class EngineClient:
         return engine.call(go())
 
     def schedules(self) -> ScheduleList:
+        """``Client.schedules`` on the engine."""
         engine = self._engine
 
         async def go() -> list[ScheduleInfo]:
@@ -515,6 +531,7 @@ class EngineClient:
         return engine.call(go())
 
     def unschedule(self, schedule_id: str) -> None:
+        """``Client.unschedule`` on the engine."""
         engine = self._engine
 
         async def go() -> None:
@@ -524,6 +541,7 @@ class EngineClient:
         engine.call(go())
 
     def pause_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """``Client.pause_schedule`` on the engine."""
         return self._pause(schedule_id, paused=True)
 
     def resume_schedule(self, schedule_id: str) -> ScheduleInfo:

@@ -193,6 +193,7 @@ class ErrorInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> ErrorInfo | None:
+        """The error of a task or attempt as the API describes it; None for none."""
         if not data:
             return None
         return cls(
@@ -242,10 +243,12 @@ class TaskInfo:
 
     @property
     def finished(self) -> bool:
+        """True once the task is terminal (SUCCEEDED, FAILED, CANCELED, EXPIRED)."""
         return self.status in TERMINAL
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TaskInfo:
+        """A task from its ``GET /v1/tasks/{id}`` (or list) JSON."""
         attempts = [
             AttemptInfo(
                 attempt=int(a["attempt"]),
@@ -289,6 +292,7 @@ class TaskPage:
 
     @classmethod
     def from_json(cls, reply: Mapping[str, Any]) -> TaskPage:
+        """A page of ``GET /v1/tasks``."""
         tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
         return cls(
             tasks=tasks,

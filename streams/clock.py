@@ -42,12 +42,15 @@ class FakeClock:
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def now_ms(self) -> int:
+        """Wall-clock milliseconds: the start plus every ``advance``."""
         return int(self._now)
 
     def monotonic_ms(self) -> float:
+        """The same instant on the monotonic axis (it moves only by ``advance``)."""
         return self._now
 
     async def sleep_ms(self, ms: float) -> None:
+        """Return once ``advance`` has moved the clock ``ms`` past now."""
         if ms <= 0:
             await asyncio.sleep(0)
             return
@@ -56,6 +59,7 @@ class FakeClock:
         await future
 
     def advance(self, ms: float) -> None:
+        """Move time forward by ``ms`` and wake every sleeper whose deadline passed."""
         self._now += ms
         keep = []
         for deadline, future in self._sleepers:
