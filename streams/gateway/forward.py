@@ -49,13 +49,18 @@ The rules:
    partition (``registry/catalog.py``): its processor applies the record on the live
    catalog and answers, and the types an agent's deploy removes are computed against that
    catalog, not against this node's mirror of it, which may be a few records behind.
-7. The other routes are served where they arrive: a listing and the queues read this node's
+7. The list of schedules (``GET /v1/schedules``) is gathered: schedules live in their
+   partitions' state, so each node answers for the partitions it leads (asked with
+   ``Conveyor-Forwarded``, it leaves out the rest: its copy of them may be stale) and the
+   node asked merges the answers by id. A partition that no node leads now makes it a 503
+   (``retry_after_ms``), never a list silently short of it.
+8. The other routes are served where they arrive: a listing and the queues read this node's
    query snapshot, which every node feeds from every partition of the events topic;
    ``GET /v1/events`` reads that topic, the same for every node; a poll and a signals wait
    are made to every node by the agent (``agents/cluster.py``); ``GET /worker/nodes`` is the
-   directory itself. Not cluster-wide yet: the list of schedules (the partitions led here)
-   and a bulk operation by filter, whose runner submits to this node's processors and so
-   pauses on a partition led elsewhere (``operations.py``).
+   directory itself. Not cluster-wide yet: a bulk operation by filter, whose runner submits
+   to this node's processors and so pauses on a partition led elsewhere (``operations.py``),
+   and the webhooks, each kept by the node it was registered with (``webhooks/store.py``).
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ _ITEMS = {
 _LISTED = {"/v1/tasks:retry": ("task_ids", "retried")}
 _KEYED = frozenset({"/v1/tasks", "/v1/workflows"})  # POST: one task, routed by its key
 REGISTER_PATH = "/worker/register"
+GATHERED = "/v1/schedules"  # GET: every node's part, merged by id (rule 7)
 _PASSED_BACK = ("Content-Type", "Retry-After")
 
 
@@ -216,6 +222,8 @@ async def middleware(
         return await handler(request)
     if request.method == "POST" and (request.path in _ITEMS or request.path in _LISTED):
         return await _items(fw, request, handler)
+    if request.method == "GET" and request.path == GATHERED:
+        return await _gathered(fw, request, handler)
     p = _of_path(fw, request)
     if request.method == "POST" and request.path == REGISTER_PATH:
         p = registry_partition(request[routes.TENANT], fw.node.partitions)  # rule 6
@@ -292,6 +300,38 @@ def _joined(items: list[Any], replies: Sequence[_Reply], reply_name: str) -> web
         joined += json.loads(reply.body).get(reply_name, [])
     joined.sort(key=lambda entry: order.get(entry.get("task_id"), len(items)))
     return routes.reply({reply_name: joined})
+
+
+async def _gathered(
+    fw: Forwarder,
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Rule 7: the schedules of the partitions led here, and those of every other owner."""
+    own = await handler(request)
+    if own.status != 200 or not isinstance(own, web.Response) or own.text is None:
+        return own
+    tenant = request[routes.TENANT]
+    partitions = range(fw.node.partitions)
+
+    def led_here(row: dict[str, Any]) -> bool:
+        return fw.here(partition_for_schedule(tenant, row["schedule_id"], fw.node.partitions))
+
+    rows = {r["schedule_id"]: r for r in json.loads(own.text)["schedules"] if led_here(r)}
+    if FORWARDED in request.headers:
+        return routes.reply({"schedules": list(rows.values())})
+    unled = [p for p in partitions if not fw.here(p) and fw.owner(p) is None]
+    if unled:
+        return _response(_unavailable(f"partition {unled[0]} has no leader now; try again"))
+    urls = sorted({url for p in partitions if (url := fw.owner(p)) is not None})
+    replies = await asyncio.gather(
+        *(_send(fw, request, [], b"", FORWARD_TIMEOUT_S, url) for url in urls)
+    )
+    for reply in replies:
+        if reply.status != 200:
+            return _response(reply)
+        rows.update((r["schedule_id"], r) for r in json.loads(reply.body)["schedules"])
+    return routes.reply({"schedules": [rows[k] for k in sorted(rows)]})
 
 
 def _not_owner(p: int | None) -> web.Response:

@@ -19,7 +19,7 @@ from conveyor.streams.gateway.forward import FORWARDED, NOT_OWNER, forwarder
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.node import Node
 from conveyor.streams.registry.catalog import registry_partition
-from conveyor.streams.routing import partition_for_key, partition_of
+from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
 
 KEY = "key-alpha-0123456789"
 TENANT = "alpha"
@@ -269,5 +269,25 @@ def test_a_registration_goes_to_the_leader_of_the_tenants_registry_partition() -
             assert status == 503 and "cannot be reached" in reply["error"]["message"], reply
             status, created = await post(a, "/v1/tasks", {**task(None), "task_type": "x"})
             assert status == 400 and created["error"]["code"] == "unknown_task_type", created
+
+    run(main())
+
+
+def test_the_list_of_schedules_gathers_every_owners_part_once() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, directory, _):
+            ids = [f"s{i}" for i in range(12)]
+            assert {partition_for_schedule(TENANT, s, 2) for s in ids} == {0, 1}
+            for s in ids:
+                body = {"schedule_id": s, "cron": "0 0 1 1 *", "task": task(None)}
+                status, reply = await post(a, "/v1/schedules", body)
+                assert status == 201, reply
+            for via in (a, b):
+                status, listed, _ = await request("GET", via, "/v1/schedules")
+                assert status == 200, listed
+                assert [r["schedule_id"] for r in listed["schedules"]] == sorted(ids)
+            directory.urls[1] = None  # nobody leads 1 now: no list short of its schedules
+            status, listed, headers = await request("GET", a, "/v1/schedules")
+            assert status == 503 and "Retry-After" in headers, listed
 
     run(main())
