@@ -215,3 +215,27 @@ def test_workflow_page_draws_its_steps_and_children_on_a_time_axis(page: Any, de
     }
     assert x[run["identity"]] <= x[fan["identity"]] <= min(x[c["task_id"]] for c in children)
     assert page.locator("svg.waterfall g.open").count() == 0  # everything ended
+
+
+def test_task_page_and_list_follow_the_events_stream(page: Any, dev: Dev) -> None:
+    streams: list[Any] = []
+    page.on("request", lambda r: streams.append(r) if "/v1/events" in r.url else None)
+    queue = queue_name()
+    task_id = dev.enqueue("double", {"n": 5}, queue=queue, delay_ms=2_500)
+    open_dashboard(page, dev, f"#/task/{task_id}")
+    page.wait_for_selector(".title-row .badge:has-text('ENQUEUED')")
+    # The page never polls the task: only an event of it can repaint it.
+    page.wait_for_selector(".title-row .badge:has-text('SUCCEEDED')", timeout=30_000)
+    assert page.locator(".card.result pre").inner_text().replace(" ", "").find('"twice":10') >= 0
+    assert streams, "the page opened no events stream"
+    for request in streams:  # the key travels in the header, never in the URL
+        assert request.headers.get("authorization") == f"Bearer {dev.key}"
+        assert dev.key not in request.url and "text/event-stream" in request.headers["accept"]
+
+    page.goto(f"{dev.base}/ui/#/tasks?queue={queue}")
+    page.locator(f"tr[data-task-id='{task_id}']").wait_for()
+    later = dev.enqueue("double", {"n": 6}, queue=queue)  # no click: the list follows events
+    page.locator(f"tr[data-task-id='{later}']").wait_for(timeout=30_000)
+    page.locator(f"tr[data-task-id='{later}'] .badge:has-text('SUCCEEDED')").wait_for(
+        timeout=30_000
+    )

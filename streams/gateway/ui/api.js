@@ -74,6 +74,54 @@ export async function api(method, path, { query, body } = {}) {
   );
 }
 
+const RECONNECT_MS = 1000;
+
+/** The tenant's events (GET /v1/events as Server-Sent Events), read with fetch so the key goes
+ * in the Authorization header like on every call: an EventSource cannot send a header, and a
+ * key in the URL would land in access logs and the browser's history. `onOpen()` runs each
+ * time a connection opens (a view reads what it shows then: nothing between its first read and
+ * the stream's start is missed); `onEvent(event)` for each event. A dropped connection resumes
+ * after the last event seen (`after=<its id>`), a second later. Returns `stop()`. */
+export function streamEvents(query, { onOpen, onEvent }) {
+  const control = new AbortController();
+  let after = "";
+  const frame = (text) => {
+    let data = null;
+    for (const line of text.split("\n")) {
+      if (line.startsWith("id: ")) after = line.slice(4);
+      else if (line.startsWith("data: ")) data = line.slice(6);
+    }
+    if (data !== null) onEvent(JSON.parse(data));
+  };
+  const connect = async () => {
+    const reply = await fetch(url("/v1/events", { ...query, after }), {
+      headers: { Authorization: `Bearer ${getKey() || ""}`, Accept: "text/event-stream" },
+      signal: control.signal,
+    });
+    if (!reply.ok || !reply.body) return reply.status !== 401; // 401: the next call asks
+    onOpen();
+    const reader = reply.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return true;
+      buffer += value;
+      for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
+        frame(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  };
+  (async () => {
+    while (!control.signal.aborted) {
+      const again = await connect().catch(() => true);
+      if (!again || control.signal.aborted) return;
+      await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS));
+    }
+  })();
+  return () => control.abort();
+}
+
 let openapi = null;
 
 /** Whether the node's OpenAPI document lists a path (feature detection, e.g. workflows). */

@@ -1,9 +1,12 @@
 // The dashboard shell: asks for the API key once, then routes "#/<view>/<arg>?<query>" to a
-// view. A view is `async (main, {arg, query, nav, flash, live}) => void`; it renders into
-// `main` and may register refreshers with `live(fn, ms)` (stopped on the next navigation, or by
-// calling the function it returns).
+// view. A view is `async (main, {arg, query, nav, flash, live, events}) => void`; it renders into
+// `main` and may register refreshers with `live(fn, ms)` and event streams with
+// `events(filter, {onOpen, onEvent})` (api.js streamEvents), both stopped on the next
+// navigation, or by calling the function they return.
 
-import { api, ApiError, forgetKey, getKey, setKey, takeKeyFromUrl } from "./api.js";
+import {
+  api, ApiError, forgetKey, getKey, setKey, streamEvents, takeKeyFromUrl,
+} from "./api.js";
 import { field, h, mount } from "./dom.js";
 import { renderAgents } from "./views/agents.js";
 import { renderQueues } from "./views/queues.js";
@@ -25,6 +28,7 @@ const VIEWS = {
 
 const main = document.getElementById("main");
 let timers = [];
+let streams = []; // stops of the view's event streams (`events`), called on navigation
 let generation = 0;
 
 function parseHash() {
@@ -59,6 +63,8 @@ export function flash(message, kind = "info", link = null) {
 function stopTimers() {
   for (const id of timers) clearInterval(id);
   timers = [];
+  for (const stop of streams) stop();
+  streams = [];
 }
 
 async function route() {
@@ -78,10 +84,16 @@ async function route() {
     timers.push(id);
     return () => clearInterval(id);
   };
+  const events = (filter, handlers) => {
+    if (mine !== generation) return () => {};
+    const stop = streamEvents(filter, handlers);
+    streams.push(stop);
+    return stop;
+  };
   const target = h("div", { class: "view", "data-view": view });
   mount(main, target);
   try {
-    await VIEWS[view](target, { arg, query, nav, flash, live });
+    await VIEWS[view](target, { arg, query, nav, flash, live, events });
   } catch (err) {
     if (mine !== generation) return;
     if (err instanceof ApiError && err.status === 401) return renderLogin(err.message);

@@ -1,13 +1,12 @@
 // One task: its state, the attempt timeline (worker, timings, error, stack, captured log),
-// payload, result and checkpoint, with cancel and retry. Refreshes itself until terminal.
+// payload, result and checkpoint, with cancel, retry and re-run. Repaints on each of its
+// events (the events stream) until it is terminal.
 
 import { api, hasPath } from "../api.js";
 import { codecSettings, isEncoded, valueBlock } from "../codec.js";
 import {
   badge, fmtDuration, fmtTime, h, mount, s, table, taskLink, TERMINAL,
 } from "../dom.js";
-
-const REFRESH_MS = 2000;
 
 function facts(task, workflows) {
   const items = [
@@ -186,9 +185,15 @@ export async function renderTask(main, ctx) {
   }
   const task = await reload();
   if (!TERMINAL.has(task.status)) {
-    const stop = ctx.live(async () => {
-      const now = await reload().catch(() => null);
-      if (now && TERMINAL.has(now.status)) stop();
-    }, REFRESH_MS);
+    // Live from the events stream (its type and queue; this task's events repaint it), not by
+    // polling: every change of a task is an event.
+    const stop = ctx.events({ task_type: task.task_type, queue: task.queue }, {
+      onOpen: () => reload().catch(() => null),
+      onEvent: async (event) => {
+        if (event.task_id !== task.task_id) return;
+        const now = await reload().catch(() => null);
+        if (now && TERMINAL.has(now.status)) stop();
+      },
+    });
   }
 }

@@ -1,5 +1,6 @@
 // The tasks list (every filter of GET /v1/tasks, keyset pages) and the dead-letter view
-// (FAILED tasks, bulk retry). Filters live in the URL, so a filtered view can be shared.
+// (FAILED tasks, bulk retry). Filters live in the URL, so a filtered view can be shared. The
+// list's first page updates itself from the events stream.
 
 import { api } from "../api.js";
 import {
@@ -19,6 +20,7 @@ const RANGE_FILTERS = [
   ["finished_to_ms", "Finished to"],
 ];
 const PAGE_SIZE = 50;
+const LIVE_DEBOUNCE_MS = 500;
 
 // Cursors of the pages before the current one, per filter: "Previous page" pops one.
 const history = new Map();
@@ -130,7 +132,7 @@ function bulkCancel(query, { nav, flash, progress }) {
   return button;
 }
 
-export async function renderTasks(main, { query, nav, flash }) {
+export async function renderTasks(main, { query, nav, flash, events }) {
   const results = h("div", { class: "results" });
   const progress = h("div", { class: "progress", role: "status" });
   mount(main,
@@ -143,7 +145,22 @@ export async function renderTasks(main, { query, nav, flash }) {
       progress,
       bulkCancel(query, { nav, flash, progress })),
     results);
-  await page(results, query, { nav, view: "tasks", selectable: false, fixed: {} });
+  const show = () => page(results, query, { nav, view: "tasks", selectable: false, fixed: {} });
+  await show();
+  if (!query.cursor) live(events, show, query);
+}
+
+/** The first page follows the events stream: an event of a task its queue and type filters
+ * may show re-reads it, at most once per `LIVE_DEBOUNCE_MS` (later pages stay put). */
+function live(events, show, query) {
+  let pending = null;
+  const soon = () => {
+    pending = pending || setTimeout(() => {
+      pending = null;
+      show().catch(() => null);
+    }, LIVE_DEBOUNCE_MS);
+  };
+  events({ queue: query.queue, task_type: query.task_type }, { onOpen: soon, onEvent: soon });
 }
 
 /** The URL's filters as the JSON filter of the bulk operations. */

@@ -264,7 +264,7 @@ function eventForm(wf, { flash, redraw }) {
     form);
 }
 
-export async function renderWorkflow(main, { arg, live, flash }) {
+export async function renderWorkflow(main, { arg, live, flash, events }) {
   if (!(await hasPath("/v1/workflows/"))) {
     mount(main, h("h1", {}, "Workflow"),
       h("p", { class: "notice missing-endpoint" }, "This node has no workflow endpoint " +
@@ -273,10 +273,13 @@ export async function renderWorkflow(main, { arg, live, flash }) {
     return;
   }
   let shown = "";
+  let watched = new Set([arg]); // the workflow and its listed children: their events repaint
   const draw = async () => {
     const path = `/v1/workflows/${encodeURIComponent(arg)}`;
     const [reply, values] = await Promise.all([api("GET", path), stepValues(arg)]);
     const wf = reply.workflow;
+    watched = new Set([wf.task_id, ...reply.parallel.flatMap((p) => p.children.map((c) =>
+      c.task_id))]);
     // Repaint only on a change, so open <details> stay open between refreshes.
     const key = JSON.stringify([reply, [...values]]);
     if (key === shown) return wf;
@@ -312,9 +315,19 @@ export async function renderWorkflow(main, { arg, live, flash }) {
   };
   const wf = await draw();
   if (!TERMINAL.has(wf.status)) {
-    const stop = live(async () => {
+    // Status changes of the workflow and its children come from the events stream; step
+    // commits are no task events, so the poll stays for those.
+    const refresh = async () => {
       const now = await draw().catch(() => null);
-      if (now && TERMINAL.has(now.status)) stop();
-    }, REFRESH_MS);
+      if (now && TERMINAL.has(now.status)) {
+        stopPoll();
+        stopEvents();
+      }
+    };
+    const stopPoll = live(refresh, REFRESH_MS);
+    const stopEvents = events({}, {
+      onOpen: () => null,
+      onEvent: (event) => (watched.has(event.task_id) ? refresh() : null),
+    });
   }
 }
