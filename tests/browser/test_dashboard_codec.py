@@ -107,6 +107,24 @@ def test_an_encoded_payload_shows_encoded_until_a_codec_endpoint_decodes_it(
     assert '"n": 2' in payload_text(page) and page.query_selector(".codec-settings") is None
 
 
+def test_envelopes_inside_a_value_are_shown_in_place_and_decoded_together(
+    page: Any, dev: Dev, codec_server: str
+) -> None:
+    """A value holding envelopes (a parallel step's results, an object of encoded parts)."""
+    parts = [encode_value(CODEC, {"card": SECRET}), encode_value(CODEC, "second-part")]
+    task_id = dev.enqueue("double", {"parts": parts, "plain": 7}, delay_ms=3_600_000)
+    open_dashboard(page, dev, f"#/task/{task_id}")
+    page.wait_for_selector(".card.payload .notice.encoded")
+    text = payload_text(page)
+    assert '"plain": 7' in text and text.count('"encoded (conveyor/v1, aes-gcm)"') == 2
+    assert SECRET not in page.content()
+    page.fill("#codec-endpoint", codec_server)
+    page.click("#codec-save")
+    page.wait_for_selector(".card.payload .notice.decoded")
+    text = payload_text(page)
+    assert SECRET in text and "second-part" in text and '"plain": 7' in text
+
+
 def test_an_endpoint_that_does_not_answer_is_reported(page: Any, dev: Dev) -> None:
     task_id = encoded_task(dev)
     open_dashboard(page, dev, f"#/task/{task_id}")

@@ -64,18 +64,49 @@ async function decode(values) {
   return body.payloads;
 }
 
-/** A payload, result or checkpoint: its JSON; an encoded one as the codec endpoint decodes
- * it, or as "encoded (...)" when there is no endpoint (or it refused). */
+/** The envelopes in `value`, however deep (a parallel step's results are each encoded). */
+function envelopes(value, found = []) {
+  if (isEncoded(value)) found.push(value);
+  else if (Array.isArray(value)) value.forEach((item) => envelopes(item, found));
+  else if (value !== null && typeof value === "object") {
+    Object.values(value).forEach((item) => envelopes(item, found));
+  }
+  return found;
+}
+
+/** `value` with each envelope replaced by what `swap` gives for it. */
+function replaced(value, swap) {
+  if (isEncoded(value)) return swap(value);
+  if (Array.isArray(value)) return value.map((item) => replaced(item, swap));
+  if (value !== null && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, replaced(v, swap)]));
+  }
+  return value;
+}
+
+export function hasEncoded(value) {
+  return envelopes(value).length > 0;
+}
+
+/** A payload, result, checkpoint or step value: its JSON. Envelopes in it show as
+ * "encoded (...)", or as what the codec endpoint decodes them to when one is set. */
 export function valueBlock(value) {
-  if (!isEncoded(value)) return jsonBlock(value);
-  const label = describeEncoded(value);
-  const box = h("div", { class: "encoded-value" }, h("p", { class: "notice encoded" }, label));
+  const sealed = envelopes(value);
+  if (!sealed.length) return jsonBlock(value);
+  const label = [...new Set(sealed.map(describeEncoded))].join(", ");
+  const shown = isEncoded(value) ? null : jsonBlock(replaced(value, describeEncoded));
+  const box = h("div", { class: "encoded-value" }, h("p", { class: "notice encoded" }, label),
+    shown);
   if (!codecEndpoint()) return box;
   box.append(h("p", { class: "muted" }, `decoding at ${codecEndpoint()}…`));
-  decode([value]).then(
-    ([plain]) => mount(box, h("p", { class: "notice decoded" },
-      `decoded by ${codecEndpoint()} (stored ${label})`), jsonBlock(plain)),
-    (err) => mount(box, h("p", { class: "notice encoded" }, label),
+  decode(sealed).then(
+    (plain) => {
+      const by = new Map(sealed.map((envelope, i) => [envelope, plain[i]]));
+      const note = `decoded by ${codecEndpoint()} (stored ${label})`;
+      mount(box, h("p", { class: "notice decoded" }, note),
+        jsonBlock(replaced(value, (envelope) => by.get(envelope))));
+    },
+    (err) => mount(box, h("p", { class: "notice encoded" }, label), shown,
       h("p", { class: "error codec-error" }, err.message)),
   );
   return box;

@@ -3,7 +3,7 @@
 // events (the events stream) until it is terminal.
 
 import { api, hasPath } from "../api.js";
-import { codecSettings, isEncoded, valueBlock } from "../codec.js";
+import { codecSettings, hasEncoded, valueBlock } from "../codec.js";
 import {
   badge, fmtDuration, fmtTime, h, mount, s, table, taskLink, TERMINAL,
 } from "../dom.js";
@@ -174,7 +174,7 @@ export async function renderTask(main, ctx) {
             valueBlock(task.checkpoint))
           : null),
       // Encoded values (conveyor.codecs): where to have them decoded.
-      [task.payload, task.result, task.checkpoint].some(isEncoded)
+      [task.payload, task.result, task.checkpoint].some(hasEncoded)
         ? codecSettings(() => paint(shown)) : null);
   };
   async function reload() {

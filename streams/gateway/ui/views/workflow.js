@@ -12,8 +12,9 @@
 //                                "finished_ms"}], "children_truncated"}]}
 
 import { api, hasPath } from "../api.js";
+import { valueBlock } from "../codec.js";
 import {
-  badge, field, fmtDuration, fmtTime, fromLocalInput, h, jsonBlock, mount, s, STATUSES, table,
+  badge, field, fmtDuration, fmtTime, fromLocalInput, h, mount, s, STATUSES, table,
   taskLink, TERMINAL, toLocalInput,
 } from "../dom.js";
 
@@ -139,7 +140,7 @@ function stepsTable(steps, values) {
     h("td", { class: "num" }, step.claims),
     h("td", {}, step.wake_at_ms ? fmtTime(step.wake_at_ms) : "—"),
     h("td", {}, values.has(step.identity)
-      ? h("details", {}, h("summary", {}, "value"), jsonBlock(values.get(step.identity)))
+      ? h("details", {}, h("summary", {}, "value"), valueBlock(values.get(step.identity)))
       : h("span", { class: "muted" }, "—"))));
   return table(["#", "Step", "Kind", "State", "Claims", "Wakes", "Value"], rows,
     { class: "steps" });
