@@ -42,11 +42,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from conveyor import logs
+from conveyor import logs, tracing
 from conveyor.agents.frames import BlockingFrames, FrameError
 from conveyor.agents.runner import load_app, run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult
-from conveyor.app import App
+from conveyor.app import App, TaskType
 from conveyor.context import Context
 from conveyor.loops import Flight, Lane, share_one_loop
 from conveyor.process import tune_malloc
@@ -302,7 +302,7 @@ class Guest:
         if not self.inbox.begin(ctx, channel):
             self._done(ctx, NEVER_STARTED, [start, start])
             return True
-        flight = self.lane.submit(run_async(task, ctx, frame.get("payload")))
+        flight = self.lane.submit(self._traced(task, ctx, frame))
         self.inbox.flying(ctx.task_id, flight)
 
         def landed(future: concurrent.futures.Future[AttemptResult]) -> None:
@@ -312,6 +312,24 @@ class Guest:
         # On the lane's thread; at once if it already ended (after ``flying``: ``end`` forgets).
         flight.future.add_done_callback(landed)
         return True
+
+    async def _traced(
+        self, task: TaskType[Any, Any], ctx: Context, frame: dict[str, Any]
+    ) -> AttemptResult:
+        """A concurrent attempt in its span (``conveyor.tracing``), in its own coroutine."""
+        with self._span(ctx, frame) as span:
+            result = await run_async(task, ctx, frame.get("payload"))
+            tracing.ended(span, result.outcome, result.error_class, result.error_message)
+            return result
+
+    def _span(self, ctx: Context, frame: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        return tracing.attempt_span(
+            ctx.task_type,
+            task_id=ctx.task_id,
+            attempt=ctx.attempt,
+            app=self.app.name,
+            carrier=frame.get("trace_context"),
+        )
 
     def _attempt(self, frame: dict[str, Any]) -> tuple[Context, GuestChannel]:
         task_id = str(frame["task_id"])
@@ -337,13 +355,15 @@ class Guest:
         start_it = self.inbox.begin(ctx, channel)
         task = self.app.tasks.get(ctx.task_type)
         start = self._log_end
-        with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
-            if not start_it:
-                result = NEVER_STARTED
-            elif task is None:
-                result = unknown_type(self.app, ctx.task_type)
-            else:
-                result = run_sync(task, ctx, frame.get("payload"))
+        with self._span(ctx, frame) as span:
+            with _cpu_budget(frame.get("cpu_s"), bool(frame.get("cpu_hard"))):
+                if not start_it:
+                    result = NEVER_STARTED
+                elif task is None:
+                    result = unknown_type(self.app, ctx.task_type)
+                else:
+                    result = run_sync(task, ctx, frame.get("payload"))
+            tracing.ended(span, result.outcome, result.error_class, result.error_message)
         self._log_end = _log_size()
         return self._done(ctx, result, [start, self._log_end])
 

@@ -376,6 +376,7 @@ class HostAgent:
             started_ms=offer.started_ms,
             run_key=offer.run_key,
             compensating=offer.compensating,
+            trace_context=offer.trace_context,
         )
         try:
             async with self._guests:

@@ -346,6 +346,7 @@ class GuestSandbox:
             "cpu_s": self.pool.cpu_s,
             "cpu_hard": self.pool.fresh_process,
             "concurrent": self.concurrency > 1,
+            "trace_context": job.trace_context,
         }
 
     def on_frame(self, frame: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ class Job:
     started_ms: int = 0  # when the lease was granted (platform time)
     run_key: str | None = None
     compensating: bool = False  # a canceled workflow's attempt: run its compensations
+    trace_context: dict[str, str] | None = None  # the enqueue's, for the attempt's span
 
 
 @frozen(kw_only=True)

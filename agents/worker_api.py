@@ -58,6 +58,7 @@ class LeaseOffer:
     started_ms: int = 0
     run_key: str | None = None
     compensating: bool = False  # a canceled workflow's attempt: run its compensations
+    trace_context: dict[str, str] | None = None  # the enqueue's W3C trace context, if any
 
 
 @frozen(kw_only=True)
@@ -208,7 +209,15 @@ def offer_from_json(data: dict[str, Any]) -> LeaseOffer:
         started_ms=int(data.get("started_ms") or 0),
         run_key=data.get("run_key"),
         compensating=bool(data.get("compensating")),
+        trace_context=trace_context_of(data.get("trace_context")),
     )
+
+
+def trace_context_of(raw: Any) -> dict[str, str] | None:
+    """The lease's trace context, if it is an object of strings (tracing is best effort)."""
+    if not isinstance(raw, dict):
+        return None
+    return {str(k): v for k, v in raw.items() if isinstance(v, str)}
 
 
 def offers_from_json(reply: dict[str, Any]) -> list[LeaseOffer]:

@@ -48,6 +48,9 @@ class TaskSpec:
     run_key: str | None = None  # set by a dead-letter retry: the retried task's run key
     resume: str = "latest"  # RESUME_LATEST | RESUME_PINNED (TaskSpec v2: codec.SpecCodec)
     delay_ms: int | None = None  # as the client asked (run_at_ms = now + it); TaskSpec v3
+    # The enqueue's W3C trace context, JSON ({"traceparent": ...}); TaskSpec v4. Kept in the
+    # ``traces`` table and handed to every lease of the task (``conveyor.tracing``).
+    trace_context: str | None = None
 
 
 @frozen(kw_only=True)

@@ -19,6 +19,7 @@ from conveyor.agents.worker_api import (
     ItemResult,
     LeaseOffer,
     StepItem,
+    trace_context_of,
 )
 from conveyor.errors import ContractError
 from conveyor.schemas import codec
@@ -127,6 +128,8 @@ def spec_from_body(
         extra["cancel_grace_ms"] = body["cancel_grace_ms"]
     if "resume" in body:
         extra["resume"] = str(body["resume"])
+    if body.get("trace_context") is not None:
+        extra["trace_context"] = json.dumps(body["trace_context"], separators=(",", ":"))
     return TaskSpec(
         task_id=mint_task_id(partition_for_key(tenant, key, partitions)),
         tenant=tenant,
@@ -275,6 +278,9 @@ class NodeWorkerAPI:
                     started_ms=lease.started_ms,
                     run_key=lease.run_key,
                     compensating=lease.compensating,
+                    trace_context=trace_context_of(
+                        None if lease.trace_context is None else json.loads(lease.trace_context)
+                    ),
                 )
             )
         return offers

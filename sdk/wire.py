@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
 
+from conveyor import tracing
 from conveyor.app import Retry, TaskOptions, TaskType, check_priority
 from conveyor.durations import Duration, to_ms, to_ms_or_none
 from conveyor.errors import (
@@ -122,6 +123,9 @@ def enqueue_body(req: Enqueue, default_app: str | None) -> dict[str, Any]:
         body["cancel_grace_ms"] = opts.cancel_grace_ms
     if opts is not None and opts.resume != "latest":
         body["resume"] = opts.resume
+    trace = tracing.current_context()  # the caller's span, for the attempts' spans
+    if trace is not None:
+        body["trace_context"] = trace
     return body
 
 

@@ -9,6 +9,8 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
     details      x task_id                                        TaskDetail (Avro), if any
     specs        s task_id                                        TaskSpec (Avro, as enqueued)
     payloads     p task_id                                        the spec's payload bytes
+    traces       z task_id                                        the spec's trace context
+                                                                  (JSON), if it has one
     attempts     a lp:task_id u32:attempt                         Attempt (Avro); attempts that
                                                                   did not end the task (the
                                                                   last one is in the task row)
@@ -51,6 +53,7 @@ HEADS = b"h"
 DETAILS = b"x"
 SPECS = b"s"
 PAYLOADS = b"p"
+TRACES = b"z"
 ATTEMPTS = b"a"
 IDEMPOTENCY = b"i"
 READY = b"r"
@@ -128,6 +131,10 @@ def spec(task_id: str) -> bytes:
 
 def payload(task_id: str) -> bytes:
     return PAYLOADS + task_id.encode()
+
+
+def trace(task_id: str) -> bytes:
+    return TRACES + task_id.encode()
 
 
 def attempt(task_id: str, n: int) -> bytes:

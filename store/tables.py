@@ -158,10 +158,19 @@ class Tables:
         raw = self._get(keys.spec(task_id))
         return None if raw is None else codec.TASK_SPEC.decode(raw)
 
-    def put_spec(self, task_id: str, raw: bytes, payload: bytes) -> None:
-        """The spec as enqueued, and its payload apart, so a lease reads it without decoding."""
+    def put_spec(
+        self, task_id: str, raw: bytes, payload: bytes, trace_context: str | None = None
+    ) -> None:
+        """The spec as enqueued, and its payload and trace context apart, so a lease reads
+        them without decoding it."""
         self._put(keys.spec(task_id), raw)
         self._put(keys.payload(task_id), payload)
+        if trace_context is not None:
+            self._put(keys.trace(task_id), trace_context.encode())
+
+    def trace_context(self, task_id: str) -> str | None:
+        raw = self._get(keys.trace(task_id))
+        return None if raw is None else raw.decode()
 
     def payload(self, task_id: str) -> bytes | None:
         return self._get(keys.payload(task_id))

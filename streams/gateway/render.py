@@ -167,6 +167,7 @@ def lease_json(lease: Lease, *, payload: Any, checkpoint: Any) -> dict[str, Any]
         "started_ms": lease.started_ms,
         "run_key": lease.run_key,
         "compensating": lease.compensating,
+        "trace_context": None if lease.trace_context is None else json.loads(lease.trace_context),
     }
 
 

@@ -59,6 +59,7 @@ _TASK_FIELDS = frozenset(
         "timeouts",
         "cancel_grace_ms",
         "resume",
+        "trace_context",
     }
 )
 _RETRY_FIELDS = frozenset(
@@ -104,6 +105,7 @@ class EnqueueRequest:
     schedule_to_close_ms: int | None = None
     cancel_grace_ms: int = _DEFAULT.cancel_grace_ms
     resume: str | None = None  # None: the task type's registered policy (registry rule 3)
+    trace_context: str | None = None  # compact JSON (``_trace_context``)
     sent: frozenset[str] = frozenset()  # the DEFAULTABLE options the request set itself
 
     def field(self, name: str) -> str:
@@ -148,8 +150,34 @@ def parse_task(body: Any, path: str = "") -> EnqueueRequest:
         start_to_close_ms=timeouts.opt_int("start_to_close_ms", 1, DURATION_MS_MAX),
         schedule_to_close_ms=timeouts.opt_int("schedule_to_close_ms", 1, DURATION_MS_MAX),
         resume=_resume(f),
+        trace_context=_trace_context(f.raw("trace_context"), f.at("trace_context")),
         sent=_sent(body),
     )
+
+
+TRACE_CONTEXT_BYTES_MAX = 2048  # of the trace context's compact JSON
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def _trace_context(value: Any, field: str) -> str | None:
+    """The enqueue's W3C trace context (``conveyor.tracing``), as compact JSON: an object of
+    strings with a ``traceparent``; None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise invalid(field, f"must be an object of strings, got {describe(value)}")
+    parent = value.get("traceparent")
+    if not isinstance(parent, str) or _TRACEPARENT.match(parent) is None:
+        raise invalid(
+            f"{field}.traceparent",
+            "must be a W3C traceparent, as 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>",
+        )
+    text = compact(value).decode()
+    if len(text.encode()) > TRACE_CONTEXT_BYTES_MAX:
+        raise invalid(field, f"is at most {TRACE_CONTEXT_BYTES_MAX} bytes of JSON")
+    return text
 
 
 def _sent(body: dict[str, Any]) -> frozenset[str]:
@@ -243,6 +271,7 @@ def to_spec(
         idempotency_key=req.idempotency_key,
         resume=req.resume or resume,
         delay_ms=req.delay_ms,
+        trace_context=req.trace_context,
     )
 
 

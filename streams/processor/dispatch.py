@@ -144,6 +144,7 @@ class Dispatcher:
             started_ms=task.leased_ms or 0,
             run_key=task.run_key or task.task_id,
             compensating=task.compensating,
+            trace_context=tables.trace_context(grant.task_id),
         )
 
     def clear(self) -> None:

@@ -65,6 +65,7 @@ class Lease:
     started_ms: int
     run_key: str
     compensating: bool = False  # a canceled workflow: run its compensations, then stop
+    trace_context: str | None = None  # the enqueue's W3C trace context (JSON), if any
 
 
 @dataclass(slots=True, kw_only=True)

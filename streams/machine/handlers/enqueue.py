@@ -116,7 +116,7 @@ def enqueue_spec(
             status=existing.status if existing else None,
         )
     task = _new_task(spec, meta)
-    tables.put_spec(spec.task_id, raw, spec.payload)
+    tables.put_spec(spec.task_id, raw, spec.payload, spec.trace_context)
     if spec.idempotency_key is not None:
         expires_ms = meta.ts_ms + spec.idempotency_window_ms
         tables.put_idempotency(
