@@ -6,8 +6,11 @@ guest's side (blocking socket, read by one thread at a time); ``AsyncFrames`` th
 asyncio protocol: the socket stays registered with the loop, frames are pushed to callbacks).
 
     agent -> guest   {"op": "run", "task_id", "task_type", "attempt", "payload", "checkpoint",
-                      "steps", "started_ms", "run_key", "compensating", "cpu_s"}
+                      "steps", "started_ms", "run_key", "compensating", "cpu_s", "cpu_hard",
+                      "concurrent", "trace_context"}
                      {"op": "cancel", "task_id"}        {"op": "exit"}
+                     {"op": "withdraw", "task_id"}      (a queued job: answered "withdrawn")
+                     {"op": "abort", "task_id"}         (a concurrent attempt's coroutine)
                      {"op": "step_ack", "task_id", "seq", "ok", "lost", "transient", "reason"}
     guest -> agent   {"op": "hello", "ok", "pid", "error"}
                      {"op": "heartbeat", "task_id", "progress"}
@@ -15,6 +18,10 @@ asyncio protocol: the socket stays registered with the loop, frames are pushed t
                      {"op": "step", "task_id", "seq", "step_op", "identity", "position",
                       "value"}   (the guest blocks until its step_ack)
                      {"op": "done", "task_id", "log_range", "outcome", "result", ...}
+                     {"op": "withdrawn", "task_id"}
+
+Every frame about an attempt names its task id: a guest may run several concurrent attempts
+at once ("run" with ``concurrent``, ``conveyor.agents.pool``), each reporting on its own.
 """
 
 from __future__ import annotations
