@@ -27,7 +27,14 @@ from conveyor.client import (
     parse,
     retry_after_ms,
 )
-from conveyor.codecs import PayloadCodec, decode_tree, decoded_info, encode_bodies, encode_value
+from conveyor.codecs import (
+    PayloadCodec,
+    decode_tree,
+    decoded_info,
+    encode_bodies,
+    encode_schedule,
+    encode_value,
+)
 from conveyor.errors import TransientError
 from conveyor.wire import (
     AttemptInfo,
@@ -324,7 +331,7 @@ class AsyncClient:
         """Run ``task`` with ``payload`` on a cron schedule (five fields, read in ``timezone``);
         creates or replaces the schedule ``schedule_id`` (default: the task type's name)."""
         body = schedule_body(task, payload, self.app, options)
-        [body] = encode_bodies(self.codec, [body], [task])
+        body = encode_schedule(self.codec, body, task)
         return ScheduleInfo.from_json(await self._send("POST", "/v1/schedules", body=body))
 
     async def schedules(self) -> ScheduleList:

@@ -22,7 +22,14 @@ from urllib.parse import quote
 import httpx
 
 from conveyor.app import TaskType
-from conveyor.codecs import PayloadCodec, decode_tree, decoded_info, encode_bodies, encode_value
+from conveyor.codecs import (
+    PayloadCodec,
+    decode_tree,
+    decoded_info,
+    encode_bodies,
+    encode_schedule,
+    encode_value,
+)
 from conveyor.errors import ContractError, TaskFailed, TransientError
 from conveyor.wire import (
     AttemptInfo,
@@ -405,7 +412,7 @@ class Client:
         """Run ``task`` with ``payload`` on a cron schedule (five fields, read in ``timezone``);
         creates or replaces the schedule ``schedule_id`` (default: the task type's name)."""
         body = schedule_body(task, payload, self.app, options)
-        [body] = encode_bodies(self.codec, [body], [task])
+        body = encode_schedule(self.codec, body, task)
         return ScheduleInfo.from_json(self._send("POST", "/v1/schedules", body=body))
 
     def schedules(self) -> ScheduleList:

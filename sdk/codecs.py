@@ -464,6 +464,16 @@ def encode_bodies(
     return [{**b, "payload": p} for b, p in zip(bodies, payloads, strict=True)]
 
 
+def encode_schedule(
+    codec: PayloadCodec | None, body: dict[str, Any], task: TaskType[Any, Any] | str
+) -> dict[str, Any]:
+    """A ``POST /v1/schedules`` body with its task's payload encoded (each firing enqueues
+    that envelope as it is)."""
+    if codec is None:
+        return body
+    return {**body, "task": encode_bodies(codec, [body["task"]], [task])[0]}
+
+
 def decoded_info(codec: PayloadCodec | None, info: TaskInfo) -> TaskInfo:
     """``info`` with its payload, result and checkpoint decoded."""
     if codec is None:

@@ -38,7 +38,14 @@ from conveyor.client import (
     items_of,
     set_default_client,
 )
-from conveyor.codecs import PayloadCodec, decode_tree, decoded_info, encode_bodies, encode_value
+from conveyor.codecs import (
+    PayloadCodec,
+    decode_tree,
+    decoded_info,
+    encode_bodies,
+    encode_schedule,
+    encode_value,
+)
 from conveyor.durations import Duration, to_ms
 from conveyor.errors import ContractError
 from conveyor.schemas import codec
@@ -488,7 +495,7 @@ class EngineClient:
         """``Client.schedule`` on the engine: firings come as ``engine.advance`` moves time."""
         engine = self._engine
         body = schedule_body(task, payload, engine.app.name, options)
-        [body] = encode_bodies(engine.codec, [body], [task])
+        body = encode_schedule(engine.codec, body, task)
         problem = cron_rules.problem(body["cron"], body["timezone"])
         if problem is not None:
             raise ContractError(problem, field="cron")

@@ -32,3 +32,9 @@ def approval(ctx: conveyor.Context, payload: dict[str, Any]) -> dict[str, Any]:
     ctx.step.run("quote", lambda: payload["secret"] + "-quote")
     decision = ctx.wait_for_event("approved")
     return {"decision": decision}
+
+
+@app.task
+async def shout(note: str) -> str:
+    """An async handler: in a guest it runs on the guest's event loop."""
+    return note.upper()

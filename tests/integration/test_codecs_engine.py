@@ -76,6 +76,12 @@ def bill(invoice: Invoice) -> str:
     return f"billed {invoice.number}"
 
 
+@app.task
+async def relay(note: str) -> str:
+    seen.append(("relay", note))
+    return note.upper()
+
+
 @plain_app.task
 def echo(payload: Any) -> Any:
     seen.append(payload)
@@ -179,3 +185,15 @@ def test_a_payload_under_a_key_the_agent_lacks_fails_the_attempt_by_name() -> No
         assert info.status == "FAILED"
         assert info.error is not None and info.error.error_class == "CodecError"
         assert "'shop-9'" in (info.error.message or "") and seen == []
+
+
+def test_a_scheduled_payload_and_an_async_handler_cross_encoded(engine: Engine) -> None:
+    info = engine.client.schedule(relay, "secret-tick", cron="*/5 * * * *")
+    assert info.next_fire_ms is not None
+    engine.advance((info.next_fire_ms - engine.now_ms()) / 1000)
+    assert seen == [("relay", "secret-tick")]
+    (row,) = engine.client.schedules()
+    assert row.last_task_id is not None
+    assert engine.client.get(row.last_task_id).result == "SECRET-TICK"
+    raw = stored(engine, row.last_task_id)
+    assert is_envelope(raw.payload) and is_envelope(raw.result)

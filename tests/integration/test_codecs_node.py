@@ -84,6 +84,9 @@ def test_the_node_holds_only_envelopes_of_an_encrypted_app(
                 sealed = await client.enqueue(codec_app.seal, {"secret": SECRET, "n": 1})
                 results["seal"] = await sealed.result(DEADLINE_S)
                 results["seal_id"] = sealed.id
+                shouted = await client.enqueue(codec_app.shout, SECRET + "-async")
+                results["shout"] = await shouted.result(DEADLINE_S)
+                results["shout_id"] = shouted.id
                 waiting = await client.enqueue(codec_app.approval, {"secret": SECRET})
                 results["approval_id"] = waiting.id
                 for _ in range(int(DEADLINE_S / 0.05)):
@@ -109,22 +112,24 @@ def test_the_node_holds_only_envelopes_of_an_encrypted_app(
         "checkpoint": {"stage": SECRET + "-checkpoint"},
     }
     assert results["approval"] == {"decision": {"by": SECRET + "-approver"}}
+    assert results["shout"] == (SECRET + "-async").upper()
     (quote,) = [s for s in results["history"]["steps"] if s["identity"] == "quote#0"]  # type: ignore[index]
     assert quote["value"] == SECRET + "-quote"
 
     # The API without the key: envelopes only.
     (raw_quote,) = [s for s in results["raw_history"]["steps"] if s["identity"] == "quote#0"]  # type: ignore[index]
     assert is_envelope(raw_quote["value"])
-    for task_id in (results["seal_id"], results["approval_id"]):
+    for task_id in (results["seal_id"], results["approval_id"], results["shout_id"]):
         status, task = call(node.base, "GET", f"/v1/tasks/{task_id}")
         assert status == 200 and task["status"] == "SUCCEEDED"
         for field in ("payload", "result"):
             assert describe(task[field]) is not None, (field, task[field])
-        assert SECRET not in json.dumps(task)
+        assert SECRET not in json.dumps(task) and SECRET.upper() not in json.dumps(task)
     status, seal = call(node.base, "GET", f"/v1/tasks/{results['seal_id']}")
     assert describe(seal["checkpoint"]) == "encoded (conveyor/v1, aes-gcm)"
 
     # The node's files (log segments, RocksDB state and its WAL, snapshots, PostgreSQL):
     # the canary sent in plain JSON is there, the secret in none of them.
     poll("the canary to reach the node's files", lambda: files_holding(node.home, CANARY.encode()))
-    assert files_holding(node.home, SECRET.encode()) == []
+    for plain in (SECRET, SECRET.upper()):  # the async handler's result is upper case
+        assert files_holding(node.home, plain.encode()) == [], plain
