@@ -8,6 +8,7 @@ event send                        an event for a workflow's wait (workflows.py)
 keys create|list                  API keys and their roles in the home's keys.json (keys.py)
 codec-server                      the user's codec endpoint, for the dashboard (codec.py)
 cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
+ingest                            an ingest topic's router: Avro records to enqueues (ingest.py)
 types list|show, schemas register|list|check
                                   task types and the schema registry (types.py, schemas.py)
 log inspect|verify, bench, docs   operator tools (tools.py)
@@ -26,6 +27,7 @@ import typer
 from conveyor.cli import (
     cluster,
     codec,
+    ingest,
     keys,
     schedules,
     schemas,
@@ -125,6 +127,7 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(types.app, name="types")
 app.add_typer(schemas.app, name="schemas")
 webhooks.register(app)
+ingest.register(app, bench_app)
 workflows.register(app)  # event send
 app.command("codec-server")(codec.codec_server)
 
