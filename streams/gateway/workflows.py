@@ -27,7 +27,8 @@ Rule 5 (listing): ``GET /v1/workflows`` lists the tasks that recorded a step, ne
 from the Postgres snapshot (``store/postgres/workflows.py``: a page may be short, even
 empty, while ``next_cursor`` is set), filtered by status, task type, created range and id
 prefix, each with its step counts. A workflow that has not committed its first step yet is
-not listed (nothing says it is one), and the list trails the processors like task listing.
+not listed (nothing says it is one). Like task listing, it first waits (briefly) for the
+snapshot to hold what the node had applied, and says ``may_trail`` when it did not.
 Rule 6 (times): each step of ``GET`` has ``started_ms`` (its first claim) and ``ended_ms`` (its
 commit) from the snapshot, which keeps them (the partition's step rows carry no times): null
 without a snapshot and until the projection has folded them. A parallel step starts when its
@@ -106,6 +107,7 @@ async def list_workflows(request: web.Request) -> web.Response:
             "--no-projection, or open a workflow by its id",
             field=None,
         )
+    fresh = gw.progress is not None and await snapshot.wait_fresh(gw.node, gw.progress)
     after = snapshot.decode_cursor(query.cursor) if query.cursor else None
     q = snapshot_workflows.WorkflowQuery(
         tasks=snapshot.task_query(tenant, query.filter), id_prefix=id_prefix
@@ -115,7 +117,8 @@ async def list_workflows(request: web.Request) -> web.Response:
     except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
     cursor = snapshot.encode_cursor(*resume) if resume is not None else None
-    return routes.reply({"workflows": [_listed(r) for r in rows], "next_cursor": cursor})
+    body = {"workflows": [_listed(r) for r in rows], "next_cursor": cursor, "may_trail": not fresh}
+    return routes.reply(body)
 
 
 def parse_list_query(query: Mapping[str, str]) -> tuple[ListQuery, str | None]:

@@ -97,10 +97,19 @@ def test_workflows_list_filters_by_state_and_searches_by_id_and_type(page: Any, 
     dev.call("POST", f"/v1/tasks/{waiting}/cancel")
 
 
-def test_workflows_api_refuses_bad_filters(dev: Dev) -> None:
+def test_workflows_api_filters_by_created_range_and_refuses_bad_filters(dev: Dev) -> None:
+    workflow_id = start_approval(dev, 3)
+    created = dev.call("GET", f"/v1/tasks/{workflow_id}")["created_ms"]
+    prefix = f"/v1/workflows?id_prefix={workflow_id}"
+    inside = dev.call("GET", f"{prefix}&created_from_ms={created}&created_to_ms={created + 1}")
+    assert [w["task_id"] for w in inside["workflows"]] == [workflow_id], inside
+    assert inside["may_trail"] is False and inside["workflows"][0]["steps_committed"] >= 1
+    after = dev.call("GET", f"{prefix}&created_from_ms={created + 1}")
+    assert after["workflows"] == [] and after["next_cursor"] is None, after
     for query, field in (("id_prefix=xyz", "id_prefix"), ("queue=q", "queue")):
         status, reply = http(dev.base, "GET", f"/v1/workflows?{query}", key=dev.key)
         assert status == 400 and reply["error"]["field"] == field, (query, reply)
+    dev.call("POST", f"/v1/tasks/{workflow_id}/cancel")
 
 
 def test_schedule_is_created_run_now_and_deleted_from_the_page(page: Any, dev: Dev) -> None:
