@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
@@ -18,6 +19,9 @@ from conveyor.cli import exits, redact
 from conveyor.cli.common import DEFAULT_URL, HomeOpt, KeyOpt, Remote, UrlOpt, fail
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
+    from conveyor.cli.serve import KafkaConfig
     from conveyor.streams.ingest.router import Router
 
 KafkaOpt = Annotated[
@@ -120,6 +124,32 @@ def bench_ingest(
     argv += ["--json"] if as_json else []
     argv += ["--home", str(home)] if home is not None else []
     raise typer.Exit(bench_main(argv))
+
+
+# -- the node's option: the public task events topics (streams/sinks/task_events.py) --------
+
+TaskEventsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--task-events",
+        help="With --kafka: relay the task events to <cluster>-task-events.<tenant>, Avro "
+        "under the subject <topic>-value of the tenant's registry",
+    ),
+]
+
+
+def with_task_events(kafka: KafkaConfig | None, task_events: bool) -> KafkaConfig | None:
+    if not task_events:
+        return kafka
+    if kafka is None:
+        raise fail("--task-events relays the events of a cluster on Kafka: give --kafka too")
+    return dataclasses.replace(kafka, task_events=True)
+
+
+def attach_task_events(app: web.Application, bootstrap: str, cluster: str, partitions: int) -> None:
+    from conveyor.streams.sinks.task_events import attach
+
+    attach(app, bootstrap, cluster, partitions)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -33,6 +33,7 @@ from conveyor.cli.common import (
     fail,
     home_dir,
 )
+from conveyor.cli.ingest import TaskEventsOpt, attach_task_events, with_task_events
 from conveyor.cli.webhooks import (
     BACKOFF_MAX_S_DEFAULT,
     RETRY_S_DEFAULT,
@@ -339,6 +340,7 @@ class KafkaConfig:
     snapshot_interval_ms: int = 30_000
     snapshot_keep: int = 2
     s3_endpoint: str | None = None
+    task_events: bool = False  # relay the events to each tenant's Avro topic
     events_keep_ms: int = 7 * 24 * 3_600_000  # the events topic keeps at least this long
 
 
@@ -414,6 +416,8 @@ async def _run_node(
             metrics_key=metrics_config.key,
         )
         attach_webhooks(app, home, node.events, webhooks)
+        if kafka is not None and kafka.task_events:
+            attach_task_events(app, kafka.bootstrap, kafka.cluster, node.events.partitions)
         try:
             runner, url = await start(app, host, port)
         except OSError as exc:
@@ -666,6 +670,7 @@ def node(
     snapshot_interval: SnapshotIntervalOpt = "30s",
     snapshot_keep: SnapshotKeepOpt = 2,
     s3_endpoint: S3EndpointOpt = None,
+    task_events: TaskEventsOpt = False,
 ) -> None:
     """Run a node: the log, the partition processors, the query snapshot and the HTTP gateway.
 
@@ -679,6 +684,7 @@ def node(
     kafka_config = _with_snapshots(
         kafka_config, snapshots, snapshot_interval, snapshot_keep, s3_endpoint
     )
+    kafka_config = with_task_events(kafka_config, task_events)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
     blobs = _open_blobs(home_path, blobs_url)  # a bad URL fails before anything starts
