@@ -235,6 +235,12 @@ class AsyncClient:
         reply = await self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
         return str(reply["status"])
 
+    async def rerun(self, task_id: str) -> str:
+        """Enqueue a finished task again as a new task (see ``Client.rerun``)."""
+        body = {"idempotency_key": os.urandom(16).hex()}
+        path = f"/v1/tasks/{quote(task_id, safe='')}/rerun"
+        return str((await self._send("POST", path, body=body))["new_task_id"])
+
     async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}`` (see ``Client.get_workflow``)."""
         reply = await self._send("GET", f"/v1/workflows/{workflow_id}")
@@ -353,6 +359,12 @@ class AsyncClient:
         never fire. ``NotFound`` if there is none."""
         path = f"/v1/schedules/{quote(schedule_id, safe='')}/resume"
         return ScheduleInfo.from_json(await self._send("POST", path))
+
+    async def run_schedule(self, schedule_id: str) -> str:
+        """Run a schedule's task now, once (see ``Client.run_schedule``)."""
+        body = {"idempotency_key": os.urandom(16).hex()}
+        path = f"/v1/schedules/{quote(schedule_id, safe='')}/run"
+        return str((await self._send("POST", path, body=body))["task_id"])
 
     # -- the events stream and webhooks -----------------------------------------------------
 

@@ -54,6 +54,7 @@ from conveyor.store import keys
 from conveyor.store.tables import Tables
 from conveyor.streams import cron as cron_rules
 from conveyor.streams.clock import FakeClock
+from conveyor.streams.gateway.reruns import rerun_spec, run_spec
 from conveyor.streams.gateway.schedules import schedule_json
 from conveyor.streams.gateway.workflows import history_page, parse_history_query, workflow_json
 from conveyor.streams.machine.handlers.cancel import retry_id
@@ -372,6 +373,20 @@ class EngineClient:
 
         return engine.call(go())
 
+    def rerun(self, task_id: str) -> str:
+        """``Client.rerun`` on the engine: a finished task enqueued again as a new task."""
+        engine = self._engine
+
+        async def go() -> str:
+            node = engine.node
+            task = node.get(engine.tenant, task_id)
+            partition = node.partition_of(task_id)
+            spec = rerun_spec(task, node.tables(partition).spec(task_id), partition, None)
+            (reply,) = await node.enqueue([spec])
+            return check(reply).task_id
+
+        return engine.call(go())
+
     def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``Client.get_workflow``: the workflow, its steps, its parallel steps' children."""
         engine = self._engine
@@ -546,6 +561,19 @@ class EngineClient:
             await engine.node.delete_schedule(engine.tenant, schedule_id)
 
         engine.call(go())
+
+    def run_schedule(self, schedule_id: str) -> str:
+        """``Client.run_schedule`` on the engine: the schedule's task now, once."""
+        engine = self._engine
+
+        async def go() -> str:
+            node = engine.node
+            row = node.get_schedule(engine.tenant, schedule_id)  # NotFound, as over HTTP
+            spec = run_spec(row, node.partition_of_schedule(engine.tenant, schedule_id), None)
+            (reply,) = await node.enqueue([spec])
+            return check(reply).task_id
+
+        return engine.call(go())
 
     def pause_schedule(self, schedule_id: str) -> ScheduleInfo:
         """``Client.pause_schedule`` on the engine."""

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from conveyor.errors import Conflict, InvariantError
 from conveyor.schemas import codec
-from conveyor.schemas.types import TERMINAL, TaskSpec
+from conveyor.schemas.types import TERMINAL, Schedule, Task, TaskSpec
 from conveyor.streams.gateway import routes
 from conveyor.streams.gateway.fields import Fields
 from conveyor.streams.gateway.validation import IDEMPOTENCY_KEY_BYTES_MAX
@@ -57,25 +57,9 @@ async def rerun(request: web.Request) -> web.Response:
     task_id = request.match_info["task_id"]
     key = parse_run(await routes.read_body(request, optional=True))
     task = gw.find(tenant, task_id)
-    if task.status not in TERMINAL:
-        raise Conflict(
-            f"task {task_id} is {task.status.value}: only a finished task can be re-run "
-            "(cancel it first)",
-            field="task_id",
-        )
     partition = gw.node.partition_of(task_id)
-    spec = gw.node.tables(partition).spec(task_id)
-    if spec is None:
-        raise InvariantError(f"task {task_id} has no spec row")
-    again = dataclasses.replace(
-        spec,
-        task_id=mint_task_id(partition),
-        idempotency_key=None if key is None else f"{RERUN_PREFIX}{task_id}:{key}",
-        run_at_ms=None,
-        delay_ms=None,
-        run_key=None,
-    )
-    reply = await gw.enqueue_spec(tenant, again)
+    spec = rerun_spec(task, gw.node.tables(partition).spec(task_id), partition, key)
+    reply = await gw.enqueue_spec(tenant, spec)
     body = {"task_id": task_id, "new_task_id": reply.task_id, "created": reply.created}
     return routes.reply(body, 201 if reply.created else 200)
 
@@ -86,15 +70,40 @@ async def run_schedule(request: web.Request) -> web.Response:
     schedule_id = request.match_info["schedule_id"]
     key = parse_run(await routes.read_body(request, optional=True))
     row = gw.node.get_schedule(tenant, schedule_id)
-    partition = gw.node.partition_of_schedule(tenant, schedule_id)
-    template: TaskSpec = codec.TASK_SPEC.decode(row.template)
-    spec = dataclasses.replace(
-        template,
-        task_id=mint_task_id(partition),
-        tenant=tenant,
-        run_at_ms=None,
-        idempotency_key=None if key is None else f"{schedule_id}{RUN_INFIX}{key}",
-    )
+    spec = run_spec(row, gw.node.partition_of_schedule(tenant, schedule_id), key)
     reply = await gw.enqueue_spec(tenant, spec)
     body = {"schedule_id": schedule_id, "task_id": reply.task_id, "created": reply.created}
     return routes.reply(body, 201 if reply.created else 200)
+
+
+def rerun_spec(task: Task, spec: TaskSpec | None, partition: int, key: str | None) -> TaskSpec:
+    """The spec of ``task``'s re-run (rule 1), on ``partition``: Conflict while it runs."""
+    if task.status not in TERMINAL:
+        raise Conflict(
+            f"task {task.task_id} is {task.status.value}: only a finished task can be re-run "
+            "(cancel it first)",
+            field="task_id",
+        )
+    if spec is None:
+        raise InvariantError(f"task {task.task_id} has no spec row")
+    return dataclasses.replace(
+        spec,
+        task_id=mint_task_id(partition),
+        idempotency_key=None if key is None else f"{RERUN_PREFIX}{task.task_id}:{key}",
+        run_at_ms=None,
+        delay_ms=None,
+        run_key=None,
+    )
+
+
+def run_spec(row: Schedule, partition: int, key: str | None) -> TaskSpec:
+    """The spec of one run of the schedule ``row`` now (rule 2), on its ``partition``."""
+    template: TaskSpec = codec.TASK_SPEC.decode(row.template)
+    return dataclasses.replace(
+        template,
+        task_id=mint_task_id(partition),
+        tenant=row.tenant,
+        run_at_ms=None,
+        delay_ms=None,
+        idempotency_key=None if key is None else f"{row.schedule_id}{RUN_INFIX}{key}",
+    )

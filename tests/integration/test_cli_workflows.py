@@ -12,6 +12,7 @@ real ``conveyor dev`` (node, gateway, agent, guests).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -160,3 +161,20 @@ def test_client_reruns_a_finished_task_and_runs_a_schedule(dev: NodeProcess) -> 
     for run_id in (first, second):
         assert wait_status(dev, run_id, "SUCCEEDED")["result"] == {"twice": 18}
     client.close()
+
+
+def test_async_client_reruns_a_task_and_runs_a_schedule(dev: NodeProcess) -> None:
+    body = {"task_type": "double", "app": "flows", "payload": {"n": 11}}
+    task_id = str(api(dev, "POST", "/v1/tasks", body)["task_id"])
+    wait_status(dev, task_id, "SUCCEEDED")
+    template = {"task_type": "double", "app": "flows", "payload": {"n": 12}}
+    schedule = {"schedule_id": "async-run", "cron": "0 4 1 1 *", "task": template}
+    api(dev, "POST", "/v1/schedules", schedule)
+
+    async def go() -> tuple[str, str]:
+        async with conveyor.AsyncClient(dev.base, api_key=dev_key(dev.home)) as client:
+            return await client.rerun(task_id), await client.run_schedule("async-run")
+
+    rerun_id, run_id = asyncio.run(go())
+    assert wait_status(dev, rerun_id, "SUCCEEDED")["result"] == {"twice": 22}
+    assert wait_status(dev, run_id, "SUCCEEDED")["result"] == {"twice": 24}

@@ -247,3 +247,34 @@ def test_a_refused_fan_out_fails_the_workflow_without_retries(engine: Engine) ->
     assert info.status == "FAILED" and len(info.attempts) == 1
     assert info.error is not None and info.error.error_class == "WorkflowRefused"
     assert "a fan-out carries at most 4194304" in (info.error.message or "")
+
+
+def test_the_engine_client_reruns_a_finished_workflow_afresh(engine: Engine) -> None:
+    handle = engine.client.enqueue(approval, None)
+    engine.run_until_idle()
+    wait = engine.client.get_workflow(handle.id)["workflow"]["waiting_for_event"]
+    assert wait["name"] == "approved" and wait["deadline_ms"] is not None, wait
+    with pytest.raises(conveyor.ContractError, match="only a finished task can be re-run"):
+        engine.client.rerun(handle.id)
+    engine.client.send_event(handle.id, "approved", "yes")
+    engine.run_until_idle()
+    assert handle.result() == {"decision": "yes"}
+
+    again = engine.client.rerun(handle.id)  # a new task: its wait is not the old one's
+    engine.run_until_idle()
+    assert again != handle.id and engine.client.get(again).status == "WAITING"
+    engine.client.send_event(again, "approved", "again")
+    engine.run_until_idle()
+    assert engine.client.get(again).result == {"decision": "again"}
+    assert handle.result() == {"decision": "yes"}  # the old one is as it was
+
+
+def test_the_engine_client_runs_a_schedule_now(engine: Engine) -> None:
+    schedule = engine.client.schedule(square, 7, cron="0 4 1 1 *", schedule_id="yearly")
+    task_id = engine.client.run_schedule("yearly")
+    engine.run_until_idle()
+    assert engine.client.get(task_id).result == 49
+    after = engine.client.schedules()[0]
+    assert (after.next_fire_ms, after.fired) == (schedule.next_fire_ms, 0)
+    with pytest.raises(conveyor.NotFound):
+        engine.client.run_schedule("no-such-schedule")
