@@ -585,9 +585,16 @@ class StepContext:
     def _sealed(self, identity: str, value: Any) -> Any:
         """A value as it goes to the node: encoded, except a claim's None and the platform's
         own markers (``@compensate:``, ``@version:``), whose value is a constant."""
-        if value is None or identity.startswith((COMPENSATE_PREFIX, VERSION_PREFIX)):
+        if value is None or self._codec is None:
             return value
-        return codecs.encode_value(self._codec, value)
+        if identity.startswith((COMPENSATE_PREFIX, VERSION_PREFIX)):
+            return value
+        sealed = codecs.encode_value(self._codec, value)
+        size = len(json.dumps(sealed, separators=(",", ":")).encode())
+        why = over_cap(identity, size, 0, 0)
+        if why is not None:  # the cap is on what is stored: the envelope, not the plaintext
+            raise StepRefused(f"{why} (as the codec encoded it): store it elsewhere, step a handle")
+        return sealed
 
     def _sealed_children(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The children's enqueue bodies with their payloads encoded, in one batch."""

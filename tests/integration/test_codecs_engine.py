@@ -82,6 +82,11 @@ async def relay(note: str) -> str:
     return note.upper()
 
 
+@app.task
+def hoard(ctx: conveyor.Context) -> str:
+    return str(ctx.step.run("blob", lambda: "y" * 250_000))
+
+
 @plain_app.task
 def echo(payload: Any) -> Any:
     seen.append(payload)
@@ -197,3 +202,16 @@ def test_a_scheduled_payload_and_an_async_handler_cross_encoded(engine: Engine) 
     assert engine.client.get(row.last_task_id).result == "SECRET-TICK"
     raw = stored(engine, row.last_task_id)
     assert is_envelope(raw.payload) and is_envelope(raw.result)
+
+
+def test_a_step_value_over_the_cap_once_encoded_is_refused_by_the_sdk() -> None:
+    """The cap is on what the node stores: 250,000 bytes fit as plaintext, not encrypted."""
+    encrypt_only = Chain(Encryption(KEYS))
+    with Engine(app, durable=False, codec=encrypt_only) as engine:
+        handle = engine.client.enqueue(hoard)
+        engine.run_until_idle()
+        info = engine.client.get(handle.id)
+        assert info.status == "FAILED" and info.error is not None
+        assert info.error.error_class == "StepRefused"
+        assert "exceeds the step bytes limit" in (info.error.message or "")
+        assert "as the codec encoded it" in (info.error.message or "")
