@@ -39,7 +39,11 @@ def _otel() -> Any:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError:
         return None
-    return SimpleNamespace(context=context, trace=trace, w3c=TraceContextTextMapPropagator())
+    return SimpleNamespace(
+        context=context,
+        trace=trace,
+        w3c=TraceContextTextMapPropagator(),
+    )
 
 
 def current_context() -> dict[str, str] | None:
@@ -52,36 +56,62 @@ def current_context() -> dict[str, str] | None:
     return carrier if "traceparent" in carrier else None
 
 
-@contextlib.contextmanager
 def attempt_span(
     task_type: str, *, task_id: str, attempt: int, app: str, carrier: Any, provider: Any = None
-) -> Iterator[Any]:
+) -> contextlib.AbstractContextManager[Any]:
     """The attempt's span (rule 2), current inside; None without OpenTelemetry. ``provider``:
-    the TracerProvider to make it with (the global one by default)."""
+    the TracerProvider to make it with (the global one by default). While no provider is set
+    up in this process (nothing would record the span) no span is made: the enqueue's
+    context, if any, is made current instead, so what the handler calls still propagates it;
+    without one either, nothing is done (a no-op costs a guest little per attempt)."""
     otel = _otel()
     if otel is None:
-        yield None
-        return
-    parent = otel.context.Context()
+        return _NOTHING
+    parent = None
     if isinstance(carrier, dict):
         with contextlib.suppress(Exception):  # rule 3
             parent = otel.w3c.extract(carrier)
+    if provider is None and _unset(otel):
+        return _NOTHING if parent is None else _current(otel, parent)
     attributes = {
         "conveyor.task_id": task_id,
         "conveyor.attempt": attempt,
         "conveyor.task_type": task_type,
         "conveyor.app": app,
     }
-    tracer = (provider or otel.trace).get_tracer(TRACER)
-    with tracer.start_as_current_span(
+    tracer = _tracer() if provider is None else provider.get_tracer(TRACER)
+    return tracer.start_as_current_span(  # type: ignore[no-any-return]
         task_type,
-        context=parent,
+        context=parent if parent is not None else otel.context.Context(),
         kind=otel.trace.SpanKind.CONSUMER,
         attributes=attributes,
         record_exception=False,  # the attempt's outcome says how it ended (``ended``)
         set_status_on_exception=False,
-    ) as span:
-        yield span
+    )
+
+
+_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def _unset(otel: Any) -> bool:
+    """No tracer provider was set up in this process: the API's global is still unset (read
+    directly: ``get_tracer_provider`` looks at the environment on every call)."""
+    return getattr(otel.trace, "_TRACER_PROVIDER", False) is None
+
+
+@contextlib.contextmanager
+def _current(otel: Any, parent: Any) -> Iterator[None]:
+    token = otel.context.attach(parent)
+    try:
+        yield None
+    finally:
+        otel.context.detach(token)
+
+
+@functools.cache
+def _tracer() -> Any:
+    """The global provider's tracer, made once (it follows the provider set later)."""
+    return _otel().trace.get_tracer(TRACER)
 
 
 def ended(span: Any, outcome: str, error_class: str | None, error_message: str | None) -> None:
