@@ -49,6 +49,8 @@ class EventsLog(Protocol):
 
     async def trim(self, partition: int, up_to: int) -> None: ...
 
+    def start_offset(self, partition: int) -> int: ...
+
     async def offset_for_time(self, partition: int, ts_ms: int) -> int: ...
 
 
@@ -115,10 +117,11 @@ class EventsTrimmer:
                         log.warning("events partition %d: not trimmed now: %s", p, exc)
 
     async def trim(self, p: int) -> int | None:
-        """Trim events partition ``p`` as far as rules 1 and 2 allow; the new start, if any."""
+        """Trim events partition ``p`` as far as rules 1 and 2 allow; the new start, or None
+        when nothing is to be trimmed."""
         up_to = floor(self.cards(), p)
-        if up_to is None:
-            return None
+        if up_to is None or up_to <= self.events.start_offset(p):
+            return None  # nothing to trim: no call to the broker
         if self.keep_ms > 0:
             young = await self.events.offset_for_time(p, self.clock.now_ms() - self.keep_ms)
             up_to = min(up_to, young)
