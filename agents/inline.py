@@ -1,7 +1,8 @@
 """An in-process ``Executor`` for ``conveyor.testing``: handlers run in the agent's process.
 
 Async handlers run as tasks on the agent's loop; sync handlers on a small thread pool, so a
-handler that waits for ``ctx.cancelled`` does not stall the engine. Breakpoints work. ``kill``
+handler that waits for ``ctx.cancelled`` does not stall the engine. Each attempt runs in its
+span, as in a guest (``conveyor.tracing``). Breakpoints work. ``kill``
 cannot stop a thread: the attempt is reported killed and whatever the thread returns later is
 ignored.
 """
@@ -9,12 +10,16 @@ ignored.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any
 
+from conveyor import tracing
 from conveyor.agents.runner import run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult, Hooks, Job
-from conveyor.app import App
+from conveyor.app import App, TaskType
 from conveyor.codecs import PayloadCodec
 from conveyor.context import Context
 from conveyor.signals import StepRefused
@@ -83,9 +88,25 @@ class InlineSandbox:
             self._future = loop.create_future()
             self._future.set_result(unknown_type(app, job.task_type))
         elif task.is_async:
-            self._future = loop.create_task(run_async(task, self.ctx, job.payload))
+            attempt = run_async(task, self.ctx, job.payload)
+            self._future = loop.create_task(_traced_async(self._span(app, job), attempt))
         else:
-            self._future = loop.run_in_executor(threads, run_sync, task, self.ctx, job.payload)
+            self._future = loop.run_in_executor(
+                threads, _traced_sync, self._span(app, job), task, self.ctx, job.payload
+            )
+
+    @staticmethod
+    def _span(app: App, job: Job) -> Callable[[], AbstractContextManager[Any]]:
+        """The attempt's span, as a guest makes it (``conveyor.tracing``), to open where the
+        handler runs (its thread, or its task on the loop)."""
+        return functools.partial(
+            tracing.attempt_span,
+            job.task_type,
+            task_id=job.task_id,
+            attempt=job.attempt,
+            app=app.name,
+            carrier=job.trace_context,
+        )
 
     async def wait(self) -> AttemptResult:
         try:
@@ -104,6 +125,27 @@ class InlineSandbox:
         self._killed = reason
         self.ctx.request_cancel()  # a thread cannot be killed: at least let it notice
         self._future.cancel()
+
+
+async def _traced_async(
+    span: Callable[[], AbstractContextManager[Any]], attempt: Awaitable[AttemptResult]
+) -> AttemptResult:
+    with span() as current:
+        result = await attempt
+        tracing.ended(current, result.outcome, result.error_class, result.error_message)
+        return result
+
+
+def _traced_sync(
+    span: Callable[[], AbstractContextManager[Any]],
+    task: TaskType[Any, Any],
+    ctx: Context,
+    payload: Any,
+) -> AttemptResult:
+    with span() as current:
+        result = run_sync(task, ctx, payload)
+        tracing.ended(current, result.outcome, result.error_class, result.error_message)
+        return result
 
 
 class InlineExecutor:

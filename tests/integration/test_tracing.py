@@ -23,6 +23,7 @@ from test_cli_edges import dev_key
 from test_gateway import NodeProcess
 
 import conveyor
+from conveyor.agents.inline import InlineExecutor
 from conveyor.errors import ContractError
 
 pytestmark = pytest.mark.timeout(180)
@@ -139,3 +140,26 @@ def _result(task: Any) -> Any:
     import json
 
     return json.loads(task.result) if isinstance(task.result, bytes) else task.result
+
+
+def test_an_in_process_agent_runs_each_attempt_in_a_child_span_too(
+    tmp_path: Path, tracer: tuple[Any, InMemorySpanExporter]
+) -> None:
+    """``conveyor agent --in-process`` (the InlineExecutor): the spans are made in this process,
+    where ``tracing_app`` set up its exporter."""
+    client_tracer, _ = tracer
+    app = tracing_app.app
+
+    async def main() -> None:
+        async with rig(tmp_path, app_ref="tracing_app:app", executor=InlineExecutor(app)) as r:
+            with client_tracer.start_as_current_span("request") as span:
+                sync_id = await r.enqueue(tracing_app.charge, "inline")
+                async_id = await r.enqueue(tracing_app.fetch, "inline")
+            for task_id in (sync_id, async_id):
+                assert (await r.finished(task_id)).status == "SUCCEEDED"
+            spans = _result(await r.finished(await r.enqueue(tracing_app.finished_spans)))
+            for task_id in (sync_id, async_id):
+                attempt = attempt_of(spans, task_id)
+                assert (attempt["trace_id"], attempt["parent_id"]) == ids(span)
+
+    run(main)
