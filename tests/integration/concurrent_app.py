@@ -87,3 +87,14 @@ async def stepper(ctx: conveyor.Context, payload: dict[str, Any]) -> list[str]:
 
         done.append(await ctx.step.run(f"s{i}", body))
     return done
+
+
+@app.task(concurrency=4, retry=ONCE)
+async def checkpointer(ctx: conveyor.Context, payload: dict[str, Any]) -> str:
+    """Checkpoints and heartbeats its own name, then waits for the release file."""
+    ctx.heartbeat({"name": payload["name"]})
+    ctx.checkpoint({"name": payload["name"]})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not os.path.exists(payload["release"]):
+        await asyncio.sleep(0.01)
+    return payload["name"]

@@ -161,3 +161,28 @@ def test_steps_of_coroutines_side_by_side_commit_each_to_its_own_task(tmp_path: 
             assert pool_of(r).spawned == 1
 
     run(main)
+
+
+def test_checkpoints_of_coroutines_side_by_side_land_on_their_own_tasks(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+
+    async def main() -> None:
+        async with rig(tmp_path, app_ref=APP_REF, concurrency=4) as r:
+            names = ["a", "b", "c"]
+            ids = await r.enqueue_many(
+                [(concurrent_app.checkpointer, {"name": n, "release": str(release)}) for n in names]
+            )
+
+            def saved() -> bool:
+                return all(r.task(task_id).checkpoint is not None for task_id in ids)
+
+            await until("each to checkpoint while all run", saved)
+            for task_id, name in zip(ids, names, strict=True):
+                assert json.loads(r.task(task_id).checkpoint or b"null") == {"name": name}
+                assert r.task(task_id).finished_ms is None
+            release.write_text("go")
+            for task_id, name in zip(ids, names, strict=True):
+                assert result(await r.finished(task_id)) == name
+            assert pool_of(r).spawned == 1
+
+    run(main)
