@@ -46,6 +46,7 @@ from conveyor import logs, tracing
 from conveyor.agents.frames import BlockingFrames, FrameError
 from conveyor.agents.runner import load_app, run_async, run_sync, unknown_type
 from conveyor.agents.sandbox import AttemptResult
+from conveyor.agents.startup import import_failure
 from conveyor.app import App, TaskType
 from conveyor.context import Context
 from conveyor.loops import Flight, Lane, share_one_loop
@@ -467,8 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     frames = BlockingFrames(socket.socket(fileno=args.fd))
     try:
         app = load_app(args.app)
-    except BaseException:
-        frames.send({"op": "hello", "ok": False, "error": traceback.format_exc()})
+    except BaseException as exc:
+        traceback.print_exc()  # the whole of it, in this guest's log; the agent shows the gist
+        frames.send({"op": "hello", "ok": False, "error": import_failure(exc)})
         return 2
     frames.send({"op": "hello", "ok": True, "pid": os.getpid(), "version": app.version})
     Guest(app, frames, share_one_loop()).serve()

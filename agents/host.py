@@ -40,7 +40,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -163,6 +163,7 @@ class HostAgent:
         self._guests = asyncio.Semaphore(concurrency + self.executor.queued_max)
         self.started = asyncio.Event()  # set once registered and claiming work
         self._stop = asyncio.Event()
+        self._now = asyncio.Event()  # stop(now=True): the drain ends at once
         self._slot = Wake()
         self._hb_wake = Wake()
         self._dl_wake = Wake()
@@ -206,8 +207,12 @@ class HostAgent:
         """Running an attempt, or holding a completion not yet acknowledged."""
         return bool(self.running) or self.completer.unacked > 0
 
-    def stop(self) -> None:
+    def stop(self, *, now: bool = False) -> None:
+        """Stop claiming work and drain (``run``); ``now``, also while draining: kill what
+        still runs at once (reported as killed attempts, so they are retried at once)."""
         self._stop.set()
+        if now:
+            self._now.set()
 
     def heartbeat_now(self) -> None:
         self._hb_wake.set()
@@ -269,8 +274,16 @@ class HostAgent:
             run.kill("the agent is stopping")
         for _ in held:  # let each through the slot it waits for: it reports and gives it back
             self._guests.release()  # (no poll runs any more to take a slot)
-        if self._attempts and drain_s > 0:
-            await asyncio.wait(set(self._attempts), timeout=drain_s)
+        if self._attempts and drain_s > 0 and not self._now.is_set():
+            finished = asyncio.ensure_future(asyncio.wait(set(self._attempts)))
+            now = asyncio.ensure_future(self._now.wait())
+            try:
+                await asyncio.wait(
+                    {finished, now}, timeout=drain_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for waiter in (finished, now):
+                    waiter.cancel()
         for run in list(self.running.values()):
             run.kill("the agent is stopping")
         if self._attempts:
@@ -578,9 +591,13 @@ async def run_agent(
     sandbox: str = "bwrap",
     allow_net: bool = False,
     home: str | Path | None = None,
+    control: Callable[[HostAgent], None] | None = None,
 ) -> None:
     """Serve ``app_ref`` ("module:attr") against the gateway at ``url`` until SIGINT/SIGTERM
     (what ``conveyor agent`` and ``conveyor dev`` call).
+
+    ``control``: the caller stops the agent itself (``conveyor dev``: a drain it counts down,
+    a reload): it is handed the agent before it starts, and no signal handler is set here.
 
     ``in_process``: run handlers on threads of this process (``InlineExecutor``) instead of
     guest processes. No isolation and no kill: a handler shares the agent's memory and its
@@ -617,7 +634,9 @@ async def run_agent(
         home=home,
     )
     loop = asyncio.get_running_loop()
-    signals = (signal.SIGINT, signal.SIGTERM)
+    signals = (signal.SIGINT, signal.SIGTERM) if control is None else ()
+    if control is not None:
+        control(agent)
     for sig in signals:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, agent.stop)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import importlib
 import os
 import secrets
@@ -20,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from conveyor import logs
-from conveyor.cli import redact
+from conveyor.cli import dev_loop, redact
 from conveyor.cli.common import (
     DEFAULT_URL,
     HomeOpt,
@@ -33,6 +35,7 @@ from conveyor.cli.common import (
     fail,
     home_dir,
 )
+from conveyor.cli.dev_loop import DevOptions
 from conveyor.cli.ingest import TaskEventsOpt, attach_task_events, with_task_events
 from conveyor.cli.webhooks import (
     BACKOFF_MAX_S_DEFAULT,
@@ -287,8 +290,22 @@ def _check_app(app_ref: str) -> Any:
         for part in attr.split("."):
             found = getattr(found, part)
     except Exception as exc:
-        raise fail(f"--app {app_ref}: cannot load it: {type(exc).__name__}: {exc}") from None
+        from conveyor.agents.startup import import_failure
+
+        raise fail(escape(f"--app {app_ref}: cannot load it: {import_failure(exc)}")) from None
     return found
+
+
+def _check_import_path() -> None:
+    """Fail now, naming it, if a folder named conveyor would shadow the package for the app
+    (here, or in the guests: they import it with this process's path, the current directory
+    first), before the app's import fails far from the cause."""
+    from conveyor.agents.pool import import_path
+    from conveyor.agents.startup import shadowing
+
+    problem = shadowing(import_path())
+    if problem is not None:
+        raise fail(escape(problem))
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -379,6 +396,7 @@ async def _run_node(
     metrics_config: MetricsConfig | None = None,
     kafka: KafkaConfig | None = None,
     webhooks: Any = None,
+    dev: DevOptions | None = None,
 ) -> None:
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
@@ -387,8 +405,8 @@ async def _run_node(
     from conveyor.streams.sinks.metrics import Metrics, TenantLabels, time_appends
 
     run_agent = _load_agent() if app_ref is not None else None
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
+    interrupts = dev_loop.Interrupts()  # the first stops (a drain), the second stops now
+    interrupts.install()
     node = await _open_node(home, partitions, kafka)
     metrics_config = metrics_config or MetricsConfig()
     metrics = Metrics(tenant_labels=TenantLabels(metrics_config.tenant_labels))
@@ -428,13 +446,20 @@ async def _run_node(
             forwarder(app).attach(member.directory, url)  # any request, to its owner
         _banner(url, key, home, dev=run_agent is not None)
         try:
-            if run_agent is None:
-                await stop.wait()
+            if run_agent is None or app_ref is None:
+                await interrupts.stop.wait()
             else:
-                work = run_agent(
-                    url, agent_key, app_ref, concurrency=concurrency, sandbox=sandbox, home=home
+                start_agent = functools.partial(
+                    run_agent,
+                    url,
+                    agent_key,
+                    app_ref,
+                    concurrency=concurrency,
+                    sandbox=sandbox,
+                    home=home,
+                    drain_s=(dev or DevOptions()).drain_s,
                 )
-                await _until_stopped(stop, work)
+                await _serve_app(start_agent, app_ref, node, interrupts, dev or DevOptions())
         finally:
             await runner.cleanup()
     finally:
@@ -443,6 +468,34 @@ async def _run_node(
         if snapshot is not None:
             await snapshot.close()  # before the node: its reads follow the events log
         await node.stop()
+
+
+async def _serve_app(
+    start_agent: Callable[..., Awaitable[None]],
+    app_ref: str,
+    node: Node,
+    interrupts: dev_loop.Interrupts,
+    options: DevOptions,
+) -> None:
+    """``conveyor dev``: the agent, reloaded and drained as ``dev_loop.py`` says, and a line
+    per task event unless quiet."""
+    lines = None
+    if not options.quiet:
+        lines = asyncio.create_task(dev_loop.print_events(node.events, console))
+    try:
+        await dev_loop.serve(
+            lambda control: start_agent(control=control),
+            app_ref,
+            options,
+            interrupts,
+            node.clock,
+            console,
+        )
+    finally:
+        if lines is not None:
+            lines.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lines
 
 
 async def _join(
@@ -724,13 +777,32 @@ def dev(
     kafka: Annotated[
         bool, typer.Option("--kafka", help="Keep the log in a local Kafka broker it starts")
     ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per task event")] = False,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            help="Start the agent anew (new guests, the new code) when the app's files change; "
+            "running tasks finish on the code they started with",
+        ),
+    ] = False,
+    drain_s: Annotated[
+        float,
+        typer.Option(
+            "--drain-s",
+            min=0.0,
+            help="On Ctrl-C, how long running tasks get to finish (a second Ctrl-C: stop now)",
+        ),
+    ] = 30.0,
 ) -> None:
     """Node + gateway + an agent for your app, in one process: for development.
 
-    /metrics names tenants by default: they are the developer's own.
+    Prints a line per task event (state, attempt, duration or error). /metrics names tenants
+    by default: they are the developer's own.
     """
     _setup_logging(log_level, log_json)
     _load_agent()  # fail before touching the home dir
+    _check_import_path()
     _check_app(app_ref)
     config = SnapshotConfig(enabled=projection, dsn=postgres_dsn)
     home_path = home_dir(home)
@@ -757,6 +829,7 @@ def dev(
             metrics_config=metrics,
             kafka=kafka_config,
             webhooks=webhook_settings(loopback=True),
+            dev=DevOptions(quiet=quiet, reload=reload, drain_s=drain_s),
         )
         _run_agent_command(node)
 
@@ -799,6 +872,7 @@ def agent(
     """Run a host agent that polls a node and runs the app's handlers."""
     _setup_logging(log_level, log_json)
     run_agent = _load_agent()
+    _check_import_path()
     app_name = _check_app(app_ref).name
     key = api_key or dev_key(home_dir(home), app=app_name)
     if not key:
@@ -837,10 +911,12 @@ def _mode(sandbox: Sandbox | None) -> str:
 
 
 def _run_agent_command(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main``; a sandbox that cannot start ends the command with its reason."""
+    """Run ``main``; a sandbox or a guest that cannot start ends the command with its
+    reason, in a few lines (``agents/startup.py``), not under a traceback."""
     from conveyor.agents.bwrap import SandboxUnavailable
+    from conveyor.agents.pool import GuestStartError
 
     try:
         asyncio.run(main)
-    except SandboxUnavailable as exc:
-        raise fail(str(exc)) from None
+    except (SandboxUnavailable, GuestStartError) as exc:
+        raise fail(escape(str(exc))) from None  # the app's error text is no markup
