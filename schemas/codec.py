@@ -622,6 +622,7 @@ RECORDS: dict[str, Codec[Any]] = {
         t.UpsertSchedule,
         t.DeleteSchedule,
         t.PauseSchedule,
+        t.PauseQueue,
         t.SendEvents,
         t.EnqueueChildren,
         t.LandChildren,

@@ -296,6 +296,15 @@ class PauseSchedule:
 
 
 @frozen(kw_only=True)
+class PauseQueue:
+    """Appended to every partition: a paused queue of a tenant is not dispatched from."""
+
+    tenant: str
+    queue: str
+    paused: bool  # False resumes
+
+
+@frozen(kw_only=True)
 class EnqueueChildren:
     """Children of a fan-out that spilled to this partition (a cross-partition message the
     workflow's partition wrote and shipped): each is enqueued with its link back to the
@@ -398,6 +407,7 @@ Record = (
     | UpsertSchedule
     | DeleteSchedule
     | PauseSchedule
+    | PauseQueue
     | SendEvents
     | EnqueueChildren
     | LandChildren

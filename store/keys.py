@@ -37,6 +37,7 @@ Keys sort correctly: integers are big-endian, strings are length-prefixed (u16) 
                                                                   that partition's log (shipped
                                                                   then deleted: ``messages.py``)
     meta         m name                                           per name
+    paused       m paused/ lp:tenant queue                        b"" (a paused queue)
     registry     R lp:tenant u8:table name                        JSON (``store/catalog.py``)
 """
 
@@ -77,6 +78,7 @@ REGISTRY = b"R"
 META_APPLIED = META + b"applied"
 META_EPOCH = META + b"epoch"
 META_CURSOR = META + b"cursor/"  # + app: the tenant served last (round-robin position)
+META_PAUSED = META + b"paused/"  # + lp:tenant queue: a paused queue (PauseQueue)
 
 # The layout of the keys above, part of a store's state fingerprint (``state_schemas.py``): a
 # store written under another layout is rebuilt from the log. 2: ready queues per task type.
@@ -269,6 +271,14 @@ def parse_message_value(value: bytes) -> tuple[int, bytes]:
 
 def cursor(app: str) -> bytes:
     return META_CURSOR + app.encode()
+
+
+def paused_queues_of(tenant: str) -> bytes:
+    return META_PAUSED + lp(tenant)
+
+
+def paused_queue(tenant: str, queue: str) -> bytes:
+    return META_PAUSED + lp(tenant) + queue.encode()
 
 
 def steps_of(task_id: str) -> bytes:

@@ -355,13 +355,26 @@ class Tables:
         return 0 if raw is None else keys.read_u64(raw)
 
     def ready_queues(self, app: str, tenant: str) -> list[tuple[str, str, int]]:
-        """(task type, queue, ready count) of the tenant's non-empty queues in lane ``app``."""
+        """(task type, queue, ready count) of the tenant's non-empty queues in lane ``app``,
+        but for its paused queues: their tasks are not ready to be dispatched."""
         prefix = keys.queue_count_of(app, tenant)
+        paused = self.paused_queues(tenant)
         out = []
         for key, value in self.scan(prefix):
             task_type, at = keys.read_lp(key, len(prefix))
-            out.append((task_type, key[at:].decode(), keys.read_u64(value)))
+            queue = key[at:].decode()
+            if queue not in paused:
+                out.append((task_type, queue, keys.read_u64(value)))
         return out
+
+    # -- paused queues (PauseQueue): a tenant's queues not dispatched from ---------------------
+
+    def paused_queues(self, tenant: str) -> frozenset[str]:
+        prefix = keys.paused_queues_of(tenant)
+        return frozenset(key[len(prefix) :].decode() for key, _ in self.scan(prefix))
+
+    def pause_queue(self, tenant: str, queue: str, *, paused: bool) -> None:
+        self._put(keys.paused_queue(tenant, queue), b"" if paused else None)
 
     def ready_types(self, app: str, tenant: str) -> dict[str, int]:
         """Task type -> ready tasks of the tenant in lane ``app``."""

@@ -37,6 +37,7 @@ from conveyor.schemas.types import (
     Completion,
     DeleteSchedule,
     EnqueueTasks,
+    PauseQueue,
     PauseSchedule,
     Record,
     RecordSteps,
@@ -425,6 +426,29 @@ class Node:
         record = PauseSchedule(tenant=tenant, schedule_id=schedule_id, paused=paused)
         (reply,) = await self.processors[p].submit(record, f"schedule/{schedule_id}")
         return reply
+
+    # -- queues ------------------------------------------------------------------------------
+
+    async def pause_queue(self, tenant: str, queue: str, *, paused: bool) -> None:
+        """Pause (``paused``) or resume dispatch from ``queue`` of ``tenant``: a PauseQueue
+        record on every partition, each waited for until applied (a queue spans partitions;
+        ``machine/handlers/queues.py``). Sent again after a failure, it changes nothing where
+        it was applied already. A resume deals the queue's ready tasks at once."""
+        record = PauseQueue(tenant=tenant, queue=queue, paused=paused)
+        await asyncio.gather(*(p.submit(record, f"queue/{queue}") for p in self.processors))
+        if not paused:
+            for p in self.processors:
+                if p.leader:
+                    p.dispatch.poke()
+
+    def paused_queues(self, tenant: str) -> dict[str, int]:
+        """The tenant's paused queues, with the number of partitions each is paused on (all of
+        them but after a pause or resume that failed part way)."""
+        counts: dict[str, int] = {}
+        for p in self.processors:
+            for queue in p.reader().paused_queues(tenant):
+                counts[queue] = counts.get(queue, 0) + 1
+        return counts
 
     def get_schedule(self, tenant: str, schedule_id: str) -> Schedule:
         p = self.partition_of_schedule(tenant, schedule_id)

@@ -5,6 +5,7 @@ enqueue, get, list, cancel, retry HTTP to a node (tasks.py)
 schedule add|list|pause|resume|run|rm
                                   cron schedules over HTTP (schedules.py)
 event send                        an event for a workflow's wait (workflows.py)
+queue list|pause|resume           queues and their pause over HTTP (queues.py)
 keys create|list                  API keys and their roles in the home's keys.json (keys.py)
 codec-server                      the user's codec endpoint, for the dashboard (codec.py)
 cluster status                    nodes, partitions, owners, epochs of a cluster on Kafka
@@ -29,6 +30,7 @@ from conveyor.cli import (
     codec,
     ingest,
     keys,
+    queues,
     schedules,
     schemas,
     serve,
@@ -129,6 +131,7 @@ app.add_typer(schemas.app, name="schemas")
 webhooks.register(app)
 ingest.register(app, bench_app)
 workflows.register(app)  # event send
+queues.register(app)  # queue list|pause|resume
 app.command("codec-server")(codec.codec_server)
 
 

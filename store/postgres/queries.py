@@ -299,6 +299,23 @@ async def running_by_agent(
     return out
 
 
+def with_paused(listed: list[dict[str, Any]], paused: dict[str, int]) -> list[dict[str, Any]]:
+    """The queue list with each queue's pause (from the partitions' state, not the snapshot):
+    ``paused``, and ``paused_partitions`` where a pause reached some partitions only. A paused
+    queue without tasks is listed too, so that it can be resumed."""
+    out = {q["queue"]: q for q in listed}
+    for name in paused:
+        out.setdefault(
+            name,
+            {"queue": name, "depth": {}, "oldest_ready_age_ms": None, "delayed": 0,
+             "next_due_in_ms": None, "windows": {}},
+        )  # fmt: skip
+    for name, entry in out.items():
+        entry["paused"] = name in paused
+        entry["paused_partitions"] = paused.get(name, 0)
+    return sorted(out.values(), key=lambda e: str(e["queue"]))
+
+
 async def tasks_by_state(conn: asyncpg.Connection | asyncpg.Pool) -> list[tuple[str, str, int]]:
     """(queue, status, count) over every tenant, for the ``conveyor_tasks`` gauge."""
     rows = await conn.fetch("SELECT queue, status, count(*) AS n FROM tasks GROUP BY 1, 2")

@@ -1,6 +1,7 @@
 """What an operator asks of a tenant's queues and agents: the history of a queue over the last
-hour or day (``GET /v1/stats/history``, from the snapshot's queue history), and the agents that
-poll this node (``GET /v1/agents``).
+hour or day (``GET /v1/stats/history``, from the snapshot's queue history), pausing and resuming
+a queue (``POST /v1/queues/{queue}/pause|resume``), and the agents that poll this node
+(``GET /v1/agents``).
 
 Parsing follows validation.py: one small function per request, every error naming its field.
 """
@@ -15,7 +16,7 @@ from aiohttp import web
 from conveyor.errors import ContractError
 from conveyor.store.postgres import history, queries
 from conveyor.streams.gateway import routes
-from conveyor.streams.gateway.fields import Fields, invalid
+from conveyor.streams.gateway.fields import Fields, check_name, invalid
 from conveyor.streams.gateway.service import Gateway
 
 _HISTORY_FIELDS = ("window", "queue", "task_type")
@@ -51,6 +52,17 @@ async def agents(gw: Gateway, tenant: str) -> dict[str, Any]:
     return {"agents": gw.agents.of_tenant(tenant, now_ms, running), "now_ms": now_ms}
 
 
+def parse_queue(text: str) -> str:
+    """A queue named in a path."""
+    return check_name(text, "queue")
+
+
+async def pause_queue(gw: Gateway, tenant: str, queue: str, *, paused: bool) -> dict[str, Any]:
+    """Pause or resume ``queue`` on every partition (``machine/handlers/queues.py``)."""
+    await gw.node.pause_queue(tenant, queue, paused=paused)
+    return {"queue": queue, "paused": paused}
+
+
 async def stats_history(request: web.Request) -> web.Response:
     gw, tenant = routes.context(request)
     return routes.reply(await queue_history(gw, parse_history(tenant, request.query)))
@@ -61,6 +73,20 @@ async def list_agents(request: web.Request) -> web.Response:
     return routes.reply(await agents(gw, tenant))
 
 
+async def pause(request: web.Request) -> web.Response:
+    gw, tenant = routes.context(request)
+    queue = parse_queue(request.match_info["queue"])
+    return routes.reply(await pause_queue(gw, tenant, queue, paused=True))
+
+
+async def resume(request: web.Request) -> web.Response:
+    gw, tenant = routes.context(request)
+    queue = parse_queue(request.match_info["queue"])
+    return routes.reply(await pause_queue(gw, tenant, queue, paused=False))
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/queues/{queue}/pause", pause)
+    app.router.add_post("/v1/queues/{queue}/resume", resume)
     app.router.add_get("/v1/stats/history", stats_history, allow_head=False)
     app.router.add_get("/v1/agents", list_agents, allow_head=False)

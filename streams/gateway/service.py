@@ -268,8 +268,9 @@ class Gateway:
                 "queue statistics need the Postgres snapshot; run the node without --no-projection",
                 field=None,
             )
+        listed = await queries.queues(self.snapshot, tenant, self.node.clock.now_ms())
         return {
-            "queues": await queries.queues(self.snapshot, tenant, self.node.clock.now_ms()),
+            "queues": queries.with_paused(listed, self.node.paused_queues(tenant)),
             "breakers": self.breakers.of_tenant(tenant, self.node.clock.monotonic_ms()),
         }
 

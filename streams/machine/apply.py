@@ -27,6 +27,7 @@ from conveyor.schemas.types import (
     FireTimers,
     GrantLeases,
     LandChildren,
+    PauseQueue,
     PauseSchedule,
     Record,
     RecordSteps,
@@ -50,6 +51,7 @@ from conveyor.streams.machine.handlers.complete import (
 from conveyor.streams.machine.handlers.dispatch import apply_grant
 from conveyor.streams.machine.handlers.enqueue import apply_enqueue
 from conveyor.streams.machine.handlers.events import apply_send_events
+from conveyor.streams.machine.handlers.queues import apply_pause_queue
 from conveyor.streams.machine.handlers.schedules import (
     apply_delete_schedule,
     apply_pause_schedule,
@@ -116,6 +118,8 @@ def apply(
             apply_delete_schedule(tables, record, meta, out)
         case PauseSchedule():
             apply_pause_schedule(tables, record, meta, out)
+        case PauseQueue():
+            apply_pause_queue(tables, record, meta, out)
         case SendEvents():
             apply_send_events(tables, record, meta, out)
         case EnqueueChildren():

@@ -109,3 +109,27 @@ def test_agents_page_lists_the_dev_agent_with_its_running_task(page: Any, dev: D
     assert "nap" in task.inner_text() and queue in task.inner_text()
     assert page.locator("#nav a[data-view='agents']").get_attribute("class") == "active"
     dev.wait_status(napping, "SUCCEEDED")
+
+
+def test_pause_and_resume_a_queue_from_its_card(page: Any, dev: Dev) -> None:
+    queue = queue_name()
+    first = dev.enqueue("double", {"n": 1}, queue=queue)
+    dev.wait_status(first, "SUCCEEDED")
+    card = _card(page, dev, queue, lambda c: c.locator(".pause-toggle").count() > 0, "the card")
+    assert card.locator(".pause-toggle").inner_text() == "Pause"
+    card.locator(".pause-toggle").click()
+    page.wait_for_selector(f"#flash:has-text('Queue {queue} paused.')")
+    page.wait_for_selector(f"section.queue[data-queue='{queue}'][data-paused='true'] .paused")
+
+    held = dev.enqueue("double", {"n": 2}, queue=queue)  # accepted, and not run
+    other = dev.enqueue("double", {"n": 3}, queue=queue_name())
+    # The agent runs another queue's task enqueued after it: the held one, older and first in
+    # line, was passed over.
+    dev.wait_status(other, "SUCCEEDED")
+    assert dev.call("GET", f"/v1/tasks/{held}")["status"] == "ENQUEUED"
+    paused = page.locator(f"section.queue[data-queue='{queue}']")
+    assert paused.locator(".pause-toggle").inner_text() == "Resume"
+    paused.locator(".pause-toggle").click()
+    page.wait_for_selector(f"#flash:has-text('Queue {queue} resumed.')")
+    dev.wait_status(held, "SUCCEEDED")
+    page.wait_for_selector(f"section.queue[data-queue='{queue}'][data-paused='false']")

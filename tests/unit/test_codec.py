@@ -283,6 +283,7 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
     t.PauseSchedule: st.builds(
         t.PauseSchedule, tenant=TEXT, schedule_id=TEXT, paused=st.booleans()
     ),
+    t.PauseQueue: st.builds(t.PauseQueue, tenant=TEXT, queue=TEXT, paused=st.booleans()),
     t.SendEvents: st.builds(
         t.SendEvents,
         tenant=TEXT,

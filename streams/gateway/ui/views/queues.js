@@ -1,5 +1,5 @@
-// Queues: depth by state (stacked bar), the oldest task that is due and the delayed ones not
-// due yet, throughput and error rate per window (GET /v1/queues), and the queue's history over
+// Queues: pause and resume, depth by state (stacked bar), the oldest task that is due and the
+// delayed ones not due yet, throughput and error rate per window (GET /v1/queues), and the queue's history over
 // the last hour or day from the server (GET /v1/stats/history): throughput and errors, error
 // rate, retries, schedule-to-start and run time p50/p99, depth. The history is the node's, so
 // it is there when the page opens, whatever was open before.
@@ -116,8 +116,12 @@ function card(queue, state) {
   const typeSelect = h("select", { name: "task_type", "aria-label": "task type",
     onchange: () => { state.types.set(queue.queue, typeSelect.value); state.redraw(); } },
   h("option", { value: "" }, "every task type"));
-  const section = h("section", { class: "card queue", "data-queue": queue.queue },
-    h("div", { class: "title-row" }, h("h2", {}, queue.queue), typeSelect),
+  const section = h("section", { class: "card queue", "data-queue": queue.queue,
+    "data-paused": queue.paused ? "true" : "false" },
+    h("div", { class: "title-row" }, h("h2", {}, queue.queue),
+      queue.paused ? h("span", { class: "badge s-expired paused",
+        title: "no task of it is leased; enqueues are accepted" }, "paused") : null,
+      pauseButton(queue, state), typeSelect),
     h("div", { class: "queue-grid" },
       h("div", {}, readyLine(queue), depthBar(queue.depth), h("div", { class: "legends" }, legend)),
       h("div", {}, windowsTable(queue.windows))),
@@ -133,6 +137,21 @@ function card(queue, state) {
   return section;
 }
 
+// Pause stops dispatch from the queue on every partition (its tasks stay ENQUEUED, enqueues
+// are accepted); resume deals its ready tasks again.
+function pauseButton(queue, state) {
+  const verb = queue.paused ? "resume" : "pause";
+  return h("button", { type: "button", class: "secondary pause-toggle", onclick: async () => {
+    try {
+      await api("POST", `/v1/queues/${encodeURIComponent(queue.queue)}/${verb}`);
+      state.flash(`Queue ${queue.queue} ${queue.paused ? "resumed" : "paused"}.`, "ok");
+      await state.redraw();
+    } catch (err) {
+      state.flash(err.message, "error");
+    }
+  } }, queue.paused ? "Resume" : "Pause");
+}
+
 // The circuit breakers agents hold open (a task type whose guests keep crashing is not claimed
 // by them for a while; their other types go on), from the agents' polls.
 function breakersRow(breakers) {
@@ -143,11 +162,11 @@ function breakersRow(breakers) {
     `${b.app} / ${b.task_type} × ${b.agents}`)));
 }
 
-export async function renderQueues(main, { query, nav, live }) {
+export async function renderQueues(main, { query, nav, flash, live }) {
   const list = h("div", { class: "queues" });
   const breakers = h("div", {});
   const state = { window: HISTORY_WINDOWS.includes(query.window) ? query.window : "1h",
-    types: new Map(), redraw: () => draw() };
+    types: new Map(), redraw: () => draw(), flash };
   const toggle = HISTORY_WINDOWS.map((name) => h("button", { type: "button",
     class: name === state.window ? "" : "secondary", "data-window": name,
     onclick: () => nav("queues", "", { window: name }) }, `last ${name}`));
