@@ -8,10 +8,12 @@ first tenant's registry."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from test_gateway import NodeProcess, call
-from test_ingest import DEADLINE_S, HERE, wait_for
+from test_ingest import DEADLINE_S, HERE, REPO, wait_for
 from test_kafka_node import kafka_node, stop
 
 from conveyor.streams.log.kafka_broker import KafkaCluster
@@ -158,3 +160,38 @@ def test_each_tenant_reads_its_task_events_as_avro_from_its_own_topic(
             bootstrap, topic, node.base, CLIENT, lambda seen: len(seen) >= len(events)
         )
     )
+
+
+def test_the_faust_example_reacts_to_terminal_states(
+    cluster_node: tuple[NodeProcess, str], kafka_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    pytest.importorskip("faust", reason="conveyor.faust needs the faust extra (conveyor[faust])")
+    node, cluster = cluster_node
+    env = {
+        **os.environ,
+        "CONVEYOR_KAFKA": kafka_cluster.bootstrap,
+        "CONVEYOR_CLUSTER": cluster,
+        "CONVEYOR_TENANT": "default",
+        "CONVEYOR_URL": node.base,
+        "CONVEYOR_API_KEY": CLIENT,
+        "CONVEYOR_FAUST_APP": f"faust-{uuid.uuid4().hex[:8]}",
+    }
+    out = tmp_path / "faust.out"
+    cmd = [sys.executable, "-m", "examples.task_events_faust"]
+    cmd += ["--datadir", str(tmp_path / "faust-data"), "worker", "-l", "warn"]
+    with open(out, "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        task_id = enqueue(node.base, CLIENT, "faust@example.com")
+
+        def ended() -> list[dict[str, Any]]:
+            assert proc.poll() is None, out.read_text()
+            # Faust's worker logs what an agent prints: "[time] [pid] [WARNING] {...}"
+            text = out.read_text().splitlines()
+            lines = [json.loads(x[x.index("{") :]) for x in text if '{"task_id"' in x]
+            return [x for x in lines if x["task_id"] == task_id]
+
+        wait_for(ended, "the example's line for the task")
+        assert ended() == [{"task_id": task_id, "task_type": "signup", "kind": "TaskSucceeded"}]
+    finally:
+        stop(proc)
