@@ -2,7 +2,8 @@
 acknowledged just before, to this client or to another process (``gateway/snapshot.py``).
 
 A real ``conveyor node`` (processors, the projector in its own process, embedded PostgreSQL):
-- enqueue then list at once, many times over: the task is on the first page every time;
+- enqueue then list at once, many times over: the task is on the first page every time
+  (over HTTP, and through the SDK's client: its page carries ``may_trail``);
 - ``conveyor enqueue`` then ``conveyor list``, two processes as in a shell: it is listed;
 - with the projector process stopped (SIGSTOP), a listing waits its bound and then says the
   page may trail (``may_trail``) instead of passing a stale page off as current; once the
@@ -60,6 +61,17 @@ def test_a_task_is_listed_right_after_its_enqueue_every_time(node: NodeProcess) 
         listed, may_trail = _listed(node.base)
         assert task_id in listed, f"round {n}: {task_id} missing from the listing"
         assert may_trail is False
+
+
+def test_the_sdk_client_lists_what_it_just_enqueued(node: NodeProcess) -> None:
+    import conveyor
+
+    with conveyor.Client(node.base, KEY_A, app="shop") as client:
+        for n in range(10):
+            handle = client.enqueue("echo", {"sdk": n})
+            page = client.list(limit=1000)
+            assert handle.id in {t.task_id for t in page.tasks}, f"round {n}"
+            assert page.may_trail is False
 
 
 def test_conveyor_list_in_another_process_shows_what_conveyor_enqueue_just_did(
