@@ -75,6 +75,9 @@ def _summary(body: bytes, kind: str) -> str:
         case types.PauseSchedule():
             verb = "pause" if record.paused else "resume"
             text = f"tenant {record.tenant}: {verb} {record.schedule_id}"
+        case types.PauseQueue():
+            verb = "pause" if record.paused else "resume"
+            text = f"tenant {record.tenant}: {verb} queue {record.queue}"
         case types.SendEvents():
             text = f"tenant {record.tenant}: " + ", ".join(
                 f"{i.task_id} {i.name!r}" for i in record.items
