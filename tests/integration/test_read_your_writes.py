@@ -6,8 +6,8 @@ A real ``conveyor node`` (processors, the projector in its own process, embedded
   (over HTTP, and through the SDK's client: its page carries ``may_trail``);
 - ``conveyor enqueue`` then ``conveyor list``, two processes as in a shell: it is listed;
 - with the projector process stopped (SIGSTOP), a listing waits its bound and then says the
-  page may trail (``may_trail``) instead of passing a stale page off as current; once the
-  projector runs again the task is listed and the flag is off.
+  page may trail (``may_trail``; ``conveyor list`` says so) instead of passing a stale page
+  off as current; once the projector runs again the task is listed and the flag is off.
 """
 
 from __future__ import annotations
@@ -127,6 +127,17 @@ def test_a_stalled_projector_makes_the_page_say_it_may_trail(node: NodeProcess) 
         assert may_trail is True
         assert task_id not in listed  # the projector is stopped: the snapshot cannot hold it
         assert waited_s >= 1.9, "the listing waits its bound (2 s) before it gives up"
+        env = {k: v for k, v in os.environ.items() if k != "CONVEYOR_HOME"}
+        env["CONVEYOR_API_KEY"] = KEY_A
+        shown = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", "list", "--url", node.base],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "the query snapshot is behind the node" in " ".join(shown.stdout.split())
     finally:
         os.kill(projector, signal.SIGCONT)
     listed, may_trail = _listed(node.base)
