@@ -330,3 +330,14 @@ def test_a_router_killed_mid_stream_enqueues_every_record_exactly_once(
     assert kills == 2
     assert len(found) == total, len(found)  # none twice, none lost
     assert quarantined(bootstrap, topic) == []
+
+
+def test_a_key_the_node_refuses_stops_the_router_naming_it(
+    node: NodeProcess, kafka_cluster: KafkaCluster
+) -> None:
+    cmd = [sys.executable, "-m", "conveyor.cli", "ingest", "--kafka", kafka_cluster.bootstrap]
+    cmd += ["--topic", "never-read", "--url", node.base, "--api-key", "cvk_not-a-key-0123456789"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 4, out.stdout + out.stderr  # refused
+    assert "refused the router's key (401)" in out.stderr, out.stderr
+    assert "cvk_not-a-key" not in out.stdout + out.stderr  # a key is never echoed
