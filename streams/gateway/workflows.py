@@ -26,9 +26,10 @@ kept for its next wait of that name. A finished workflow takes no events (409).
 Rule 5 (listing): ``GET /v1/workflows`` lists the tasks that recorded a step, newest first,
 from the Postgres snapshot (``store/postgres/workflows.py``: a page may be short, even
 empty, while ``next_cursor`` is set), filtered by status, task type, created range and id
-prefix, each with its step counts. A workflow that has not committed its first step yet is
-not listed (nothing says it is one). Like task listing, it first waits (briefly) for the
-snapshot to hold what the node had applied, and says ``may_trail`` when it did not.
+prefix, each with its step counts. A workflow that has not recorded its first step yet (a
+claim counts) is not listed (nothing says it is one). Like task listing, it first waits
+(briefly) for the snapshot to hold what the node had applied, and says ``may_trail`` when it
+did not.
 Rule 6 (times): each step of ``GET`` has ``started_ms`` (its first claim) and ``ended_ms`` (its
 commit) from the snapshot, which keeps them (the partition's step rows carry no times): null
 without a snapshot and until the projection has folded them. A parallel step starts when its
