@@ -40,13 +40,13 @@ def ingest(
     quarantine_topic: Annotated[
         str,
         typer.Option(
-            "--quarantine-topic", help="Where refused records go [default: <topic>-quarantine]"
+            "--quarantine-topic", help="Where refused records go (default: <topic>-quarantine)"
         ),
     ] = "",
     group: Annotated[
         str,
         typer.Option(
-            "--group", help="The routers' consumer group [default: conveyor-ingest-<topic>]"
+            "--group", help="The routers' consumer group (default: conveyor-ingest-<topic>)"
         ),
     ] = "",
     instance: Annotated[
@@ -54,7 +54,7 @@ def ingest(
         typer.Option(
             "--instance",
             help="This router's name in its group, stable across its restarts (its "
-            "transactional id) [default: the host name]",
+            "transactional id; default: the host name)",
         ),
     ] = "",
     partitions: Annotated[
