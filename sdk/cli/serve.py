@@ -401,7 +401,7 @@ async def _run_node(
     from conveyor.store.attempt_logs import AttemptLogs
     from conveyor.streams.gateway import KeyStore, Registry, build_app, ensure_dev_key, start
     from conveyor.streams.gateway.auth import ensure_agent_key
-    from conveyor.streams.gateway.forward import forwarder
+    from conveyor.streams.gateway.forward import join_cluster
     from conveyor.streams.sinks.metrics import Metrics, TenantLabels, time_appends
 
     run_agent = _load_agent() if app_ref is not None else None
@@ -443,7 +443,8 @@ async def _run_node(
         if kafka is not None:
             readers = _events_readers(app, snapshot)
             member = await _join(node, record_log, kafka, url, home, metrics, readers)
-            forwarder(app).attach(member.directory, url)  # any request, to its owner
+            call_key = kafka.secret.call_key(kafka.cluster)  # any request, to its owner
+            join_cluster(app, member.directory, url, call_key)
         _banner(url, key, home, dev=run_agent is not None)
         try:
             if run_agent is None or app_ref is None:

@@ -35,6 +35,7 @@ SECRET_CHARS_MIN = 16
 SECRET_ENV = "CONVEYOR_CLUSTER_SECRET"
 MAC = "mac"
 _CONTEXT = b"conveyor nodes card\x00"
+_CALL_CONTEXT = b"conveyor node call\x00"
 
 
 class ClusterSecret:
@@ -59,6 +60,11 @@ class ClusterSecret:
     def card_key(self, cluster: str) -> bytes:
         """The key that signs the cards of ``cluster`` (rule 2)."""
         return hmac.new(self._value, _CONTEXT + cluster.encode(), hashlib.sha256).digest()
+
+    def call_key(self, cluster: str) -> bytes:
+        """The key that signs the calls one node of ``cluster`` makes to another
+        (``gateway/forward.py``, calls between nodes): another key than the cards'."""
+        return hmac.new(self._value, _CALL_CONTEXT + cluster.encode(), hashlib.sha256).digest()
 
 
 def _canonical(card: dict[str, Any]) -> bytes:

@@ -62,8 +62,11 @@ _TIMED_ROUTES = {"/v1/tasks": "enqueue", "/v1/tasks:batch": "enqueue_batch"}
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path not in _PUBLIC and not dashboard.is_public(request.path):
         gw = request.app[routes.GATEWAY]
-        grant = authenticate(gw.keys, request.headers.get("Authorization"))
-        grant.check_path(request.path)  # the key's role (auth.py, rule 1)
+        if forward.NODE_CALL in request.headers:  # another node of the cluster (forward.py)
+            grant = await forward.node_grant(request)
+        else:
+            grant = authenticate(gw.keys, request.headers.get("Authorization"))
+            grant.check_path(request.path)  # the key's role (auth.py, rule 1)
         request[routes.GRANT] = grant
         request[routes.TENANT] = grant.tenant
     return await handler(request)

@@ -58,16 +58,29 @@ The rules:
    query snapshot, which every node feeds from every partition of the events topic;
    ``GET /v1/events`` reads that topic, the same for every node; a poll and a signals wait
    are made to every node by the agent (``agents/cluster.py``); ``GET /worker/nodes`` is the
-   directory itself. Not cluster-wide yet: a bulk operation by filter, whose runner submits
-   to this node's processors and so pauses on a partition led elsewhere (``operations.py``),
-   and the webhooks, each kept by the node it was registered with (``webhooks/store.py``).
+   directory itself. Not cluster-wide yet: the webhooks, each kept by the node it was
+   registered with (``webhooks/store.py``).
+9. A bulk operation by filter runs on the node it was started at (its row is in that node's
+   query snapshot), and each batch's ids go to their partitions' owners
+   (``ClusterSubmitter``): those led here to this node's processors, the others in one call
+   per owner to ``POST /internal/tasks:submit``. That call carries no user's key (the
+   operation runs in the background, after its request); it is signed with a key derived
+   from the cluster's secret (``Conveyor-Node-Call: <ts_ms>.<HMAC-SHA256 of the time,
+   method, path, tenant and body's SHA-256>``, the tenant in ``Conveyor-Node-Tenant``), is
+   accepted within ``NODE_CALL_SKEW_MS`` of its time, and opens that route only, for that
+   tenant only. A replayed call within the window retries or cancels the same tasks again,
+   which changes nothing. A part that cannot be done now (no owner, owner unreachable, a
+   503) fails the batch, which the runner redoes (``operations.py`` rule 3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -75,10 +88,13 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from conveyor.errors import ContractError, TransientError
+from conveyor.errors import ContractError, Forbidden, TransientError, Unauthorized
+from conveyor.schemas.types import TaskStatus
 from conveyor.streams.gateway import routes
+from conveyor.streams.gateway.auth import Grant, client_grant
 from conveyor.streams.gateway.errors import dumps, render
 from conveyor.streams.gateway.validation import parse_batch, parse_retry
+from conveyor.streams.machine import Reply
 from conveyor.streams.node import Node
 from conveyor.streams.registry.catalog import registry_partition
 from conveyor.streams.routing import partition_for_key, partition_for_schedule, partition_of
@@ -91,6 +107,11 @@ FORWARD_TIMEOUT_S = 30.0
 REFRESH_S = 2.0  # a node publishes its card every second (``cluster/directory.py``)
 RETRY_AFTER_MS = 500
 NODES_PATH = "/worker/nodes"
+NODE_CALL = "Conveyor-Node-Call"  # rule 9
+NODE_TENANT = "Conveyor-Node-Tenant"
+NODE_CALL_SKEW_MS = 30_000
+SUBMIT_PATH = "/internal/tasks:submit"
+NODE_CALLED = web.RequestKey("node_called", bool)
 
 # POST path -> (the body's list of items, the reply's list: one entry per item, in order)
 _ITEMS = {
@@ -130,10 +151,11 @@ class Forwarder:
         self.node = node
         self.owners: Owners | None = None
         self.url = ""  # this node's own gateway
+        self.call_key: bytes | None = None  # signs and checks calls between nodes (rule 9)
         self._http: aiohttp.ClientSession | None = None
 
-    def attach(self, owners: Owners, url: str) -> None:
-        self.owners, self.url = owners, url.rstrip("/")
+    def attach(self, owners: Owners, url: str, call_key: bytes | None = None) -> None:
+        self.owners, self.url, self.call_key = owners, url.rstrip("/"), call_key
 
     def here(self, p: int | None) -> bool:
         return p is None or self.node.is_open(p)
@@ -443,11 +465,165 @@ async def nodes_route(request: web.Request) -> web.Response:
     return routes.reply({"nodes": fw.owners.nodes()})
 
 
+# -- calls between nodes (rule 9) ------------------------------------------------------------
+
+
+def _call_mac(key: bytes, ts_ms: str, method: str, path: str, tenant: str, body: bytes) -> str:
+    signed = "\n".join([ts_ms, method, path, tenant, hashlib.sha256(body).hexdigest()])
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
+
+
+async def node_grant(request: web.Request) -> Grant:
+    """The grant of a call from another node of the cluster: its tenant's client grant, for
+    ``SUBMIT_PATH`` only; Unauthorized unless it checks. Called by the auth middleware in
+    place of the key check when the call carries ``NODE_CALL``."""
+    fw = request.app[FORWARDER]
+    tenant = request.headers.get(NODE_TENANT, "")
+    ts_ms, _, mac = request.headers.get(NODE_CALL, "").partition(".")
+    body = await request.read()
+    fresh = ts_ms.isdigit() and abs(int(time.time() * 1000) - int(ts_ms)) <= NODE_CALL_SKEW_MS
+    ok = (
+        fw.call_key is not None
+        and fresh
+        and bool(tenant)
+        and request.path == SUBMIT_PATH
+        and hmac.compare_digest(
+            mac, _call_mac(fw.call_key, ts_ms, request.method, request.path, tenant, body)
+        )
+    )
+    if not ok:
+        raise Unauthorized(
+            f"{NODE_CALL}: not a call of a node of this cluster (a bad signature, a time more "
+            f"than {NODE_CALL_SKEW_MS} ms off this node's clock, or another route than "
+            f"{SUBMIT_PATH}); the nodes of a cluster must share CONVEYOR_CLUSTER_SECRET"
+        )
+    request[NODE_CALLED] = True
+    return client_grant(tenant)
+
+
+async def submit_route(request: web.Request) -> web.Response:
+    """``POST /internal/tasks:submit {kind, task_ids, reason}``: a part of another node's bulk
+    operation, for partitions led here (rule 9)."""
+    if not request.get(NODE_CALLED):
+        raise Forbidden(f"{SUBMIT_PATH} is called by the nodes of a cluster only")
+    fw, tenant = request.app[FORWARDER], request[routes.TENANT]
+    body = json.loads(await request.read())
+    ids = [str(t) for t in body["task_ids"]]
+    away = [p for p in {fw.node.partition_of(t) for t in ids} if not fw.here(p)]
+    if away:
+        return _not_owner(away[0])
+    if body["kind"] == "retry":
+        replies = await fw.node.retry_failed(tenant, ids)
+    else:
+        replies = await fw.node.cancel_many(tenant, ids, str(body.get("reason") or ""))
+    return routes.reply({"replies": [_reply_json(r) for r in replies]})
+
+
+def _reply_json(r: Reply) -> dict[str, Any]:
+    status = None if r.status is None else r.status.value
+    return {"task_id": r.task_id, "ok": r.ok, "created": r.created, "status": status}
+
+
+def _reply_of(item: dict[str, Any]) -> Reply:
+    status = None if item["status"] is None else TaskStatus(item["status"])
+    return Reply(
+        offset=-1,
+        index=0,
+        ok=bool(item["ok"]),
+        task_id=str(item["task_id"]),
+        created=bool(item["created"]),
+        status=status,
+    )
+
+
+class ClusterSubmitter:
+    """A bulk operation's batches on a cluster (rule 9): the ids of partitions led here to
+    the node, the others to their owners."""
+
+    def __init__(self, fw: Forwarder) -> None:
+        self.fw = fw
+
+    async def retry_failed(self, tenant: str, task_ids: Sequence[str]) -> list[Reply]:
+        return await self._submit(tenant, task_ids, {"kind": "retry"})
+
+    async def cancel_many(self, tenant: str, task_ids: Sequence[str], reason: str) -> list[Reply]:
+        return await self._submit(tenant, task_ids, {"kind": "cancel", "reason": reason})
+
+    async def _submit(
+        self, tenant: str, task_ids: Sequence[str], what: dict[str, Any]
+    ) -> list[Reply]:
+        fw = self.fw
+        groups: dict[str | None, list[str]] = defaultdict(list)
+        for task_id in task_ids:
+            p = fw.node.partition_of(task_id)
+            url = None if fw.here(p) else fw.owner(p)
+            if url is None and not fw.here(p):
+                raise TransientError(
+                    f"partition {p} has no leader now; the batch is done again later",
+                    retry_after_ms=RETRY_AFTER_MS,
+                )
+            groups[url].append(task_id)
+        parts = [self._part(tenant, url, ids, what) for url, ids in groups.items()]
+        return [r for replies in await asyncio.gather(*parts) for r in replies]
+
+    async def _part(
+        self, tenant: str, url: str | None, ids: list[str], what: dict[str, Any]
+    ) -> list[Reply]:
+        fw = self.fw
+        if url is None:
+            if what["kind"] == "retry":
+                return await fw.node.retry_failed(tenant, ids)
+            return await fw.node.cancel_many(tenant, ids, str(what["reason"]))
+        assert fw.call_key is not None  # set with the owners (``attach``)
+        body = dumps({**what, "task_ids": ids}).encode()
+        ts_ms = str(int(time.time() * 1000))
+        mac = _call_mac(fw.call_key, ts_ms, "POST", SUBMIT_PATH, tenant, body)
+        headers = {
+            NODE_CALL: f"{ts_ms}.{mac}",
+            NODE_TENANT: tenant,
+            FORWARDED: fw.node.node_id,
+            "Content-Type": "application/json",
+        }
+        try:
+            async with fw.http().post(
+                url + SUBMIT_PATH,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S),
+            ) as response:
+                got = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TransientError(
+                f"the owner at {url} did not take a batch ({exc!r}); it is done again later",
+                retry_after_ms=RETRY_AFTER_MS,
+            ) from exc
+        if status != 200:
+            raise TransientError(
+                f"the owner at {url} answered {status} to a batch: {got[:300]!r}; it is done "
+                "again later",
+                retry_after_ms=RETRY_AFTER_MS,
+            )
+        return [_reply_of(item) for item in json.loads(got)["replies"]]
+
+
+def join_cluster(app: web.Application, owners: Owners, url: str, call_key: bytes) -> None:
+    """From now on ``app`` forwards by ``owners`` (rules 1-7), and its bulk operations send
+    each batch's ids to their owners, signing the calls with ``call_key`` (rule 9)."""
+    fw = app[FORWARDER]
+    fw.attach(owners, url, call_key)
+    operations = app[routes.GATEWAY].operations
+    if operations is not None:
+        operations.submitter = ClusterSubmitter(fw)
+
+
 def add_to(app: web.Application, node: Node) -> None:
-    """Forwarding and ``GET /worker/nodes`` on ``app`` (the middleware is in ``build_app``)."""
+    """Forwarding, ``GET /worker/nodes`` and the route of calls between nodes on ``app`` (the
+    middleware is in ``build_app``)."""
     fw = Forwarder(node)
     app[FORWARDER] = fw
     app.router.add_get(NODES_PATH, nodes_route, allow_head=False)
+    app.router.add_post(SUBMIT_PATH, submit_route)
 
     async def close(_: web.Application) -> None:
         await fw.close()

@@ -33,7 +33,8 @@ import contextlib
 import logging
 import re
 import secrets
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -85,12 +86,24 @@ def changed(kind: str, replies: list[Reply]) -> int:
     return sum(1 for r in replies if r.ok and r.status in stopped)
 
 
+class Submitter(Protocol):
+    """Where a batch goes: the node (``Node``), or on a cluster each id's partition's owner
+    (``forward.ClusterSubmitter``)."""
+
+    async def retry_failed(self, tenant: str, task_ids: Sequence[str]) -> list[Reply]: ...
+
+    async def cancel_many(
+        self, tenant: str, task_ids: Sequence[str], reason: str
+    ) -> list[Reply]: ...
+
+
 class BulkOperations:
     """Starts, runs, resumes and reports the bulk operations of one node."""
 
     def __init__(self, node: Node, pool: asyncpg.Pool) -> None:
         self.node = node
         self.pool = pool
+        self.submitter: Submitter = node
         self._running: dict[str, asyncio.Task[None]] = {}
 
     async def start(
@@ -190,9 +203,9 @@ class BulkOperations:
                 return
             ids = [task_id for _, task_id in keys]
             if op.kind == RETRY:
-                replies = await self.node.retry_failed(op.tenant, ids)
+                replies = await self.submitter.retry_failed(op.tenant, ids)
             else:
-                replies = await self.node.cancel_many(op.tenant, ids, op.reason or "")
+                replies = await self.submitter.cancel_many(op.tenant, ids, op.reason or "")
             cursor, done = keys[-1], done + len(ids)
             await rows.advance(
                 self.pool,

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_gateway
 from aiokafka import AIOKafkaProducer
 from test_cluster import PARTITIONS, cluster_name, leading, nodes, settled, wait_for  # noqa: F401
 from test_gateway import NodeProcess, call
-from test_kafka_node import AGENT, CLIENT, CLUSTER_SECRET
+from test_kafka_node import AGENT, CLIENT, CLUSTER_SECRET, kafka_node
 
 from conveyor.streams.cluster.directory import topic_of
 from conveyor.streams.cluster.signing import ClusterSecret, sign
@@ -225,3 +226,60 @@ def test_a_node_on_kafka_without_a_good_secret_stops_before_it_starts(
     assert says in done.stderr + done.stdout, done.stderr
     assert secret is None or secret not in done.stderr + done.stdout
     assert not (tmp_path / "home" / "state").exists()  # nothing was opened
+
+
+def failed_listed(base: str, ids: list[str]) -> bool:
+    """Whether ``base``'s snapshot lists every task of ``ids`` FAILED."""
+    status, page = call(base, "GET", "/v1/tasks?status=FAILED&limit=100", key=CLIENT)
+    assert status == 200, page
+    return set(ids) <= {t["task_id"] for t in page["tasks"]}
+
+
+def test_a_bulk_retry_started_at_one_node_retries_the_dead_letters_every_node_leads(
+    kafka_cluster: KafkaCluster,
+    tmp_path: Path,
+    cluster_name: str,  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(test_gateway, "START_TIMEOUT_S", 90.0)  # a private Postgres each
+    made = [kafka_node(tmp_path, kafka_cluster.bootstrap, f"n{i}", cluster_name) for i in (1, 2)]
+    for node in made:  # the projection on: a bulk operation selects from it
+        node.command = tuple(c for c in node.command if c != "--no-projection")
+    n1, n2 = made
+    try:
+        for node in made:
+            node.start()
+        wait_for(
+            "two nodes to share the partitions",
+            lambda: settled(made) and all(leading(n) for n in made),
+            timeout_s=90,
+        )
+        owned = {n1.base: set(leading(n1)), n2.base: set(leading(n2))}
+        register(n1.base, TYPES)
+        for node in made:
+            wait_for(f"{node.home.name} to know them", lambda n=node: known_at(n.base, "flaky"))
+        dead = [
+            dead_letter(n1.base, n2.base, key_on(owned[n2.base])),
+            dead_letter(n1.base, n1.base, key_on(owned[n1.base])),
+        ]
+        wait_for("n1's snapshot to list them", lambda: failed_listed(n1.base, dead), 60)
+
+        body = {"filter": {"status": ["FAILED"], "task_type": "flaky"}}
+        status, op = call(n1.base, "POST", "/v1/tasks:retry", body, key=CLIENT)
+        assert status == 202, op
+        path = f"/v1/operations/{op['operation_id']}"
+
+        def finished() -> bool:
+            status, got = call(n1.base, "GET", path, key=CLIENT)
+            assert status == 200 and got["state"] != "failed", got
+            op.update(got)
+            return bool(got["state"] == "done")
+
+        wait_for("the operation to finish", finished, 60)
+        assert (op["matched"], op["done"], op["changed"]) == (2, 2, 2), op
+        status, again = call(n2.base, "POST", "/v1/tasks:retry", {"task_ids": dead}, key=CLIENT)
+        assert status == 200 and again["retried"] == [], again  # both were retried, once
+    finally:
+        for node in made:
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()

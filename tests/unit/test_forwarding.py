@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,8 +15,19 @@ import aiohttp
 
 from conveyor.errors import TransientError
 from conveyor.store.memory import MemoryKV
+from conveyor.streams.cluster.signing import ClusterSecret
 from conveyor.streams.gateway import KeyStore, Registry, build_app, start
-from conveyor.streams.gateway.forward import FORWARDED, NOT_OWNER, forwarder
+from conveyor.streams.gateway.forward import (
+    FORWARDED,
+    NODE_CALL,
+    NODE_TENANT,
+    NOT_OWNER,
+    SUBMIT_PATH,
+    ClusterSubmitter,
+    Forwarder,
+    _call_mac,
+    forwarder,
+)
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.node import Node
 from conveyor.streams.registry.catalog import registry_partition
@@ -23,6 +35,8 @@ from conveyor.streams.routing import partition_for_key, partition_for_schedule, 
 
 KEY = "key-alpha-0123456789"
 TENANT = "alpha"
+CALL_KEY = ClusterSecret("unit-cluster-secret-0123").call_key("unit")
+FORWARDERS: dict[str, Forwarder] = {}  # by the URL its node serves at
 
 
 class Directory:
@@ -48,10 +62,12 @@ class Directory:
 async def serving(node: Node, directory: Directory) -> AsyncIterator[str]:
     app = build_app(node, KeyStore({KEY: TENANT}), Registry())
     runner, url = await start(app, "127.0.0.1", 0)
-    forwarder(app).attach(directory, url)
+    forwarder(app).attach(directory, url, CALL_KEY)
+    FORWARDERS[url] = forwarder(app)
     try:
         yield url
     finally:
+        FORWARDERS.pop(url, None)
         await runner.cleanup()
 
 
@@ -289,5 +305,51 @@ def test_the_list_of_schedules_gathers_every_owners_part_once() -> None:
             directory.urls[1] = None  # nobody leads 1 now: no list short of its schedules
             status, listed, headers = await request("GET", a, "/v1/schedules")
             assert status == 503 and "Retry-After" in headers, listed
+
+    run(main())
+
+
+def test_a_bulk_operations_batch_goes_to_the_owner_of_each_id() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, _, nodes):
+            on_b, on_a = await failed_task(a, b, 1), await failed_task(a, a, 0)
+            replies = await ClusterSubmitter(FORWARDERS[a]).retry_failed(TENANT, [on_b, on_a])
+            created = sorted(r.task_id for r in replies if r.created)
+            assert len(created) == 2, replies  # each old task made its new one, on its owner
+            assert {partition_of(t, 2) for t in created} == {0, 1}
+            for t in created:
+                assert nodes[partition_of(t, 2)].get(TENANT, t).status.value == "ENQUEUED"
+            canceled = await ClusterSubmitter(FORWARDERS[b]).cancel_many(TENANT, created, "x")
+            assert sorted(r.status.value for r in canceled if r.status) == ["CANCELED"] * 2
+
+    run(main())
+
+
+def test_a_call_between_nodes_that_does_not_check_is_refused() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, _, _):
+            on_b = await failed_task(a, b, 1)
+            body = json.dumps({"kind": "retry", "task_ids": [on_b]}).encode()
+            now = str(int(time.time() * 1000))
+
+            async def call(ts: str, key: bytes, tenant: str = TENANT) -> int:
+                mac = _call_mac(key, ts, "POST", SUBMIT_PATH, TENANT, body)
+                headers = {NODE_CALL: f"{ts}.{mac}", NODE_TENANT: tenant}
+                headers["Content-Type"] = "application/json"
+                async with (
+                    aiohttp.ClientSession() as http,
+                    http.post(b + SUBMIT_PATH, data=body, headers=headers) as reply,
+                ):
+                    return reply.status
+
+            other = ClusterSecret("another-cluster-secret-0").call_key("unit")
+            assert await call(now, other) == 401  # another secret
+            assert await call(str(int(now) - 60_000), CALL_KEY) == 401  # a minute old
+            assert await call(now, CALL_KEY, tenant="beta") == 401  # signed for another tenant
+            status, reply = await post(b, SUBMIT_PATH, {"kind": "retry", "task_ids": [on_b]})
+            assert status == 403, reply  # a user's key does not open it
+            status, reply = await post(a, "/v1/tasks:retry", {"task_ids": [on_b]})
+            assert [r["task_id"] for r in reply["retried"]] == [on_b]  # nothing was retried
+            assert await call(now, CALL_KEY) == 200  # the same call, signed by the cluster
 
     run(main())
