@@ -487,6 +487,8 @@ _QUEUE = obj(
         "next_due_in_ms": nullable(
             integer(0, description="when the next delayed task is due; null: none delayed")
         ),
+        "paused": {"type": "boolean", "description": "not dispatched from (POST .../pause)"},
+        "paused_partitions": integer(0, description="partitions it is paused on"),
         "windows": {"type": "object", "additionalProperties": _WINDOW},
     }
 )
@@ -1137,7 +1139,7 @@ _events_section()
 
 
 def _operators_section() -> None:
-    """The operator's endpoints (operators.py): a queue's history."""
+    """The operator's endpoints (operators.py): a queue's history, its pause, the agents."""
     ms = nullable(integer(0))
     point = obj(
         {
@@ -1180,6 +1182,65 @@ def _operators_section() -> None:
                 _param("task_type", NAME),
             ],
         )
+    )
+
+    task = obj(
+        {
+            "task_id": TASK_ID,
+            "app": NAME,
+            "task_type": NAME,
+            "queue": NAME,
+            "attempt": integer(0),
+            "leased_ms": nullable(integer(0)),
+        }
+    )
+    agent = obj(
+        {
+            "agent_id": NAME,
+            "app": NAME,
+            "version": nullable(NAME),
+            "queues": _list(NAME),
+            "task_types": nullable(_list(NAME)),
+            "connected": {"type": "boolean", "description": "a poll waits, or ended < 30 s ago"},
+            "last_poll_ms": nullable(integer(0)),
+            "last_poll_age_ms": nullable(integer(0)),
+            "polls": integer(0),
+            "slots_asked": nullable(integer(0, description="free slots its last poll asked")),
+            "slots_used": nullable(integer(0, description="its tasks LEASED (snapshot)")),
+            "running": nullable(_list(task)),
+        }
+    )
+    paused = obj({"queue": NAME, "paused": {"type": "boolean"}}, "queue", "paused")
+    queue = _param("queue", NAME, "path")
+    ENDPOINTS.extend(
+        [
+            (
+                "get",
+                "/v1/agents",
+                "The agents polling this node for the key's tenant (app, version, slots used "
+                "and asked, last poll) with their running tasks, from the snapshot",
+                None,
+                obj({"agents": _list(agent), "now_ms": integer(0)}),
+                [],
+            ),
+            (
+                "post",
+                "/v1/queues/{queue}/pause",
+                "Pause a queue on every partition: its tasks stay ENQUEUED and none is leased; "
+                "enqueues are accepted",
+                None,
+                paused,
+                [queue],
+            ),
+            (
+                "post",
+                "/v1/queues/{queue}/resume",
+                "Resume a paused queue: its ready tasks are dealt to agents again at once",
+                None,
+                paused,
+                [queue],
+            ),
+        ]
     )
 
 
