@@ -60,6 +60,12 @@ def ingest(
     partitions: Annotated[
         int, typer.Option("--partitions", min=1, help="Partitions of a topic it creates")
     ] = 4,
+    batch: Annotated[
+        int,
+        typer.Option(
+            "--batch", min=1, max=1_000, help="Records per enqueue (the node takes up to 1,000)"
+        ),
+    ] = 500,
     log_level: Annotated[str, typer.Option("--log-level", help="Log level")] = "warning",
 ) -> None:
     """Route an ingest topic's records (Avro in Confluent's wire format) to enqueues, exactly
@@ -83,6 +89,7 @@ def ingest(
         group=group,
         instance=instance or socket.gethostname(),
         partitions=partitions,
+        batch_max=batch,
     )
     try:
         asyncio.run(_route(Router(settings)))
