@@ -35,13 +35,13 @@ def shadowing(paths: Sequence[str]) -> str | None:
     spec = PathFinder.find_spec("conveyor", list(paths))
     if spec is None:
         return None
-    found = list(spec.submodule_search_locations or [])
-    if not found and spec.origin:
-        found = [os.path.dirname(spec.origin)]
-    others = [p for p in found if os.path.realpath(p) != INSTALLED]
-    if not others:
-        return None
-    return _shadow_message(others[0])
+    if spec.origin and os.path.isfile(spec.origin):  # a regular package: is it this one?
+        # By its __init__.py, so a tree of links to the package (an editable install) is it.
+        if os.path.realpath(spec.origin) == os.path.join(INSTALLED, "__init__.py"):
+            return None
+        return _shadow_message(os.path.dirname(spec.origin))
+    others = [p for p in spec.submodule_search_locations or [] if os.path.realpath(p) != INSTALLED]
+    return _shadow_message(others[0]) if others else None
 
 
 def _shadow_message(folder: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.agents.startup import import_failure, shadowing
+from conveyor.agents.startup import INSTALLED, import_failure, shadowing
 from conveyor.cli.dev_loop import AppFiles, EventLines
 from conveyor.schemas.types import EventKind, TaskEvent
 
@@ -109,6 +109,21 @@ def test_a_folder_named_conveyor_ahead_on_the_path_is_named(tmp_path: Path) -> N
     assert problem is not None
     assert problem.startswith(f"the folder {tmp_path / 'conveyor'} shadows the installed")
     assert problem.endswith("Rename or move that folder, or run from a directory without it.")
+
+
+def test_a_regular_package_named_conveyor_is_named_but_links_to_this_one_are_not(
+    tmp_path: Path,
+) -> None:
+    links = tmp_path / "links" / "conveyor"  # how an editable install may lay it out
+    links.mkdir(parents=True)
+    for name in os.listdir(INSTALLED):
+        (links / name).symlink_to(Path(INSTALLED) / name)
+    assert shadowing([str(tmp_path / "links")]) is None
+    clone = tmp_path / "clone" / "conveyor"
+    clone.mkdir(parents=True)
+    (clone / "__init__.py").write_text("")
+    problem = shadowing([str(tmp_path / "clone")])
+    assert problem is not None and problem.startswith(f"the folder {clone} shadows")
 
 
 def test_an_import_error_is_the_exception_and_the_app_s_line(tmp_path: Path) -> None:
