@@ -28,6 +28,11 @@ Rules, and why:
    task's rows as of one moment; a listing by status shows a lease that much later. Held rows
    keep their partition's watermark at the read they came in, so a crash or a restart
    re-reads them (rule 1). Catching up holds nothing.
+6. The same transaction folds the chunk's events into the queue history (per tenant, minute,
+   queue and task type: counts and latency histograms, ``store/postgres/history.py``). Those
+   rows are added to, not versioned, so that fold skips events at or below the record offset
+   its own marks say it counted: a re-read (rule 1, rule 5) or a batch shipped twice adds
+   nothing.
 """
 
 from __future__ import annotations
