@@ -65,7 +65,7 @@ def ingest(
         typer.Option(
             "--batch", min=1, max=1_000, help="Records per enqueue (the node takes up to 1,000)"
         ),
-    ] = 500,
+    ] = 1_000,
     log_level: Annotated[str, typer.Option("--log-level", help="Log level")] = "warning",
 ) -> None:
     """Route an ingest topic's records (Avro in Confluent's wire format) to enqueues, exactly

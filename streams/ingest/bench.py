@@ -33,7 +33,7 @@ import aiohttp
 from aiokafka import AIOKafkaProducer
 
 from conveyor.streams.ingest import topics, wire
-from conveyor.streams.ingest.router import APP_HEADER, TYPE_HEADER, Router, Settings
+from conveyor.streams.ingest.router import APP_HEADER, BATCH_MAX, TYPE_HEADER, Router, Settings
 from conveyor.streams.log.kafka_broker import KafkaCluster
 
 CLIENT = "cvk_bench-ingest-client-0123456789"
@@ -115,10 +115,10 @@ async def _produce(bootstrap: str, topic: str, schema_id: int, n: int) -> None:
         await producer.stop()
 
 
-async def _route(bootstrap: str, base: str, topic: str, n: int) -> dict[str, Any]:
-    settings = Settings(bootstrap=bootstrap, url=base, key=CLIENT, topic=topic)
+async def _route(bootstrap: str, base: str, topic: str, n: int, batch: int) -> dict[str, Any]:
+    settings = Settings(bootstrap=bootstrap, url=base, key=CLIENT, topic=topic, batch_max=batch)
     router = Router(settings)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     await router.start()
     runner = asyncio.create_task(router.run())
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -135,8 +135,9 @@ async def _route(bootstrap: str, base: str, topic: str, n: int) -> dict[str, Any
         first, first_at, first_cpu = router.enqueued, time.perf_counter(), time.process_time()
         await until(n)
         took = time.perf_counter() - started
-        steady = time.perf_counter() - first_at
-        used = time.process_time() - first_cpu
+        after = n - first  # none when the first batch held every record
+        steady = time.perf_counter() - first_at if after else took
+        used = time.process_time() - (first_cpu if after else started_cpu)
     finally:
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -144,15 +145,16 @@ async def _route(bootstrap: str, base: str, topic: str, n: int) -> dict[str, Any
         await router.stop()
     return {
         "records": n,
+        "batch": batch,
         "enqueued": router.enqueued,
         "quarantined": router.quarantined,
         "seconds": round(took, 3),  # from the router's start: joining its group included
-        "records_per_s": round((n - first) / steady),  # after its first batch
-        "router_cpu_us_per_record": round(used / (n - first) * 1e6, 1),
+        "records_per_s": round((after or n) / steady),  # after its first batch
+        "router_cpu_us_per_record": round(used / (after or n) * 1e6, 1),
     }
 
 
-async def _run(root: Path, n: int) -> dict[str, Any]:
+async def _run(root: Path, n: int, batch: int) -> dict[str, Any]:
     cluster = KafkaCluster.start(1, root / "kafka")
     port = _free_port()
     node = _start_node(root / "home", port)
@@ -160,7 +162,7 @@ async def _run(root: Path, n: int) -> dict[str, Any]:
     try:
         schema_id = await _register(base)
         await _produce(cluster.bootstrap, "bench-ingest", schema_id, n)
-        return await _route(cluster.bootstrap, base, "bench-ingest", n)
+        return await _route(cluster.bootstrap, base, "bench-ingest", n, batch)
     finally:
         node.terminate()
         try:
@@ -174,12 +176,13 @@ async def _run(root: Path, n: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=BATCH_MAX)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--home", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-ingest-") as tmp:
         root = args.home or Path(tmp)
-        report = asyncio.run(_run(root, args.records))
+        report = asyncio.run(_run(root, args.records, args.batch))
     if args.json:
         print(json.dumps(report))
     else:

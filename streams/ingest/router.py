@@ -70,7 +70,7 @@ log = logging.getLogger("conveyor.ingest")
 APP_HEADER = "conveyor-app"
 TYPE_HEADER = "conveyor-task-type"
 KEY_BYTES_MAX = 256  # the gateway's limit of an idempotency key
-BATCH_MAX = 500  # records per enqueue batch (the node takes up to 1,000)
+BATCH_MAX = 1_000  # records per enqueue batch: the most the node takes in one
 POLL_MS = 500
 
 

@@ -13,7 +13,7 @@ from conveyor.streams.log.kafka_broker import KafkaCluster
 
 pytestmark = pytest.mark.timeout(240)
 
-RECORDS = 600
+RECORDS = 2_500  # three batches at least: the rate is measured after the first
 
 
 def test_bench_ingest_enqueues_every_record(kafka_cluster: KafkaCluster) -> None:
