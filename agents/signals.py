@@ -34,7 +34,7 @@ EMPTY_PAUSE_S = 0.05
 
 @runtime_checkable
 class SignalsAPI(Protocol):
-    """The worker API's signals call (``HttpWorkerAPI``, ``conveyor.testing``'s)."""
+    """The worker API's signals call (``HttpWorkerAPI``)."""
 
     async def signals(self, *, agent_id: str, app: str, wait_ms: int) -> list[tuple[str, int]]:
         """(task id, lease id) of this agent's leases asked to stop; [] after ``wait_ms``."""

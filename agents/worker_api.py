@@ -1,7 +1,7 @@
 """The worker API a host agent speaks: register, poll, heartbeat, complete, checkpoint, steps.
 
 ``WorkerAPI`` is the protocol; ``HttpWorkerAPI`` speaks the gateway's ``/worker/*`` endpoints
-(streams/gateway/PROTOCOL.md); ``conveyor.testing`` implements it over an in-process Node.
+(streams/gateway/PROTOCOL.md), and ``conveyor.testing``'s agent uses it too, on loopback.
 Payloads, results and checkpoints cross this boundary as JSON values.
 
 Rule 1: a call takes any number of items: ``HttpWorkerAPI`` sends them in parts of at most

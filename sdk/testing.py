@@ -1,4 +1,4 @@
-"""``conveyor.testing``: the real engine, in-process, on a fake clock.
+"""``conveyor.testing``: the real service, in-process, on a fake clock.
 
     with conveyor.testing.Engine(app) as engine:
         handle = engine.client.enqueue(send_email, {"to": "a@b.c"}, delay="10m")
@@ -6,84 +6,87 @@
         engine.advance("10m")            # the timer fires, the task runs
         assert handle.result() == "sent"
 
-The engine is a real Node (RocksDB and the local log in a temp dir, or in memory) and a real
-host agent whose executor runs handlers in this process (breakpoints work), on a background
-thread with its own event loop. Time is a ``FakeClock``: delays, backoff and timeouts fire when
-``advance`` moves it, never by waiting. ``engine.client`` has the methods of
-``conveyor.Client`` and talks to the node directly; inside the ``with``, ``task.enqueue()``
-uses it too.
+The engine is what ``conveyor dev`` runs, in this process: a real Node (RocksDB and the local
+log in a temp dir, or in memory), the gateway's own HTTP app (its middlewares, validation,
+limits and service layer) served on 127.0.0.1 at a free port, and a real host agent polling it
+over the worker protocol with an agent key. The agent's executor runs handlers in this process
+(breakpoints work). All of it runs on a background thread with its own event loop. Time is a
+``FakeClock``: delays, backoff and timeouts fire when ``advance`` moves it, never by waiting.
+``engine.client`` is a ``conveyor.Client`` pointed at that gateway with a client key, so a test
+sees exactly the replies, errors and status codes a deployed node gives; inside the ``with``,
+``task.enqueue()`` uses it too. (An ``async`` handler runs on the engine's loop: it must not
+call the synchronous client, which waits for that same loop to answer.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
+from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar
+
+from aiohttp import web
 
 from conveyor.agents.host import HostAgent
 from conveyor.agents.inline import InlineExecutor
-from conveyor.app import App, TaskType
-from conveyor.client import (
-    Decode,
-    EnqueueClient,
-    TaskHandle,
-    decoder_of,
-    items_of,
-    set_default_client,
-)
-from conveyor.codecs import (
-    PayloadCodec,
-    decode_tree,
-    decoded_info,
-    encode_bodies,
-    encode_schedule,
-    encode_value,
-)
+from conveyor.agents.worker_api import HttpWorkerAPI
+from conveyor.app import App
+from conveyor.client import Client, EnqueueClient, set_default_client
+from conveyor.codecs import PayloadCodec
 from conveyor.durations import Duration, to_ms
-from conveyor.errors import ContractError
-from conveyor.schemas import codec
-from conveyor.schemas.types import CatchUp, OverlapPolicy, TaskStatus, TimerKind, UpsertSchedule
+from conveyor.schemas.types import TimerKind
 from conveyor.store import keys
+from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.tables import Tables
-from conveyor.streams import cron as cron_rules
 from conveyor.streams.clock import FakeClock
-from conveyor.streams.gateway.reruns import rerun_spec, run_spec
-from conveyor.streams.gateway.schedules import schedule_json
-from conveyor.streams.gateway.workflows import history_page, parse_history_query, workflow_json
-from conveyor.streams.machine.handlers.cancel import retry_id
+from conveyor.streams.gateway import KeyStore, Registry, build_app, routes, start
+from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
+from conveyor.streams.gateway.contract.limits import LEASE_MS_MAX, WAIT_MS_MAX
+from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.node import Node
-from conveyor.testing_node import NodeWorkerAPI, check, spec_from_body, task_info
-from conveyor.wire import (
-    Enqueue,
-    EnqueueOptions,
-    ScheduleInfo,
-    ScheduleList,
-    ScheduleOptions,
-    TaskInfo,
-    TaskPage,
-    enqueue_body,
-    schedule_body,
-)
+from conveyor.wire import TaskInfo
 
 __all__ = ["Engine", "EngineClient", "FakeClock"]
 
 T = TypeVar("T")
 
-LEASE_S = 10 * 365 * 86_400.0  # leases never lapse on a fake-time jump: no agent can die here
+HOST = "127.0.0.1"
+# The longest lease the gateway grants. A fake-time jump longer than half of it is taken in
+# steps, the agent's leases renewed between them (``advance``): no agent dies here.
+LEASE_S = LEASE_MS_MAX / 1000
+LEASE_STEP_MS = LEASE_MS_MAX // 2
 CALL_TIMEOUT_S = 60.0
+WAIT_DEFAULT_S = 10.0  # ``handle.result()`` without a timeout: real seconds (see ``wait``)
+
+
+class EngineClient(Client):
+    """A ``conveyor.Client`` on the engine's gateway, with one difference for a fake clock:
+    ``wait`` (so ``handle.result()``) waits ``WAIT_DEFAULT_S`` real seconds when given no
+    timeout, and says how to move time when the task has not finished."""
+
+    def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
+        """The task once terminal. Real seconds: the fake clock does not move by itself, so a
+        task waiting on a timer needs ``engine.advance``/``engine.drain`` first."""
+        seconds = WAIT_DEFAULT_S if timeout is None else timeout
+        info = super().wait(task_id, seconds)
+        if not info.finished:
+            raise TimeoutError(
+                f"task {task_id} is still {info.status} after {seconds}s of real time; the "
+                "engine's clock is fake: engine.advance(...) or engine.drain() to fire timers"
+            )
+        return info
 
 
 class Engine:
-    """The platform in this process on a fake clock: a real node and a host agent running
-    ``app``'s handlers in this process (see the module's docstring). ``codec`` (default: the
-    app's) encodes payloads on both sides, as ``conveyor.codecs`` describes."""
+    """The platform in this process on a fake clock: a real node behind the real gateway, and
+    a host agent running ``app``'s handlers in this process (see the module's docstring).
+    ``codec`` (default: the app's) encodes payloads on both sides, as ``conveyor.codecs``
+    describes."""
 
     def __init__(
         self,
@@ -105,12 +108,17 @@ class Engine:
         self.concurrency = concurrency
         self.idle_timeout_s = idle_timeout_s
         self.clock = FakeClock()
-        self.client = EngineClient(self)
+        self.url = ""  # the gateway's, once running
+        self._client: EngineClient | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="conveyor-engine")
         self._home: str | None = None
         self._node: Node | None = None
-        self._api: NodeWorkerAPI | None = None
+        self._registry: Registry | None = None
+        self._gateway: Gateway | None = None
+        self._runner: web.AppRunner | None = None
+        self._api: HttpWorkerAPI | None = None
+        self._leases: HttpWorkerAPI | None = None  # the engine's own, to renew leases
         self._agent: HostAgent | None = None
         self._agent_run: asyncio.Task[None] | None = None
         self._previous: EnqueueClient | None = None
@@ -120,11 +128,15 @@ class Engine:
     def __enter__(self) -> Engine:
         self._thread.start()
         try:
-            self.call(self._start())
+            self._home = tempfile.mkdtemp(prefix="conveyor-engine-")
+            client_key = create_key(self._home, client_grant(self.tenant))
+            agent_key = create_key(self._home, agent_grant(self.tenant, self.app.name))
+            self.call(self._start(agent_key))
+            self._client = EngineClient(self.url, client_key, app=self.app.name, codec=self.codec)
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        self._previous = set_default_client(self.client)
+        self._previous = set_default_client(self._client)
         return self
 
     def __exit__(
@@ -132,6 +144,8 @@ class Engine:
     ) -> None:
         set_default_client(self._previous)
         try:
+            if self._client is not None:
+                self._client.close()
             if self._thread.is_alive():
                 self.call(self._stop())
         finally:
@@ -141,25 +155,37 @@ class Engine:
             if self._home is not None:
                 shutil.rmtree(self._home, ignore_errors=True)
 
-    async def _start(self) -> None:
+    async def _start(self, agent_key: str) -> None:
+        assert self._home is not None
+        home = Path(self._home)
         if self.durable:
-            self._home = tempfile.mkdtemp(prefix="conveyor-engine-")
-            node = await Node.open(self._home, partitions=self.partitions, clock=self.clock)
+            node = await Node.open(home / "node", partitions=self.partitions, clock=self.clock)
         else:
             node = Node.in_memory(self.partitions, clock=self.clock)
         await node.start()
         self._node = node
-        self._api = NodeWorkerAPI(node, tenant=self.tenant)
+        self._registry = Registry.load(home)
+        gateway = build_app(
+            node,
+            KeyStore.load(home),
+            self._registry,
+            logs=AttemptLogs(home / "logs"),
+        )
+        self._gateway = gateway[routes.GATEWAY]
+        self._runner, self.url = await start(gateway, HOST, 0)
+        self._api = HttpWorkerAPI(self.url, agent_key)
+        self._leases = HttpWorkerAPI(self.url, agent_key)
         self._agent = HostAgent(
             self._api,
             self.app,
             concurrency=self.concurrency,
-            heartbeat_s=3_600.0,  # heartbeats are poked by the engine, not timed
+            heartbeat_s=LEASE_S,  # heartbeats are poked by the engine, not timed
             lease_s=LEASE_S,
-            poll_wait_s=3_600.0,
+            poll_wait_s=WAIT_MS_MAX / 1000,
             executor=InlineExecutor(self.app, threads=self.concurrency, codec=self.codec),
             clock=self.clock,
             agent_id="engine",
+            home=home,
         )
         self._agent_run = asyncio.create_task(self._agent.run())
         started = asyncio.ensure_future(self._agent.started.wait())
@@ -169,21 +195,41 @@ class Engine:
             self._agent_run.result()  # the agent failed to start: raise why
 
     async def _stop(self) -> None:
-        if self._agent is not None and self._agent_run is not None:
-            self._agent.stop()
-            await asyncio.wait_for(self._agent_run, CALL_TIMEOUT_S)
-        if self._node is not None:
-            await self._node.stop()
+        try:
+            if self._agent is not None and self._agent_run is not None:
+                self._agent.stop()
+                await asyncio.wait_for(self._agent_run, CALL_TIMEOUT_S)
+        finally:
+            for api in (self._api, self._leases):
+                if api is not None:
+                    await api.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
+            if self._node is not None:
+                await self._node.stop()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT_S) -> T:
         """Run ``coro`` on the engine's loop and return its result (from the test's thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     @property
+    def client(self) -> EngineClient:
+        """A ``conveyor.Client`` on the engine's gateway, with a client key of its tenant."""
+        assert self._client is not None, "the engine is not running: use `with Engine(app):`"
+        return self._client
+
+    @property
     def node(self) -> Node:
         """The engine's ``Node`` (to read its state in a test)."""
         assert self._node is not None, "the engine is not running: use `with Engine(app):`"
         return self._node
+
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway's service layer (what its routes call), to read what it would answer
+        without a client in between (no codec: payloads as the node holds them)."""
+        assert self._gateway is not None, "the engine is not running: use `with Engine(app):`"
+        return self._gateway
 
     @property
     def agent(self) -> HostAgent:
@@ -194,8 +240,8 @@ class Engine:
     @property
     def known(self) -> dict[str, set[str]]:
         """The task types the agent registered, by app."""
-        assert self._api is not None, "the engine is not running: use `with Engine(app):`"
-        return self._api.known
+        assert self._registry is not None, "the engine is not running: use `with Engine(app):`"
+        return {self.app.name: set(self._registry.task_types(self.tenant, self.app.name))}
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -203,13 +249,24 @@ class Engine:
         """Move the fake clock forward (seconds, timedelta or "10m"); timers now due fire.
         Then, unless ``settle=False``, wait until the engine is idle."""
         ms = to_ms(duration, field="advance")
-
-        async def move() -> None:
-            self.clock.advance(ms)
-
-        self.call(move())
+        self.call(self._move(ms))
         if settle:
             self.run_until_idle()
+
+    async def _move(self, ms: int) -> None:
+        """Move the clock by ``ms``; while the agent holds leases, in steps of at most half a
+        lease, renewing them after each: a jump of fake time is not an agent that died."""
+        left = ms
+        while left > 0:
+            step = left if not self.agent.running else min(left, LEASE_STEP_MS)
+            self.clock.advance(step)
+            left -= step
+            await self._renew()
+
+    async def _renew(self) -> None:
+        held = [(t, run.offer.lease_id) for t, run in self.agent.running.items() if not run.lost]
+        if held and self._leases is not None:
+            await self._leases.heartbeat(held)
 
     def now_ms(self) -> int:
         """The fake clock's time, in epoch milliseconds."""
@@ -279,318 +336,3 @@ def _next_task_timer_ms(tables: Tables) -> int | None:
         if ref.kind not in _NOT_TASK_WORK:
             return ref.fire_at_ms
     return None
-
-
-class EngineClient:
-    """``conveyor.Client``'s methods, straight onto the engine's node."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def _enqueue_bodies(
-        self, bodies: list[dict[str, Any]], decoders: list[Decode | None]
-    ) -> list[TaskHandle[Any]]:
-        engine = self._engine
-
-        async def go() -> list[TaskHandle[Any]]:
-            node = engine.node
-            specs = [
-                spec_from_body(
-                    body,
-                    tenant=engine.tenant,
-                    partitions=node.partitions,
-                    now_ms=engine.clock.now_ms(),
-                    known=engine.known,
-                )
-                for body in bodies
-            ]
-            replies = await node.enqueue(specs)
-            return [
-                TaskHandle(self, check(r).task_id, r.created, decode)
-                for r, decode in zip(replies, decoders, strict=True)
-            ]
-
-        return engine.call(go())
-
-    def enqueue(
-        self,
-        task: TaskType[Any, Any] | str,
-        payload: Any = None,
-        **options: Unpack[EnqueueOptions],
-    ) -> TaskHandle[Any]:
-        """``Client.enqueue`` on the engine."""
-        req = Enqueue(task, payload, **options)
-        body = enqueue_body(req, self._engine.app.name)
-        [body] = encode_bodies(self._engine.codec, [body], [task])
-        return self._enqueue_bodies([body], [decoder_of(task)])[0]
-
-    def enqueue_many(
-        self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
-    ) -> list[TaskHandle[Any]]:
-        """``Client.enqueue_many`` on the engine."""
-        app = self._engine.app.name
-        reqs = items_of(items)
-        bodies = [enqueue_body(it, app) for it in reqs]
-        bodies = encode_bodies(self._engine.codec, bodies, [it.task for it in reqs])
-        return self._enqueue_bodies(bodies, [decoder_of(it.task) for it in reqs])
-
-    def get(self, task_id: str) -> TaskInfo:
-        """``Client.get`` on the engine."""
-        engine = self._engine
-
-        async def go() -> TaskInfo:
-            info = task_info(engine.node, engine.node.get(engine.tenant, task_id))
-            return decoded_info(engine.codec, info)
-
-        return engine.call(go())
-
-    def wait(self, task_id: str, timeout: float | None) -> TaskInfo:
-        """The task once terminal. Real seconds: the fake clock does not move by itself, so a
-        task waiting on a timer needs ``engine.advance``/``engine.drain`` first."""
-        engine = self._engine
-        seconds = 10.0 if timeout is None else timeout
-
-        async def go() -> TaskInfo:
-            task = await engine.node.wait_finished(engine.tenant, task_id, seconds * 1000)
-            return decoded_info(engine.codec, task_info(engine.node, task))
-
-        info = engine.call(go(), timeout=seconds + CALL_TIMEOUT_S)
-        if not info.finished:
-            raise TimeoutError(
-                f"task {task_id} is still {info.status} after {seconds}s of real time; the "
-                "engine's clock is fake: engine.advance(...) or engine.drain() to fire timers"
-            )
-        return info
-
-    def cancel(self, task_id: str) -> str:
-        """``Client.cancel`` on the engine; a running handler learns it at once."""
-        engine = self._engine
-
-        async def go() -> str:
-            reply = check(await engine.node.cancel(engine.tenant, task_id, "canceled by request"))
-            engine.agent.heartbeat_now()  # a running handler learns it at once
-            return str(reply.status.value if reply.status else "")
-
-        return engine.call(go())
-
-    def rerun(self, task_id: str) -> str:
-        """``Client.rerun`` on the engine: a finished task enqueued again as a new task."""
-        engine = self._engine
-
-        async def go() -> str:
-            node = engine.node
-            task = node.get(engine.tenant, task_id)
-            partition = node.partition_of(task_id)
-            spec = rerun_spec(task, node.tables(partition).spec(task_id), partition, None)
-            (reply,) = await node.enqueue([spec])
-            return check(reply).task_id
-
-        return engine.call(go())
-
-    def get_workflow(self, workflow_id: str) -> dict[str, Any]:
-        """``Client.get_workflow``: the workflow, its steps, its parallel steps' children."""
-        engine = self._engine
-
-        async def go() -> dict[str, Any]:
-            task = engine.node.get(engine.tenant, workflow_id)
-            tables = engine.node.tables(engine.node.partition_of(workflow_id))
-            reply = workflow_json(task, tables, engine.clock.now_ms(), node=engine.node)
-            return dict(decode_tree(engine.codec, reply))
-
-        return engine.call(go())
-
-    def workflow_history(
-        self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> dict[str, Any]:
-        """``Client.workflow_history``: one page of the workflow's step rows."""
-        engine = self._engine
-        after = None if cursor is None else parse_history_query({"cursor": cursor})[1]
-
-        async def go() -> dict[str, Any]:
-            engine.node.get(engine.tenant, workflow_id)  # another tenant's is not found
-            tables = engine.node.tables(engine.node.partition_of(workflow_id))
-            return dict(decode_tree(engine.codec, history_page(tables, workflow_id, limit, after)))
-
-        return engine.call(go())
-
-    def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
-        """``Client.send_event``: wake the workflow's ``ctx.wait_for_event(name)``, or keep the
-        event for its next such wait."""
-        engine = self._engine
-        sent = encode_value(engine.codec, payload)
-        raw = json.dumps(sent, separators=(",", ":")).encode()
-
-        async def go() -> str:
-            reply = check(await engine.node.send_event(engine.tenant, workflow_id, name, raw))
-            return str(reply.status.value if reply.status else "")
-
-        return engine.call(go())
-
-    def list(
-        self,
-        *,
-        status: str | None = None,
-        queue: str | None = None,
-        task_type: str | None = None,
-        since_ms: int | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> TaskPage:
-        """``Client.list`` on the engine."""
-        engine = self._engine
-
-        async def go() -> list[TaskInfo]:
-            node = engine.node
-            wanted = {"tenant": engine.tenant, "status": status, "queue": queue}
-            wanted["task_type"] = task_type
-            out = [
-                task_info(node, task, full=False)
-                for p in range(node.partitions)
-                for task in node.tables(p).tasks()
-                if all(v is None or getattr(task, k) == v for k, v in wanted.items())
-                and (since_ms is None or task.updated_ms >= since_ms)
-            ]
-            return sorted(out, key=lambda t: (t.created_ms or 0, t.task_id))
-
-        tasks = engine.call(go())
-        start = int(cursor or 0)
-        end = start + limit
-        return TaskPage(tasks=tasks[start:end], next_cursor=str(end) if end < len(tasks) else None)
-
-    def retry_failed(
-        self,
-        task_ids: Iterable[str] | None = None,
-        *,
-        task_type: str | None = None,
-        queue: str | None = None,
-        since_ms: int | None = None,
-        limit: int = 1000,
-    ) -> dict[str, str]:
-        """Re-enqueue FAILED tasks as new tasks: {old task id: new task id}."""
-        if task_ids is None:
-            page = self.list(
-                status=TaskStatus.FAILED.value,
-                task_type=task_type,
-                queue=queue,
-                since_ms=since_ms,
-                limit=limit,
-            )
-            task_ids = [t.task_id for t in page.tasks]
-        engine = self._engine
-
-        async def go() -> dict[str, str]:
-            node = engine.node
-            failed = [
-                t
-                for t in dict.fromkeys(task_ids)
-                if node.get(engine.tenant, t).status == TaskStatus.FAILED
-            ]
-            # The node answers partition by partition, in first-seen order: group alike.
-            groups: dict[int, list[str]] = {}
-            for t in failed:
-                groups.setdefault(node.partition_of(t), []).append(t)
-            order = [t for ids in groups.values() for t in ids]
-            replies = await node.retry_failed(engine.tenant, order)
-            created = {r.task_id: r.offset for r in replies if r.ok and r.created}
-            # A retry's id is derived from the old id and the record's offset.
-            offsets = set(created.values())
-            pairs = ((old, retry_id(old, offset)) for old in order for offset in offsets)
-            return {old: new for old, new in pairs if new in created}
-
-        return engine.call(go())
-
-    # -- schedules ----------------------------------------------------------------------------
-
-    def schedule(
-        self,
-        task: TaskType[Any, Any] | str,
-        payload: Any = None,
-        **options: Unpack[ScheduleOptions],
-    ) -> ScheduleInfo:
-        """``Client.schedule`` on the engine: firings come as ``engine.advance`` moves time."""
-        engine = self._engine
-        body = schedule_body(task, payload, engine.app.name, options)
-        body = encode_schedule(engine.codec, body, task)
-        problem = cron_rules.problem(body["cron"], body["timezone"])
-        if problem is not None:
-            raise ContractError(problem, field="cron")
-
-        async def go() -> ScheduleInfo:
-            node = engine.node
-            template = spec_from_body(
-                {**body["task"], "idempotency_key": "template"},
-                tenant=engine.tenant,
-                partitions=node.partitions,
-                now_ms=engine.clock.now_ms(),
-                known=engine.known,
-            )
-            template = dataclasses.replace(template, task_id="", idempotency_key=None)
-            record = UpsertSchedule(
-                tenant=engine.tenant,
-                schedule_id=body["schedule_id"],
-                cron=body["cron"],
-                timezone=body["timezone"],
-                template=codec.TASK_SPEC.encode(template),
-                overlap=OverlapPolicy(body["overlap"].upper()),
-                catch_up=CatchUp(body["catch_up"].upper()),
-            )
-            reply = await node.upsert_schedule(record)
-            if not reply.ok:
-                raise ContractError(f"schedule refused: {reply.reason}", field="cron")
-            row = node.get_schedule(engine.tenant, record.schedule_id)
-            return ScheduleInfo.from_json(schedule_json(row, payload=None))
-
-        return engine.call(go())
-
-    def schedules(self) -> ScheduleList:
-        """``Client.schedules`` on the engine."""
-        engine = self._engine
-
-        async def go() -> list[ScheduleInfo]:
-            rows = engine.node.list_schedules(engine.tenant)
-            return [ScheduleInfo.from_json(schedule_json(r, payload=None)) for r in rows]
-
-        return engine.call(go())
-
-    def unschedule(self, schedule_id: str) -> None:
-        """``Client.unschedule`` on the engine."""
-        engine = self._engine
-
-        async def go() -> None:
-            engine.node.get_schedule(engine.tenant, schedule_id)  # NotFound, as over HTTP
-            await engine.node.delete_schedule(engine.tenant, schedule_id)
-
-        engine.call(go())
-
-    def run_schedule(self, schedule_id: str) -> str:
-        """``Client.run_schedule`` on the engine: the schedule's task now, once."""
-        engine = self._engine
-
-        async def go() -> str:
-            node = engine.node
-            row = node.get_schedule(engine.tenant, schedule_id)  # NotFound, as over HTTP
-            spec = run_spec(row, node.partition_of_schedule(engine.tenant, schedule_id), None)
-            (reply,) = await node.enqueue([spec])
-            return check(reply).task_id
-
-        return engine.call(go())
-
-    def pause_schedule(self, schedule_id: str) -> ScheduleInfo:
-        """``Client.pause_schedule`` on the engine."""
-        return self._pause(schedule_id, paused=True)
-
-    def resume_schedule(self, schedule_id: str) -> ScheduleInfo:
-        """Fire again from the next occurrence after the engine's now."""
-        return self._pause(schedule_id, paused=False)
-
-    def _pause(self, schedule_id: str, *, paused: bool) -> ScheduleInfo:
-        engine = self._engine
-
-        async def go() -> ScheduleInfo:
-            node = engine.node
-            node.get_schedule(engine.tenant, schedule_id)  # NotFound, as over HTTP
-            await node.pause_schedule(engine.tenant, schedule_id, paused=paused)
-            row = node.get_schedule(engine.tenant, schedule_id)
-            return ScheduleInfo.from_json(schedule_json(row, payload=None))
-
-        return engine.call(go())

@@ -1,8 +1,9 @@
 """The host agent with real guest processes, against an in-process Node (real clock).
 
-Each test runs a Node in memory, the agent (``HostAgent`` with its ``GuestPool``) over the
-in-process worker API, and handlers from ``agent_app`` in ``python -m conveyor.agents.guest``
-processes. Conditions are polled with a deadline; nothing sleeps to wait.
+Each test runs a Node in memory behind the real gateway on a free port, the agent
+(``HostAgent`` with its ``GuestPool``) over the worker protocol (HTTP, an agent key), and
+handlers from ``agent_app`` in ``python -m conveyor.agents.guest`` processes. Conditions
+are polled with a deadline; nothing sleeps to wait.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import pytest
 import conveyor
 from conveyor.agents.breaker import BreakerPolicy, BreakerState
 from conveyor.agents.host import HostAgent
+from conveyor.agents.runner import load_app
 from conveyor.agents.sandbox import read_log
 from conveyor.agents.worker_api import HttpWorkerAPI
 from conveyor.schemas.types import Task
+from conveyor.streams.gateway import KeyStore, Registry, build_app, start
+from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
 from conveyor.streams.node import Node
-from conveyor.testing_node import NodeWorkerAPI, spec_from_body
-from conveyor.wire import Enqueue, enqueue_body
+from conveyor.wire import Enqueue, chunks, enqueue_body
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,27 +50,26 @@ START_S = 90.0  # a node's first start initialises its private PostgreSQL: slow 
 @dataclass
 class Rig:
     node: Node
-    api: NodeWorkerAPI
+    api: HttpWorkerAPI
     agent: HostAgent
     log_dir: Path
+    http: httpx.AsyncClient  # the gateway's /v1, with a client key
 
     async def enqueue(self, task: Any, payload: Any = None, **opts: Any) -> str:
         (task_id,) = await self.enqueue_many([(task, payload)], **opts)
         return task_id
 
     async def enqueue_many(self, items: list[tuple[Any, Any]], **opts: Any) -> list[str]:
-        """One append for all of ``items`` (task, payload)."""
-        specs = [
-            spec_from_body(
-                enqueue_body(Enqueue(task, payload, **opts), None),
-                tenant=TENANT,
-                partitions=self.node.partitions,
-                now_ms=self.node.clock.now_ms(),
-                known=self.api.known,
-            )
-            for task, payload in items
-        ]
-        return [reply.task_id for reply in await self.node.enqueue(specs)]
+        """``POST /v1/tasks:batch`` (one append each) of ``items`` (task, payload), in the
+        gateway's batches of at most 1000."""
+        app = self.agent.app.name
+        bodies = [enqueue_body(Enqueue(task, payload, **opts), app) for task, payload in items]
+        ids = []
+        for chunk in chunks(bodies):
+            reply = await self.http.post("/v1/tasks:batch", json={"tasks": chunk})
+            assert reply.is_success, reply.text
+            ids.extend(r["task_id"] for r in reply.json()["results"])
+        return ids
 
     def task(self, task_id: str) -> Task:
         return self.node.get(TENANT, task_id)
@@ -88,22 +90,42 @@ async def until(what: str, check: Callable[[], bool], timeout: float = DEADLINE_
 
 @contextlib.asynccontextmanager
 async def rig(
-    tmp_path: Path, *, drain_s: float = 0.0, app_ref: str = APP_REF, **agent_opts: Any
+    tmp_path: Path,
+    *,
+    drain_s: float = 0.0,
+    app_ref: str = APP_REF,
+    durable: bool = False,
+    **agent_opts: Any,
 ) -> AsyncIterator[Rig]:
-    node = Node.in_memory(2)
+    """A node (in memory, or on disk when ``durable``) behind the real gateway on a free
+    port, and the agent polling it over the worker protocol with an agent key of its app."""
+    home = tmp_path / "home"
+    home.mkdir()
+    node = await Node.open(home / "node", partitions=2) if durable else Node.in_memory(2)
     await node.start()
-    api = NodeWorkerAPI(node, tenant=TENANT)
+    app_name = load_app(app_ref).name
+    client_key = create_key(home, client_grant(TENANT))
+    agent_key = create_key(home, agent_grant(TENANT, app_name))
+    registry = Registry.load(home)
+    runner, url = await start(build_app(node, KeyStore.load(home), registry), "127.0.0.1", 0)
+    api = HttpWorkerAPI(url, agent_key)
+    http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {client_key}"})
     opts: dict[str, Any] = {"heartbeat_s": 0.2, "poll_wait_s": 1.0, "concurrency": 2}
     opts.update(agent_opts)
     agent = HostAgent(api, app_ref, log_dir=tmp_path / "logs", **opts)
     running = asyncio.create_task(agent.run(drain_s=drain_s))
     try:
-        await until("the agent to register", lambda: agent.app.name in api.known)
-        yield Rig(node, api, agent, tmp_path / "logs")
+        await until("the agent to register", lambda: bool(registry.task_types(TENANT, app_name)))
+        yield Rig(node, api, agent, tmp_path / "logs", http)
     finally:
         agent.stop()
-        await asyncio.wait_for(running, DEADLINE_S)
-        await node.stop()
+        try:
+            await asyncio.wait_for(running, DEADLINE_S)
+        finally:
+            await api.close()
+            await http.aclose()
+            await runner.cleanup()
+            await node.stop()
 
 
 def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:

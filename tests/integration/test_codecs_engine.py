@@ -18,7 +18,6 @@ from conveyor.schemas.envelope import is_envelope
 from conveyor.schemas.steps import COMPENSATE_PREFIX
 from conveyor.streams.machine.handlers.workflows import child_id
 from conveyor.testing import Engine
-from conveyor.testing_node import task_info
 from conveyor.typed import PayloadInvalid
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,12 +93,8 @@ def echo(payload: Any) -> Any:
 
 
 def stored(engine: Engine, task_id: str) -> conveyor.TaskInfo:
-    """The task as the node holds it: no codec between the test and the node's state."""
-
-    async def go() -> conveyor.TaskInfo:
-        return task_info(engine.node, engine.node.get(engine.tenant, task_id))
-
-    return engine.call(go())
+    """The task as the gateway answers it: no codec between the test and the node's state."""
+    return conveyor.TaskInfo.from_json(engine.call(engine.gateway.task(engine.tenant, task_id, 0)))
 
 
 def stored_steps(engine: Engine, task_id: str) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """kill -9 of the guest at random points of a 1,000-step task, again and again.
 
-The node is real (log and RocksDB on disk), the agent is in process, the handler runs in real
-guest processes, and the test kills whichever guest is running the steps, many times. The
-handler leaves a trail: ``start i pid`` from inside step ``i``'s body, ``committed i`` after
-``ctx.step.run`` returned (the commit is durable before it returns).
+The node is real (log and RocksDB on disk, behind the real gateway), the agent is in process
+(over the worker protocol), the handler runs in real guest processes, and the test kills
+whichever guest is running the steps, many times. The handler leaves a trail: ``start i pid``
+from inside step ``i``'s body, ``committed i`` after ``ctx.step.run`` returned (the commit is
+durable before it returns).
 
 The promise checked: no step body ever starts again once its step was committed, whatever
 the kills; the task completes with every step's value; a step cut off by a kill before its
@@ -21,18 +22,15 @@ from typing import Any
 
 import agent_app
 import pytest
+from test_agent import TENANT, rig
 
 from conveyor.agents.breaker import BreakerPolicy
-from conveyor.agents.host import HostAgent
 from conveyor.streams.node import Node
-from conveyor.testing_node import NodeWorkerAPI, spec_from_body
-from conveyor.wire import Enqueue, enqueue_body
 
 pytestmark = pytest.mark.timeout(240)
 
 STEPS = 1_000
 KILLS = 12
-TENANT = "default"
 
 
 def trail(path: Path) -> list[list[str]]:
@@ -46,42 +44,20 @@ def test_kill9_of_the_guest_never_reruns_a_committed_step(
     rng = random.Random(int(os.environ.get("CONVEYOR_KILL_SEED", "7")))
 
     async def main() -> int:
-        node = await Node.open(tmp_path / "node", partitions=2)
-        await node.start()
-        api = NodeWorkerAPI(node, tenant=TENANT)
-        agent = HostAgent(
-            api,
-            "agent_app:app",
-            log_dir=tmp_path / "logs",
+        async with rig(
+            tmp_path,
+            durable=True,
             heartbeat_s=0.2,
             poll_wait_s=0.5,
             concurrency=1,
             breaker=BreakerPolicy(crashes_max=10_000),  # these crashes are the test's
-        )
-        running = asyncio.create_task(agent.run())
-        try:
-            while agent_app.app.name not in api.known:
-                await asyncio.sleep(0.01)
-            body = enqueue_body(
-                Enqueue(agent_app.many_steps, {"steps": STEPS, "marker": str(marker)}), None
-            )
-            spec = spec_from_body(
-                body,
-                tenant=TENANT,
-                partitions=node.partitions,
-                now_ms=node.clock.now_ms(),
-                known=api.known,
-            )
-            (reply,) = await node.enqueue([spec])
-            kills = await kill_guests(marker, rng, lambda: finished(node, reply.task_id))
-            task = await node.wait_finished(TENANT, reply.task_id, 120_000)
+        ) as r:
+            task_id = await r.enqueue(agent_app.many_steps, {"steps": STEPS, "marker": str(marker)})
+            kills = await kill_guests(marker, rng, lambda: finished(r.node, task_id))
+            task = await r.node.wait_finished(TENANT, task_id, 120_000)
             assert task.status == "SUCCEEDED", (task.status, task.error_class, task.error_message)
             assert task.result == str(sum(range(STEPS))).encode()
             return kills
-        finally:
-            agent.stop()
-            await asyncio.wait_for(running, 30)
-            await node.stop()
 
     kills = asyncio.run(main())
     committed: set[int] = set()

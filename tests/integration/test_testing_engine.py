@@ -1,9 +1,11 @@
-"""``conveyor.testing.Engine``: the real node (RocksDB + local log) and a real agent running
-handlers in-process, on a fake clock. What users' own tests will look like."""
+"""``conveyor.testing.Engine``: the real node (RocksDB + local log) behind the real gateway
+on loopback, and a real agent running handlers in-process, on a fake clock. What users' own
+tests will look like."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -216,8 +218,10 @@ def test_a_key_that_names_another_task_is_the_409s_conflict(
 
 
 def test_unknown_task_type_is_a_contract_error(engine: conveyor.testing.Engine) -> None:
-    with pytest.raises(conveyor.ContractError, match="no registered task type"):
+    """The gateway's own 400, naming the field and the types the agent registered."""
+    with pytest.raises(conveyor.ContractError, match="'nope' is not registered") as caught:
         engine.client.enqueue("nope", 1)
+    assert caught.value.field == "task_type" and "double" in str(caught.value)
 
 
 def test_list_and_retry_failed(engine: conveyor.testing.Engine) -> None:
@@ -235,3 +239,44 @@ def test_list_and_retry_failed(engine: conveyor.testing.Engine) -> None:
 def test_the_in_memory_engine_works_too() -> None:
     with conveyor.testing.Engine(app, durable=False) as memory:
         assert memory.client.enqueue(double, 3).result(timeout=10) == 6
+
+
+release = threading.Event()
+
+
+@app.task
+def holds(payload: str) -> str:
+    note(payload, "started")
+    assert release.wait(30), "the test never released the handler"
+    return "done"
+
+
+def test_a_long_jump_of_fake_time_keeps_a_running_handlers_lease(
+    engine: conveyor.testing.Engine,
+) -> None:
+    """The gateway grants leases of an hour at most; a jump of a day while a handler runs is
+    taken in steps with the agent's leases renewed between them, so the attempt is not lost
+    and the task succeeds on its first attempt."""
+    release.clear()
+    handle = engine.client.enqueue(holds, "long-jump")
+    wait_for("the handler to start", lambda: seen.get("long-jump") == ["started"])
+    engine.advance("1d", settle=False)
+    assert handle.status() == "LEASED"
+    release.set()
+    engine.run_until_idle()
+    info = handle.get()
+    assert (info.status, info.attempt, handle.result()) == ("SUCCEEDED", 1, "done")
+
+
+def test_the_client_is_a_conveyor_client_on_the_gateway_over_loopback(
+    engine: conveyor.testing.Engine,
+) -> None:
+    """The same replies as a deployed node, from the same code: an unknown task is the
+    gateway's 404, a request with a key it does not know its 401."""
+    assert isinstance(engine.client, conveyor.Client)
+    assert engine.url.startswith("http://127.0.0.1:")
+    with pytest.raises(conveyor.NotFound):
+        engine.client.get("0" * 32)
+    stranger = conveyor.Client(engine.url, "cvk_not-a-key", retries=0)
+    with stranger, pytest.raises(conveyor.Unauthorized):
+        stranger.list()

@@ -6,7 +6,7 @@ the platform over its APIs, so the folders follow the data flow.
     agents/   imports nothing from conveyor.streams, conveyor.store
               (only conveyor.schemas, conveyor.errors and the SDK)
     sdk/      imports nothing from conveyor.streams, conveyor.store, conveyor.agents,
-              except sdk/testing.py (+ testing_node.py) and sdk/cli/, which compose the platform
+              except sdk/testing.py and sdk/cli/, which compose the platform
     conveyor.errors (sdk/errors.py) may be imported from anywhere.
 
 Every import counts: at module level, inside functions, under ``TYPE_CHECKING``.
@@ -73,7 +73,7 @@ def violations(folder: str) -> list[str]:
     bad = []
     for path in sorted((ROOT / folder).rglob("*.py")):
         rel = path.relative_to(ROOT / folder).as_posix()
-        if folder == "sdk" and (rel in ("testing.py", "testing_node.py") or rel.startswith("cli/")):
+        if folder == "sdk" and (rel == "testing.py" or rel.startswith("cli/")):
             continue
         seen = set()
         for line, module in imports_of(path):
