@@ -33,7 +33,14 @@ import aiohttp
 from aiokafka import AIOKafkaProducer
 
 from conveyor.streams.ingest import topics, wire
-from conveyor.streams.ingest.router import APP_HEADER, BATCH_MAX, TYPE_HEADER, Router, Settings
+from conveyor.streams.ingest.router import (
+    APP_HEADER,
+    BATCH_MAX,
+    IN_FLIGHT_MAX,
+    TYPE_HEADER,
+    Router,
+    Settings,
+)
 from conveyor.streams.log.kafka_broker import KafkaCluster
 
 CLIENT = "cvk_bench-ingest-client-0123456789"
@@ -115,8 +122,17 @@ async def _produce(bootstrap: str, topic: str, schema_id: int, n: int) -> None:
         await producer.stop()
 
 
-async def _route(bootstrap: str, base: str, topic: str, n: int, batch: int) -> dict[str, Any]:
-    settings = Settings(bootstrap=bootstrap, url=base, key=CLIENT, topic=topic, batch_max=batch)
+async def _route(
+    bootstrap: str, base: str, topic: str, n: int, batch: int, in_flight: int
+) -> dict[str, Any]:
+    settings = Settings(
+        bootstrap=bootstrap,
+        url=base,
+        key=CLIENT,
+        topic=topic,
+        batch_max=batch,
+        in_flight_max=in_flight,
+    )
     router = Router(settings)
     started, started_cpu = time.perf_counter(), time.process_time()
     await router.start()
@@ -146,6 +162,7 @@ async def _route(bootstrap: str, base: str, topic: str, n: int, batch: int) -> d
     return {
         "records": n,
         "batch": batch,
+        "in_flight": in_flight,
         "enqueued": router.enqueued,
         "quarantined": router.quarantined,
         "seconds": round(took, 3),  # from the router's start: joining its group included
@@ -154,7 +171,7 @@ async def _route(bootstrap: str, base: str, topic: str, n: int, batch: int) -> d
     }
 
 
-async def _run(root: Path, n: int, batch: int) -> dict[str, Any]:
+async def _run(root: Path, n: int, batch: int, in_flight: int) -> dict[str, Any]:
     cluster = KafkaCluster.start(1, root / "kafka")
     port = _free_port()
     node = _start_node(root / "home", port)
@@ -162,7 +179,7 @@ async def _run(root: Path, n: int, batch: int) -> dict[str, Any]:
     try:
         schema_id = await _register(base)
         await _produce(cluster.bootstrap, "bench-ingest", schema_id, n)
-        return await _route(cluster.bootstrap, base, "bench-ingest", n, batch)
+        return await _route(cluster.bootstrap, base, "bench-ingest", n, batch, in_flight)
     finally:
         node.terminate()
         try:
@@ -177,12 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=BATCH_MAX)
+    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT_MAX)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--home", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-ingest-") as tmp:
         root = args.home or Path(tmp)
-        report = asyncio.run(_run(root, args.records, args.batch))
+        report = asyncio.run(_run(root, args.records, args.batch, args.in_flight))
     if args.json:
         print(json.dumps(report))
     else:

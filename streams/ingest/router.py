@@ -29,7 +29,10 @@ The rules, and why:
    killed anywhere in between re-reads from the last commit: an enqueue it re-sends meets
    its twin (same key, same task), and an open transaction is aborted when the router's
    transactional id starts again (its quarantined records, read with read_committed, were
-   never seen), so they are produced once with the commit that follows.
+   never seen), so they are produced once with the commit that follows. Two batches may
+   be out at once (the node applies one while the next is sent), but a batch commits only
+   after the one read before it: committed offsets only move forward, and everything below
+   them was acknowledged.
 4. A record the router cannot enqueue goes to the quarantine topic and the partition moves
    on: no value or not Confluent's wire format, a missing header, an unknown schema id, an
    id that is not a version of the type's subject (a datum of another type), a datum that
@@ -44,7 +47,7 @@ The rules, and why:
    5xx, 429) is waited out, never quarantined; a key the node refuses stops the router
    (``KeyRefused``).
 5. A partition is given up only between batches: the consumer's revocation waits for the
-   batch in flight, so a router never commits a partition another router already reads.
+   batches in flight, so a router never commits a partition another router already reads.
    (A router stalled past the group's session timeout can still commit late; the enqueues
    stay exactly once by rule 3, and its quarantined records may appear twice, with the same
    source coordinates.)
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +75,7 @@ APP_HEADER = "conveyor-app"
 TYPE_HEADER = "conveyor-task-type"
 KEY_BYTES_MAX = 256  # the gateway's limit of an idempotency key
 BATCH_MAX = 1_000  # records per enqueue batch: the most the node takes in one
+IN_FLIGHT_MAX = 2  # batches being enqueued at once; the node works on one while the other flies
 POLL_MS = 500
 
 
@@ -85,6 +90,7 @@ class Settings:
     instance: str = "0"  # the transactional id's suffix: one per router of a group
     partitions: int = 4  # of a topic the router creates
     batch_max: int = BATCH_MAX
+    in_flight_max: int = IN_FLIGHT_MAX
 
     @property
     def quarantine(self) -> str:
@@ -110,7 +116,7 @@ class Router:
         self.api = NodeApi(settings.url, settings.key)
         self.enqueued = 0  # records enqueued (a re-read twin counts again)
         self.quarantined = 0
-        self._busy = asyncio.Lock()  # held by a batch; revocation waits for it (rule 5)
+        self._in_flight: deque[asyncio.Task[None]] = deque()  # routing batches, oldest first
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
 
@@ -136,7 +142,7 @@ class Router:
             isolation_level="read_committed",
         )
         await self._consumer.start()
-        self._consumer.subscribe([s.topic], listener=_WaitForBatch(self._busy))
+        self._consumer.subscribe([s.topic], listener=_WaitForBatches(self))
 
     async def stop(self) -> None:
         for part in (self._consumer, self._producer):
@@ -145,19 +151,41 @@ class Router:
         await self.api.close()
 
     async def run(self) -> None:
-        """Route batches until cancelled."""
+        """Route batches until cancelled: up to ``in_flight_max`` at once, each committing
+        after the one before it (rule 3)."""
         assert self._consumer is not None, "Router.start() first"
-        while True:
-            fetched = await self._consumer.getmany(
-                timeout_ms=POLL_MS, max_records=self.settings.batch_max
-            )
-            records = [r for batch in fetched.values() for r in batch]
-            if records:
-                async with self._busy:
-                    await self.route(records)
+        in_flight = self._in_flight
+        try:
+            while True:
+                fetched = await self._consumer.getmany(
+                    timeout_ms=POLL_MS, max_records=self.settings.batch_max
+                )
+                records = [r for batch in fetched.values() for r in batch]
+                if records:
+                    while len(in_flight) >= self.settings.in_flight_max:
+                        await in_flight.popleft()
+                    before = in_flight[-1] if in_flight else None
+                    in_flight.append(asyncio.create_task(self.route(records, after=before)))
+                while in_flight and in_flight[0].done():
+                    await in_flight.popleft()  # raises what its batch raised
+        finally:
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            in_flight.clear()
 
-    async def route(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
-        """Enqueue ``records``, quarantine those that cannot be, then commit them (rule 3)."""
+    async def drain(self) -> None:
+        """Until every batch in flight has committed or failed (rule 5)."""
+        await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+
+    async def route(
+        self,
+        records: list[ConsumerRecord[bytes, bytes]],
+        *,
+        after: asyncio.Task[None] | None = None,
+    ) -> None:
+        """Enqueue ``records``, quarantine those that cannot be, then commit them once the
+        batch ``after`` has committed (rule 3)."""
         while True:
             try:
                 refused = await self._enqueue(records)
@@ -165,6 +193,8 @@ class Router:
             except NotNow as exc:  # the node's trouble, not the records': wait it out
                 log.warning("%s; the batch is sent again in %d ms", exc, exc.retry_after_ms)
                 await self.clock.sleep_ms(exc.retry_after_ms)
+        if after is not None:
+            await after  # offsets only move forward: the batch read before commits first
         await self._commit(records, refused)
         self.quarantined += len(refused)
         self.enqueued += len(records) - len(refused)
@@ -281,13 +311,12 @@ class Router:
         )
 
 
-class _WaitForBatch(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, busy: asyncio.Lock) -> None:
-        self._busy = busy
+class _WaitForBatches(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, router: Router) -> None:
+        self._router = router
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        async with self._busy:  # the batch in flight commits before the partitions go
-            pass
+        await self._router.drain()  # the batches in flight commit before the partitions go
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         pass
