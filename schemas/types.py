@@ -51,6 +51,9 @@ class TaskSpec:
     # The enqueue's W3C trace context, JSON ({"traceparent": ...}); TaskSpec v4. Kept in the
     # ``traces`` table and handed to every lease of the task (``conveyor.tracing``).
     trace_context: str | None = None
+    # The payload's searchable fields, a JSON object of its top-level scalars (TaskSpec v5;
+    # ``conveyor.streams.gateway.payload_fields``). On the TaskEnqueued, into the snapshot.
+    payload_fields: str | None = None
 
 
 @frozen(kw_only=True)
@@ -636,6 +639,8 @@ class TaskEvent:
     error_message: str | None = None
     # On the TaskEnqueued of a task not due yet: when it will be (a TaskRequeued follows then).
     run_at_ms: int | None = None
+    # On a TaskEnqueued: the spec's ``payload_fields`` (the snapshot indexes them).
+    payload_fields: str | None = None
 
 
 @frozen(kw_only=True)

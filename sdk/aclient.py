@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
 from urllib.parse import quote
@@ -49,6 +49,7 @@ from conveyor.wire import (
     TaskPage,
     chunks,
     enqueue_body,
+    payload_search,
     query,
     schedule_body,
 )
@@ -263,6 +264,7 @@ class AsyncClient:
         since_ms: int | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> TaskPage:
         """One page of the tenant's tasks (see ``Client.list``)."""
         params = query(
@@ -273,6 +275,7 @@ class AsyncClient:
             limit=limit,
             cursor=cursor,
         )
+        params.update(payload_search(payload))
         return TaskPage.from_json(await self._send("GET", "/v1/tasks", params=params))
 
     async def retry_failed(

@@ -45,6 +45,7 @@ from conveyor.wire import (
     chunks,
     enqueue_body,
     error_from_reply,
+    payload_search,
     query,
     schedule_body,
 )
@@ -342,8 +343,14 @@ class Client:
         since_ms: int | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> TaskPage:
-        """One page of the tenant's tasks, newest first, filtered; pass ``next_cursor`` on."""
+        """One page of the tenant's tasks, newest first, filtered; pass ``next_cursor`` on.
+
+        ``payload={"customer": "acme"}`` lists the tasks whose payload has every one of these
+        top-level fields with that value (compared as JSON: ``3`` is not ``"3"``). Only what
+        the query snapshot keeps is searchable: the top-level scalars of an inline JSON object
+        payload (at most 16 fields, 2 KiB); not an encoded (codec), blob-stored or hidden one."""
         params = query(
             status=status,
             queue=queue,
@@ -352,6 +359,7 @@ class Client:
             limit=limit,
             cursor=cursor,
         )
+        params.update(payload_search(payload))
         return TaskPage.from_json(self._send("GET", "/v1/tasks", params=params))
 
     def retry_failed(

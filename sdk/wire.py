@@ -8,6 +8,7 @@ first ack was lost meets its twin instead of creating a second task.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import KW_ONLY, field
@@ -308,6 +309,33 @@ class TaskPage:
 def query(**params: Any) -> dict[str, Any]:
     """Query parameters of a request, those that are None left out."""
     return {k: v for k, v in params.items() if v is not None}
+
+
+def payload_search(payload: Mapping[str, Any] | None) -> dict[str, str]:
+    """``list(payload={"customer": "acme", "n": 3})`` as the listing's ``payload.<field>``
+    query parameters. The server reads a value as the JSON scalar it spells, else as a string;
+    so a number, true, false or None is sent as JSON, and a string as it is unless it would
+    read as something else (``"3"``, ``"true"``, ``'"x"'``): then quoted, as JSON."""
+    params: dict[str, str] = {}
+    for name, value in (payload or {}).items():
+        if isinstance(value, str):
+            params[f"payload.{name}"] = value if _reads_as_itself(value) else json.dumps(value)
+        elif value is None or isinstance(value, bool | int | float):
+            params[f"payload.{name}"] = json.dumps(value)
+        else:
+            raise TypeError(
+                f"payload[{name!r}]: a payload search compares top-level scalars (str, int, "
+                f"float, bool, None), got {type(value).__name__}"
+            )
+    return params
+
+
+def _reads_as_itself(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return True
+    return False
 
 
 @frozen(kw_only=True)

@@ -161,6 +161,17 @@ def list_tasks(
     ] = None,
     queue: Annotated[str | None, typer.Option("--queue")] = None,
     task_type: Annotated[str | None, typer.Option("--task-type")] = None,
+    payload: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--payload",
+            metavar="FIELD=VALUE",
+            help="Tasks whose payload has this top-level field and value; repeat to require "
+            "several. VALUE is compared as JSON: 3, true, null are those, other text a string "
+            "(quote it, '\"3\"', for the string 3). Hidden, encoded and blob payloads are not "
+            "searchable",
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows to show")] = 50,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
@@ -170,6 +181,7 @@ def list_tasks(
     """List tasks (of the key's tenant)."""
     query = {"status": ",".join(status or []), "queue": queue or "", "task_type": task_type or ""}
     query = {k: v for k, v in query.items() if v}
+    query.update(_payload_query(payload or []))
     tasks: list[dict[str, Any]] = []
     remote = Remote.of(url, api_key, home)
     cursor: str | None = None
@@ -195,6 +207,21 @@ def list_tasks(
             "[yellow]the query snapshot is behind the node: a task enqueued in the last "
             "seconds may be missing (`conveyor get ID` asks the node itself)[/]"
         )
+
+
+def _payload_query(pairs: list[str]) -> dict[str, str]:
+    """``--payload FIELD=VALUE`` options as the listing's ``payload.FIELD`` parameters (the
+    node checks the names and reads the values)."""
+    query: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise typer.BadParameter(
+                f"expected FIELD=VALUE, as --payload customer=acme; got {pair!r}",
+                param_hint="--payload",
+            )
+        query[f"payload.{name}"] = value
+    return query
 
 
 def _task_table(tasks: list[dict[str, Any]]) -> Table:

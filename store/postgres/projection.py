@@ -25,6 +25,10 @@ Rules, and why:
    (a C library's message, bytes decoded as text), and one such event would fail every retry
    of its chunk and halt the projection. In the snapshot it reads U+FFFD; the node keeps the
    original (``GET /v1/tasks/{id}``).
+7. ``payload_fields`` (the payload's searchable fields, a JSON object the gateway made at
+   enqueue) come with the TaskEnqueued only and are kept once set. jsonb cannot hold
+   U+0000 either: the gateway leaves such a value out, and a TaskEnqueued that carries
+   one anyway projects no fields rather than halting the projection (rule 6).
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class TaskRow:
     agent_id: str | None = None
     error_class: str | None = None  # set (non-null) only when an ERROR_KINDS event set it
     error_message: str | None = None
+    payload_fields: str | None = None  # JSON text; only a TaskEnqueued sets it
 
 
 @dataclass(slots=True)
@@ -189,6 +194,11 @@ def _text(value: str | None) -> str | None:
     return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
 
 
+def _fields(text: str | None) -> str | None:
+    """Rule 7: searchable fields jsonb can hold, or none."""
+    return None if text is None or "\\u0000" in text or "\x00" in text else text
+
+
 def _row_of(partition: int, event: TaskEvent) -> TaskRow:
     return TaskRow(
         task_id=event.task_id,
@@ -212,6 +222,7 @@ def _apply(row: TaskRow, event: TaskEvent) -> None:
     kind = event.kind
     if kind == EventKind.TaskEnqueued:
         row.created_ms = event.ts_ms
+        row.payload_fields = _fields(event.payload_fields)
     if kind in READY_KINDS and event.status == TaskStatus.ENQUEUED:
         row.ready_ms = event.ts_ms if event.run_at_ms is None else event.run_at_ms
     if kind == EventKind.TaskLeased:
@@ -241,6 +252,7 @@ _TASK_COLUMNS = (
     ("error_message", "text"),
     ("last_event", "text"),
     ("version", "int8"),
+    ("payload_fields", "jsonb"),
 )
 _NAMES = ", ".join(name for name, _ in _TASK_COLUMNS)
 _UNNEST = ", ".join(f"${i}::{kind}[]" for i, (_, kind) in enumerate(_TASK_COLUMNS, 1))
@@ -253,7 +265,7 @@ UPSERT_TASKS = f"""
 INSERT INTO tasks AS t ({_NAMES})
 SELECT task_id, tenant, app, task_type, queue, partition, status, attempt,
        COALESCE(created_ms, updated_ms), updated_ms, finished_ms, ready_ms, leased_ms, agent_id,
-       error_class, error_message, last_event, version
+       error_class, error_message, last_event, version, payload_fields
 FROM unnest({_UNNEST}) AS u({_NAMES})
 ON CONFLICT (task_id) DO UPDATE SET
     status = EXCLUDED.status,
@@ -267,7 +279,8 @@ ON CONFLICT (task_id) DO UPDATE SET
     error_message = CASE WHEN EXCLUDED.error_class IS NULL THEN t.error_message
                          ELSE EXCLUDED.error_message END,
     last_event = EXCLUDED.last_event,
-    version = EXCLUDED.version
+    version = EXCLUDED.version,
+    payload_fields = COALESCE(EXCLUDED.payload_fields, t.payload_fields)
 WHERE t.version < EXCLUDED.version
 """
 

@@ -49,6 +49,7 @@ class TaskQuery:
     created_to_ms: int | None = None  # exclusive
     finished_from_ms: int | None = None
     finished_to_ms: int | None = None
+    payload_fields: str | None = None  # a JSON object the task's payload_fields contain
 
 
 @dataclass(slots=True)
@@ -93,6 +94,8 @@ def _where(q: TaskQuery) -> _Where:
         w.add("created_ms < ?", q.finished_to_ms)  # implied: created before it finished
     if q.error_text:
         w.add("error_message ILIKE ?", f"%{_escape_like(q.error_text)}%")
+    if q.payload_fields is not None:  # the GIN index tasks_payload_fields answers it
+        w.add("payload_fields @> ?::jsonb", q.payload_fields)
     return w
 
 

@@ -419,6 +419,16 @@ _LIST = [
     _param("finished_to_ms", integer(0, description="finished before")),
     _param("error_class", NAME),
     _param("error_text", {"type": "string", "description": "in the error message, any case"}),
+    _param(
+        "payload.<field>",
+        {
+            "type": "string",
+            "description": "repeatable, one per field: tasks whose payload has this top-level "
+            "field with this value, compared as a JSON scalar (3, true, null; other text is a "
+            'string: quote it, "3", for the string 3); <field> is 1..200 of A-Z a-z 0-9 _ . : -. '
+            "Hidden, codec-encoded and blob-stored payloads are not searchable",
+        },
+    ),
     _param("limit", integer(1, validation.LIST_LIMIT_MAX)),
     _param("cursor", {"type": "string", "description": "next_cursor of the previous page"}),
     _param("count", {"type": "boolean", "description": "also answer count and count_exact"}),

@@ -149,6 +149,7 @@ class Gateway:
         reqs = [self.registry.resolve(tenant, req) for req in reqs]  # its defaults (rule 4)
         self.admission.admit(tenant, self.keys.settings(tenant), len(reqs))  # valid ones only
         now_ms = self.node.clock.now_ms()
+        searchable = self.keys.settings(tenant).show_payloads  # payload_fields.py rule 1
         specs: list[TaskSpec] = []
         for req in reqs:
             payload = await self.payloads.pack(tenant, req.payload, req.field("payload"))
@@ -161,6 +162,7 @@ class Gateway:
                     payload=payload,
                     now_ms=now_ms,
                     resume=self.registry.resume_of(tenant, req.app, req.task_type),
+                    searchable=searchable,
                 )
             )
         _check_batch_keys(reqs, specs)
@@ -246,6 +248,8 @@ class Gateway:
             return None
 
     async def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
+        if query.filter.payload_fields is not None:
+            self._check_payload_search(tenant)
         if self.snapshot is not None:
             fresh = self.progress is not None and await snapshot.wait_fresh(
                 self.node, self.progress
@@ -261,6 +265,22 @@ class Gateway:
         if query.count:
             body["count"] = None  # counting needs the snapshot; a scan cannot afford it
         return body
+
+    def _check_payload_search(self, tenant: str) -> None:
+        """A payload search needs the snapshot (only it keeps the fields), and is refused for
+        a tenant that hides its payloads: matches would tell what the payloads hold."""
+        if self.snapshot is None:
+            raise ContractError(
+                "payload.<field>: a payload search needs the Postgres snapshot; run the node "
+                "without --no-projection",
+                field="payload",
+            )
+        if not self.keys.settings(tenant).show_payloads:
+            raise ContractError(
+                "payload.<field>: payloads are hidden for this tenant (show_payloads: false), "
+                "so they cannot be searched",
+                field="payload",
+            )
 
     async def queues(self, tenant: str) -> dict[str, Any]:
         if self.snapshot is None:
@@ -333,7 +353,16 @@ class Gateway:
         payload = await self.payloads.pack(tenant, task.payload, task.field("payload"))
         # The firing sets id, time and key; the template keeps everything else of the body.
         resume = self.registry.resume_of(tenant, task.app, task.task_type)
-        spec = to_spec(task, task_id="", tenant=tenant, payload=payload, now_ms=0, resume=resume)
+        searchable = self.keys.settings(tenant).show_payloads
+        spec = to_spec(
+            task,
+            task_id="",
+            tenant=tenant,
+            payload=payload,
+            now_ms=0,
+            resume=resume,
+            searchable=searchable,
+        )
         record = to_record(req, tenant=tenant, template=codec.TASK_SPEC.encode(spec))
         reply = await self.node.upsert_schedule(record)
         if not reply.ok:  # validated above: only a record changed underneath us gets here
@@ -563,7 +592,13 @@ class Gateway:
                 payload = await self.payloads.pack(tenant, req.payload, req.field("payload"))
                 resume = self.registry.resume_of(tenant, req.app, req.task_type)
                 spec = to_spec(
-                    req, task_id="", tenant=tenant, payload=payload, now_ms=now_ms, resume=resume
+                    req,
+                    task_id="",
+                    tenant=tenant,
+                    payload=payload,
+                    now_ms=now_ms,
+                    resume=resume,
+                    searchable=self.keys.settings(tenant).show_payloads,
                 )
                 children.append(codec.TASK_SPEC.encode(spec))
         except ContractError as exc:

@@ -69,6 +69,7 @@ def task_query(tenant: str, flt: TaskFilter) -> queries.TaskQuery:
         created_to_ms=flt.created_to_ms,
         finished_from_ms=flt.finished_from_ms,
         finished_to_ms=flt.finished_to_ms,
+        payload_fields=flt.payload_fields,
     )
 
 

@@ -26,6 +26,7 @@ from conveyor.streams.gateway.fields import (
     describe,
     invalid,
 )
+from conveyor.streams.gateway.payload_fields import SEARCH_PREFIX, extract, parse_search
 from conveyor.streams.gateway.payloads import check_not_marker
 
 BATCH_MAX = 1_000
@@ -106,6 +107,7 @@ class EnqueueRequest:
     cancel_grace_ms: int = _DEFAULT.cancel_grace_ms
     resume: str | None = None  # None: the task type's registered policy (registry rule 3)
     trace_context: str | None = None  # compact JSON (``_trace_context``)
+    payload_fields: str | None = None  # compact JSON (``payload_fields.extract``)
     sent: frozenset[str] = frozenset()  # the DEFAULTABLE options the request set itself
 
     def field(self, name: str) -> str:
@@ -151,6 +153,7 @@ def parse_task(body: Any, path: str = "") -> EnqueueRequest:
         schedule_to_close_ms=timeouts.opt_int("schedule_to_close_ms", 1, DURATION_MS_MAX),
         resume=_resume(f),
         trace_context=_trace_context(f.raw("trace_context"), f.at("trace_context")),
+        payload_fields=extract(payload),
         sent=_sent(body),
     )
 
@@ -244,9 +247,12 @@ def to_spec(
     payload: bytes,
     now_ms: int,
     resume: str = _DEFAULT.resume,
+    searchable: bool = True,
 ) -> TaskSpec:
     """The record for ``req``; ``payload`` is ``req.payload`` or its blob marker; ``resume``
-    the policy when ``req`` names none."""
+    the policy when ``req`` names none. The payload's fields are kept for search when
+    ``searchable`` (the tenant shows payloads) and the payload is inline
+    (``payload_fields.py`` rule 1)."""
     run_at_ms = req.run_at_ms
     if run_at_ms is None and req.delay_ms:
         run_at_ms = now_ms + req.delay_ms
@@ -272,6 +278,7 @@ def to_spec(
         resume=req.resume or resume,
         delay_ms=req.delay_ms,
         trace_context=req.trace_context,
+        payload_fields=req.payload_fields if searchable and payload == req.payload else None,
     )
 
 
@@ -289,6 +296,7 @@ class TaskFilter:
     created_to_ms: int | None = None  # created before (exclusive)
     finished_from_ms: int | None = None  # finished at or after
     finished_to_ms: int | None = None  # finished before (exclusive)
+    payload_fields: str | None = None  # a JSON object the task's fields contain (listing only)
 
 
 @frozen(kw_only=True)
@@ -319,7 +327,11 @@ _LIST_FIELDS = frozenset(
 
 
 def parse_list_query(query: Mapping[str, str]) -> ListQuery:
-    q = Fields(dict(query), "", set(_LIST_FIELDS))
+    """The listing's query string; ``payload.<field>=<value>`` pairs (repeatable, one per
+    field) search the payload fields (``payload_fields.py``)."""
+    search = parse_search(query.items())
+    rest = {k: query[k] for k in query if not k.startswith(SEARCH_PREFIX)}
+    q = Fields(rest, "", set(_LIST_FIELDS))
     statuses: set[TaskStatus] = set()
     for name in filter(None, (q.raw("status") or "").split(",")):
         try:
@@ -340,6 +352,7 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
             created_to_ms=_query_int(q, "created_to_ms", 0, INT_MAX),
             finished_from_ms=_query_int(q, "finished_from_ms", 0, INT_MAX),
             finished_to_ms=_query_int(q, "finished_to_ms", 0, INT_MAX),
+            payload_fields=search,
         ),
         limit=_query_int(q, "limit", 1, LIST_LIMIT_MAX) or LIST_LIMIT_DEFAULT,
         cursor=q.opt_str("cursor", bytes_max=1024),

@@ -56,6 +56,7 @@ def emit(
     error_class: str | None = None,
     error_message: str | None = None,
     run_at_ms: int | None = None,
+    payload_fields: str | None = None,
 ) -> None:
     out.events.append(
         TaskEvent(
@@ -73,6 +74,7 @@ def emit(
             error_class=error_class,
             error_message=error_message,
             run_at_ms=run_at_ms,
+            payload_fields=payload_fields,
         )
     )
 

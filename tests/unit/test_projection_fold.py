@@ -126,3 +126,14 @@ def test_a_cancel_into_compensations_closes_the_attempt_it_ended() -> None:
     fold.add(0, event(EventKind.TaskRetryScheduled, "RETRY_WAIT", 2, 2, error_class="E"))
     fold.add(0, event(EventKind.TaskRequeued, "ENQUEUED", 2, 3, error_class="Compensating"))
     assert fold.attempts[("t1", 1)].outcome == "FAILED"
+
+
+def test_fold_keeps_the_payload_fields_of_the_task_enqueued_only() -> None:
+    fold = Fold.empty()
+    fields = '{"customer":"acme"}'
+    fold.add(0, event(EventKind.TaskEnqueued, "ENQUEUED", 1, 1, payload_fields=fields))
+    fold.add(0, event(EventKind.TaskLeased, "LEASED", 1, 2, payload_fields='{"other":1}'))
+    assert fold.tasks["t1"].payload_fields == fields  # None in a later chunk keeps the stored
+    bad = Fold.empty()
+    bad.add(0, event(EventKind.TaskEnqueued, "ENQUEUED", 1, 1, payload_fields='{"a":"\\u0000"}'))
+    assert bad.tasks["t1"].payload_fields is None  # jsonb cannot hold it: rule 7

@@ -23,6 +23,7 @@ from conveyor.schemas.types import (
     EventKind,
     Outcome,
     TaskEvent,
+    TaskSpec,
 )
 
 RECORDS = Path(codec.SCHEMA_DIR) / "records"
@@ -153,6 +154,40 @@ def test_a_version_1_batch_reads_run_at_as_null_for_every_event() -> None:
     delayed = dataclasses.replace(events[0], run_at_ms=1_000)
     now = EventBatch(partition=3, offset=9, events=[delayed, events[1]])
     assert codec.EVENT_BATCH.decode(codec.EVENT_BATCH.encode(now)) == now
+
+
+def test_a_version_2_batch_reads_payload_fields_as_null_for_every_event() -> None:
+    """Version 3 added the ``payload_fields`` column (a TaskEnqueued carries the payload's
+    searchable fields to the snapshot); a version 2 batch has none: null for each event,
+    its other columns as written."""
+    batch_v2, _ = codec.EVENT_BATCH.history[1]
+    writer = codec.EventBatchCodec(batch_v2, codec.EVENT_EXTRAS, codec.EVENT_BATCH.history[:1])
+    delayed = dataclasses.replace(_batch().events[0], run_at_ms=1_000)
+    events = [delayed, dataclasses.replace(delayed, task_id="1" * 32, run_at_ms=None)]
+    batch = EventBatch(partition=3, offset=9, events=events)
+    data = writer.encode(batch)
+    assert data[:2] == bytes([codec.EVENTS_MARK, 2])
+    decoded = codec.EVENT_BATCH.decode(data)
+    assert decoded == batch and [e.payload_fields for e in decoded.events] == [None, None]
+    searchable = dataclasses.replace(events[0], payload_fields='{"customer":"acme"}')
+    now = EventBatch(partition=3, offset=9, events=[searchable, events[1]])
+    assert codec.EVENT_BATCH.decode(codec.EVENT_BATCH.encode(now)) == now
+
+
+def test_a_task_spec_written_before_payload_fields_decodes_without_them() -> None:
+    """TaskSpec v5 added ``payload_fields`` at the end: a v4 datum (in logs, the specs
+    table and schedule templates) ends before it and reads it as null."""
+    v4 = parse_schema(
+        json.loads((RECORDS / "history" / "TaskSpec.v4.avsc").read_text()), named_schemas={}
+    )
+    spec = TaskSpec(task_id="0" * 32, tenant="t", app="a", task_type="noop", payload=b"{}")
+    datum = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    del datum["payload_fields"]
+    buf = io.BytesIO()
+    schemaless_writer(buf, v4, datum)
+    assert codec.TASK_SPEC.decode(buf.getvalue()) == spec
+    kept = dataclasses.replace(spec, payload_fields='{"n":3}')
+    assert codec.TASK_SPEC.decode(codec.TASK_SPEC.encode(kept)) == kept
 
 
 def test_an_events_batch_of_a_former_version_is_resolved_to_the_current_schema() -> None:

@@ -137,7 +137,9 @@ def enqueue_spec(
     for ref in deadline_timers(task):
         tables.add_timer(ref)
     tables.put_task(task, new=True)
-    emit(out, EventKind.TaskEnqueued, task, meta, run_at_ms=task.run_at_ms if delayed else None)
+    run_at_ms = task.run_at_ms if delayed else None
+    fields = spec.payload_fields  # searchable in the snapshot (gateway/payload_fields.py)
+    emit(out, EventKind.TaskEnqueued, task, meta, run_at_ms=run_at_ms, payload_fields=fields)
     return Reply(
         offset=meta.offset,
         index=index,

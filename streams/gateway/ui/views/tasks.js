@@ -19,6 +19,11 @@ const RANGE_FILTERS = [
   ["finished_from_ms", "Finished from"],
   ["finished_to_ms", "Finished to"],
 ];
+// The payload search box: `payload.<field>=<value>` pairs, space-separated; a value with
+// spaces is quoted as JSON (`payload.name="Acme Corp"`), as the server reads values as JSON.
+const PAYLOAD_PREFIX = "payload.";
+const PAYLOAD_PAIR = /^payload\.([^=\s]+)=("(?:[^"\\]|\\.)*"|\S*)$/;
+const PAYLOAD_TOKEN = /(?:[^\s"]+|"(?:[^"\\]|\\.)*")+/g;
 const PAGE_SIZE = 50;
 const LIVE_DEBOUNCE_MS = 500;
 
@@ -31,6 +36,11 @@ function filterForm(query, { withStatus, onApply }) {
     STATUSES.map((name) => h("option", { value: name, selected: query.status === name }, name)));
   const texts = TEXT_FILTERS.map(([name, label]) =>
     field(label, h("input", { name, value: query[name] || "", size: 14 })));
+  const payload = h("input", { name: "payload", size: 28, value: payloadText(query),
+    placeholder: "payload.customer=acme", oninput: () => payload.setCustomValidity(""),
+    title: "Tasks whose payload has these top-level fields: payload.<field>=<value>, " +
+      "space-separated. Values compare as JSON (3, true, null; quote \"3\" for the string). " +
+      "Hidden, encoded and blob-stored payloads are not searchable." });
   const ranges = RANGE_FILTERS.map(([name, label]) =>
     field(label, h("input", { name, type: "datetime-local", step: 1,
       value: toLocalInput(query[name]) })));
@@ -40,16 +50,40 @@ function filterForm(query, { withStatus, onApply }) {
     const next = {};
     for (const [name] of [...TEXT_FILTERS, ["status"]]) next[name] = (data.get(name) || "").trim();
     for (const [name] of RANGE_FILTERS) next[name] = fromLocalInput(data.get(name));
-    onApply(next);
+    const pairs = parsePayload(data.get("payload") || "");
+    if (pairs === null) {
+      payload.setCustomValidity("Write payload.<field>=<value>, space-separated.");
+      payload.reportValidity();
+      return;
+    }
+    onApply({ ...next, ...pairs });
   } },
     withStatus ? field("State", status) : null,
     texts,
+    field("Payload", payload),
     ranges,
     h("div", { class: "actions" },
       h("button", { type: "submit" }, "Apply"),
       h("button", { type: "button", class: "secondary", onclick: () => onApply({}) }, "Clear")),
   );
   return form;
+}
+
+/** The payload search box's text as `payload.<field>` query entries; null when malformed. */
+function parsePayload(text) {
+  const pairs = {};
+  for (const token of text.match(PAYLOAD_TOKEN) || []) {
+    const match = PAYLOAD_PAIR.exec(token);
+    if (!match) return null;
+    pairs[PAYLOAD_PREFIX + match[1]] = match[2];
+  }
+  return pairs;
+}
+
+/** The URL's payload search, as the box shows it. */
+function payloadText(query) {
+  return Object.entries(query).filter(([name, value]) => name.startsWith(PAYLOAD_PREFIX) && value)
+    .map(([name, value]) => `${name}=${value}`).join(" ");
 }
 
 function errorCell(error) {
@@ -108,9 +142,10 @@ async function page(target, query, { nav, view, selectable, fixed }) {
 function bulkCancel(query, { nav, flash, progress }) {
   const filter = filterOf(query);
   const filtered = Object.keys(filter).length > 0;
+  const searched = payloadText(query) !== "";
   let armed = false;
   const button = h("button", { type: "button", class: "danger", id: "cancel-matching",
-    disabled: !filtered, title: filtered ? "" : "set a filter first", onclick: async () => {
+    disabled: !filtered || searched, title: bulkTitle(filtered, searched), onclick: async () => {
       if (!armed) {
         armed = true;
         button.textContent = "Confirm: cancel every unfinished match";
@@ -163,6 +198,12 @@ function live(events, show, query) {
   events({ queue: query.queue, task_type: query.task_type }, { onOpen: soon, onEvent: soon });
 }
 
+/** Why a bulk operation's button is off: a payload search would not narrow it. */
+function bulkTitle(filtered, searched) {
+  if (searched) return "bulk operations do not take a payload search; clear it first";
+  return filtered ? "" : "set a filter first";
+}
+
 /** The URL's filters as the JSON filter of the bulk operations. */
 function filterOf(query) {
   const filter = {};
@@ -201,8 +242,9 @@ export async function renderDeadLetters(main, { query, nav, flash }) {
       flash(err.message, "error");
     }
   } }, "Retry selected");
+  const searched = payloadText(query) !== "";
   const retryAll = h("button", { type: "button", class: "secondary", id: "retry-matching",
-    onclick: async () => {
+    disabled: searched, title: searched ? bulkTitle(true, true) : "", onclick: async () => {
       try {
         // The server runs a filter retry as a background operation (202) and reports progress.
         const filter = { ...filterOf(query), status: "FAILED" };
