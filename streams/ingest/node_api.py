@@ -71,6 +71,10 @@ class NodeApi:
         if self._session is not None:
             await self._session.close()
 
+    async def check_key(self) -> None:
+        """KeyRefused now if the node refuses the key, rather than at the first record."""
+        await self._call("GET", "/registry/subjects")
+
     # -- the registry -------------------------------------------------------------------------
 
     async def schema(self, schema_id: int) -> str | None:

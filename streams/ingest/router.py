@@ -123,7 +123,7 @@ class Router:
     async def start(self) -> None:
         s = self.settings
         await self.api.start()
-        await self.api.subject("-", "-")  # the key: KeyRefused now, not at the first record
+        await self.api.check_key()
         await topics.ensure(s.bootstrap, [s.topic, s.quarantine], s.partitions)
         # The producer first: starting its transactional id aborts what a killed router of
         # the same id left open, which would otherwise hold its offsets unstable (rule 3).
