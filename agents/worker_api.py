@@ -278,10 +278,15 @@ class HttpWorkerAPI:
         *,
         timeout: float = 30.0,
         retry_for_s: float = 60.0,
+        direct: bool = False,
     ) -> None:
+        """``direct``: never through the proxy the environment names (a server of this very
+        process on the loopback, as ``conveyor.testing``'s)."""
         self.url = url
         self.retry_for_s = retry_for_s
         self._http = Session(url, {"Authorization": f"Bearer {api_key}"}, timeout)
+        if direct:
+            self._http.proxy = None
 
     async def _post(
         self,

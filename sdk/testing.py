@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+import httpx
 from aiohttp import web
 
 from conveyor.agents.host import HostAgent
@@ -132,7 +133,11 @@ class Engine:
             client_key = create_key(self._home, client_grant(self.tenant))
             agent_key = create_key(self._home, agent_grant(self.tenant, self.app.name))
             self.call(self._start(agent_key))
-            self._client = EngineClient(self.url, client_key, app=self.app.name, codec=self.codec)
+            # A transport of its own: no $HTTP_PROXY between a test and the engine's port.
+            direct = httpx.HTTPTransport()
+            self._client = EngineClient(
+                self.url, client_key, app=self.app.name, codec=self.codec, transport=direct
+            )
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -173,8 +178,8 @@ class Engine:
         )
         self._gateway = gateway[routes.GATEWAY]
         self._runner, self.url = await start(gateway, HOST, 0)
-        self._api = HttpWorkerAPI(self.url, agent_key)
-        self._leases = HttpWorkerAPI(self.url, agent_key)
+        self._api = HttpWorkerAPI(self.url, agent_key, direct=True)
+        self._leases = HttpWorkerAPI(self.url, agent_key, direct=True)
         self._agent = HostAgent(
             self._api,
             self.app,

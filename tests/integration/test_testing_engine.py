@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 import conveyor
@@ -277,6 +278,23 @@ def test_the_client_is_a_conveyor_client_on_the_gateway_over_loopback(
     assert engine.url.startswith("http://127.0.0.1:")
     with pytest.raises(conveyor.NotFound):
         engine.client.get("0" * 32)
-    stranger = conveyor.Client(engine.url, "cvk_not-a-key", retries=0)
+    stranger = conveyor.Client(
+        engine.url, "cvk_not-a-key", retries=0, transport=httpx.HTTPTransport()
+    )
     with stranger, pytest.raises(conveyor.Unauthorized):
         stranger.list()
+
+
+def test_a_proxy_named_in_the_environment_is_not_between_a_test_and_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI machines often set $HTTP_PROXY: the client and the agent reach the engine's loopback
+    port directly (through the dead proxy set here, nothing would run)."""
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with conveyor.testing.Engine(app, durable=False) as engine:
+        handle = engine.client.enqueue(double, 4)
+        engine.run_until_idle()
+        assert handle.result() == 8
