@@ -43,6 +43,11 @@ class TaskCache:
     def __init__(self, size_max: int = 100_000) -> None:
         self.size_max = size_max
         self.rows: dict[str, Task] = {}
+        # Per (store, tenant), the committed paused queues: read by every count of ready work
+        # and every pick, changed by a PauseQueue record only (dropped when one commits). A
+        # node's partitions share one cache: the key is the store's id, and the entry holds
+        # the store itself (so that id is not reused while the entry lives).
+        self.paused: dict[tuple[int, str], tuple[object, frozenset[str]]] = {}
 
     def get(self, task_id: str) -> Task | None:
         return self.rows.get(task_id)
@@ -56,6 +61,7 @@ class TaskCache:
 
     def clear(self) -> None:
         self.rows.clear()
+        self.paused.clear()
 
 
 class Tables:
@@ -68,6 +74,7 @@ class Tables:
         self._new: set[str] = set()  # created this batch: their head row is written too
         self.earliest_timer_ms: int | None = None  # earliest timer armed since last taken
         self.messages_written = False  # a message row was put since last taken
+        self._paused_changed: set[str] = set()  # tenants whose pauses this batch changed
 
     # -- raw access with the overlay ----------------------------------------------------------
 
@@ -110,6 +117,9 @@ class Tables:
                     pending[keys.detail(task_id)] = task_codec.encode_detail(task)
                 task.detail_written = detail
             cache.put(task)
+        for tenant in self._paused_changed:
+            cache.paused.pop((id(self.kv), tenant), None)  # committed with these: read again
+        self._paused_changed = set()
         self._pending = {}
         self._tasks = {}
         self._dirty = set()
@@ -370,10 +380,21 @@ class Tables:
     # -- paused queues (PauseQueue): a tenant's queues not dispatched from ---------------------
 
     def paused_queues(self, tenant: str) -> frozenset[str]:
+        """Read on every count and pick of ready work: from the cache unless this batch
+        changed the tenant's pauses (then its pending rows count too)."""
+        memo = (id(self.kv), tenant)
+        if tenant not in self._paused_changed:
+            held = self.cache.paused.get(memo)
+            if held is not None and held[0] is self.kv:
+                return held[1]
         prefix = keys.paused_queues_of(tenant)
-        return frozenset(key[len(prefix) :].decode() for key, _ in self.scan(prefix))
+        found = frozenset(key[len(prefix) :].decode() for key, _ in self.scan(prefix))
+        if tenant not in self._paused_changed:
+            self.cache.paused[memo] = (self.kv, found)
+        return found
 
     def pause_queue(self, tenant: str, queue: str, *, paused: bool) -> None:
+        self._paused_changed.add(tenant)
         self._put(keys.paused_queue(tenant, queue), b"" if paused else None)
 
     def ready_types(self, app: str, tenant: str) -> dict[str, int]:

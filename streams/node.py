@@ -243,6 +243,9 @@ class Node:
         rows = self.cache.rows
         for task_id in [t for t in rows if self.partition_of(t) == p]:
             del rows[task_id]
+        paused = self.cache.paused  # its paused queues too (``Tables.paused_queues``)
+        for key in [k for k, (store, _) in paused.items() if store is self.stores[p]]:
+            del paused[key]
 
     def on_events(self, observe: Callable[[int, Sequence[TaskEvent]], None]) -> None:
         """``observe(partition, events)`` with the events of each batch a processor commits

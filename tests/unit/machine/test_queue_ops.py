@@ -4,6 +4,7 @@ pauses and resumes dispatch from a tenant's queue."""
 from __future__ import annotations
 
 from conveyor.schemas.types import EventKind, PauseQueue, TaskStatus
+from conveyor.store.tables import TaskCache
 from conveyor.streams.machine import Reply
 
 from .harness import APP, Harness, grants
@@ -84,3 +85,22 @@ def test_a_pause_asked_for_named_queues_leaves_a_request_for_it_empty() -> None:
     _pause(h, "a")
     assert grants(h.grant(5, queues=["a"])) == []
     assert [g.task_id for g in grants(h.grant(5, queues=["a", "b"]))] == [b.task_id]
+
+
+def test_partitions_sharing_a_node_cache_each_read_their_own_pauses() -> None:
+    """A node's partitions share one cache of decoded rows, which keeps each store's pauses:
+    a pause applied on one partition is not read on another before it applies it there, and
+    a resume is read at once after its commit (the cached set is dropped with it)."""
+    cache = TaskCache()
+    one, two = Harness(cache=cache), Harness(partition=1, cache=cache)
+    here, there = one.spec(queue="q"), two.spec(queue="q")
+    one.enqueue(here)
+    two.enqueue(there)
+    assert two.tables.paused_queues("t1") == frozenset()  # now in the shared cache
+    _pause(one, "q")
+    assert one.tables.paused_queues("t1") == {"q"}
+    assert two.tables.paused_queues("t1") == frozenset()
+    assert [g.task_id for g in grants(two.grant(1))] == [there.task_id]
+    assert grants(one.grant(1)) == []
+    _pause(one, "q", paused=False)
+    assert [g.task_id for g in grants(one.grant(1))] == [here.task_id]
