@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import test_gateway
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from test_cluster import PARTITIONS, leading, register_shop, settled, wait_for
+from test_cluster import PARTITIONS, register_shop, settled, wait_for
+from test_cluster_forwarding import shared
 from test_cluster_projection import projected
 from test_gateway import NodeProcess, call, stop_orphaned_postgres
 from test_kafka_node import CLIENT, CLUSTER_SECRET, kafka_node
@@ -94,11 +95,7 @@ def test_the_events_topic_is_trimmed_behind_every_nodes_readers_and_a_dead_node_
     try:
         for node in made:
             node.start()
-        wait_for(
-            "two nodes to share the partitions",
-            lambda: settled(made) and all(leading(n) for n in made),
-            timeout_s=90,
-        )
+        wait_for("two nodes to share the partitions", lambda: shared(made), timeout_s=90)
         register_shop(n1.base)
         first = enqueue(n1.base, TASKS) + enqueue(n2.base, TASKS)
         for node in made:

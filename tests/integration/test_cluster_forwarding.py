@@ -43,6 +43,20 @@ pytestmark = pytest.mark.timeout(240)
 TYPES = ["pack_item", "flaky"]
 
 
+def shared(made: list[NodeProcess]) -> bool:
+    """Every partition led by one of ``made``, each leading some, and every node's directory
+    (``GET /worker/nodes``, from the cards: up to a publish interval behind) saying so."""
+    if not settled(made) or not all(leading(n) for n in made):
+        return False
+    truth = {n.base: sorted(leading(n)) for n in made}
+    for node in made:
+        status, listed = call(node.base, "GET", "/worker/nodes", key=AGENT)
+        assert status == 200, listed
+        if {n["url"]: n["partitions"] for n in listed["nodes"]} != truth:
+            return False
+    return True
+
+
 def worker(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     status, reply = call(base, "POST", path, body, key=AGENT)
     assert status == 200, (path, reply)
@@ -153,7 +167,7 @@ def test_registrations_and_retries_reach_the_owners_and_forged_cards_reach_nobod
     n1, n2 = nodes
     for node in nodes:
         node.start()
-    wait_for("two nodes to share the partitions", lambda: settled(nodes) and bool(leading(n2)))
+    wait_for("two nodes to share the partitions", lambda: shared(nodes))
     owned = {n1.base: set(leading(n1)), n2.base: set(leading(n2))}
     by_partition = {p: base for base, ps in owned.items() for p in ps}
 
@@ -249,11 +263,7 @@ def test_a_bulk_retry_started_at_one_node_retries_the_dead_letters_every_node_le
     try:
         for node in made:
             node.start()
-        wait_for(
-            "two nodes to share the partitions",
-            lambda: settled(made) and all(leading(n) for n in made),
-            timeout_s=90,
-        )
+        wait_for("two nodes to share the partitions", lambda: shared(made), timeout_s=90)
         owned = {n1.base: set(leading(n1)), n2.base: set(leading(n2))}
         register(n1.base, TYPES)
         for node in made:
