@@ -52,7 +52,7 @@ log = logging.getLogger("conveyor.gateway")
 
 SHUTDOWN_GRACE_S = 2.0
 # /metrics takes no tenant key: it has a key of its own (``metrics_route``).
-_PUBLIC = frozenset({"/healthz", "/openapi.json", "/metrics"})
+_PUBLIC = frozenset({"/healthz", "/openapi.json", "/registry/openapi.json", "/metrics"})
 METRICS = web.AppKey("metrics", Metrics)
 METRICS_KEY = web.AppKey("metrics_key", str)  # "": none was given, /metrics answers 401
 _TIMED_ROUTES = {"/v1/tasks": "enqueue", "/v1/tasks:batch": "enqueue_batch"}
@@ -127,6 +127,10 @@ async def openapi_json(request: web.Request) -> web.Response:
     return routes.reply(openapi.document())
 
 
+async def registry_openapi_json(request: web.Request) -> web.Response:
+    return routes.reply(openapi.registry_document())
+
+
 def build_app(
     node: Node,
     keys: KeyStore,
@@ -163,6 +167,7 @@ def build_app(
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/metrics", metrics_route, allow_head=False)
     app.router.add_get("/openapi.json", openapi_json, allow_head=False)
+    app.router.add_get("/registry/openapi.json", registry_openapi_json, allow_head=False)
     routes.add_routes(app)
     registry_routes.add_routes(app)  # the schema registry, under /registry
     registry_routes.add_type_routes(app)  # GET /v1/task-types

@@ -343,6 +343,9 @@ def check_client_name(value: Any, path: str, chars_max: int = limits.NAME_CHARS_
 
 
 def check_int(value: Any, path: str, lo: int, hi: int) -> int:
+    """An integer ``lo..hi``; a number with no fraction (``2.0``) is one, as JSON Schema says."""
+    if type(value) is float and value.is_integer() and lo <= value <= hi:
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise invalid(path, f"must be an integer {lo}..{hi}, got {describe(value)}")
     return value

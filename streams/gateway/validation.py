@@ -11,13 +11,31 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.frozen import frozen
-from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
+from conveyor.streams.gateway.contract import decode
+from conveyor.streams.gateway.contract.limits import (
+    BACKOFF_FACTOR_MAX,
+    BATCH_MAX,
+    CURSOR_BYTES_MAX,
+    DURATION_MS_MAX,
+    IDEMPOTENCY_KEY_BYTES_MAX,
+    LIST_LIMIT_DEFAULT,
+    LIST_LIMIT_MAX,
+    NON_RETRYABLE_MAX,
+    PRIORITY_MAX,
+    RETRY_ATTEMPTS_MAX,
+    RUN_AT_MAX,
+    RUN_AT_MIN,
+    RUN_AT_MS_MAX,
+    WAIT_MS_MAX,
+)
+from conveyor.streams.gateway.contract.requests import RetryPolicy, TaskBatch, TaskRequest, Timeouts
 from conveyor.streams.gateway.fields import (
     INT_MAX,
+    NAME_BYTES_MAX,
     Fields,
     check_int,
     check_name,
@@ -25,44 +43,12 @@ from conveyor.streams.gateway.fields import (
     compact,
     describe,
     invalid,
+    join,
 )
 from conveyor.streams.gateway.payload_fields import SEARCH_PREFIX, extract, parse_search
 from conveyor.streams.gateway.payloads import check_not_marker
 
-BATCH_MAX = 1_000
-IDEMPOTENCY_KEY_BYTES_MAX = 256
-PRIORITY_MAX = 9
-RETRY_ATTEMPTS_MAX = 1_000
-BACKOFF_FACTOR_MAX = 100.0
-DURATION_MS_MAX = 100 * 365 * 86_400_000  # a century: keeps now + duration far inside int64
-NON_RETRYABLE_MAX = 100
-LIST_LIMIT_MAX = 1_000
-LIST_LIMIT_DEFAULT = 100
-WAIT_MS_MAX = 60_000
-# ``run_at`` from the epoch (the machine stores instants as unsigned ms) to the last instant an
-# RFC 3339 year of four digits can write.
-RUN_AT_MIN = "1970-01-01T00:00:00Z"
-RUN_AT_MAX = "9999-12-31T23:59:59.999Z"
-RUN_AT_MS_MAX = 253_402_300_799_999
-
 _DEFAULT = TaskSpec(task_id="", tenant="", app="", task_type="")
-_TASK_FIELDS = frozenset(
-    {
-        "task_type",
-        "app",
-        "payload",
-        "queue",
-        "priority",
-        "delay_ms",
-        "run_at",
-        "idempotency_key",
-        "retry",
-        "timeouts",
-        "cancel_grace_ms",
-        "resume",
-        "trace_context",
-    }
-)
 _RETRY_FIELDS = frozenset(
     {"attempts_max", "backoff_base_ms", "backoff_factor", "backoff_cap_ms", "non_retryable"}
 )
@@ -76,10 +62,6 @@ DEFAULTABLE = (
     *_TIMEOUT_FIELDS,
     "cancel_grace_ms",
     "resume",
-)
-_ABSENT = Fields({}, "", ())  # an object not sent: every read gives its default, none fails
-_RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 )
 
 
@@ -115,47 +97,69 @@ class EnqueueRequest:
 
 
 def parse_task(body: Any, path: str = "") -> EnqueueRequest:
-    f = Fields(body, path, _TASK_FIELDS)
-    payload = f.raw("payload")
-    check_not_marker(payload, f.at("payload"))
-    delay_ms = f.opt_int("delay_ms", 0, DURATION_MS_MAX)
-    run_at_ms = _run_at(f)
-    if delay_ms is not None and run_at_ms is not None:
-        raise invalid(f.at("run_at"), "delay_ms and run_at are exclusive; send one of them")
-    timeouts = f.obj("timeouts", _TIMEOUT_FIELDS) or _ABSENT
-    retry = f.obj("retry", _RETRY_FIELDS) or _ABSENT
-    base = retry.int_or("backoff_base_ms", 0, DURATION_MS_MAX, _DEFAULT.backoff_base_ms)
-    cap = retry.int_or("backoff_cap_ms", 0, DURATION_MS_MAX, _DEFAULT.backoff_cap_ms)
-    if cap < base:
-        raise invalid(
-            retry.at("backoff_cap_ms"), f"must be at least backoff_base_ms ({base}), got {cap}"
-        )
+    """One task body (``TaskRequest``) at ``path``: the model's checks, then its rules."""
+    return _enqueue_request(decode.model(body, TaskRequest, path), path)
+
+
+def parse_batch(body: Any) -> list[EnqueueRequest]:
+    """All or nothing: the first bad item rejects the batch, naming ``tasks[i].field``."""
+    batch = decode.model(body, TaskBatch)
+    return [_enqueue_request(task, f"tasks[{i}]") for i, task in enumerate(batch.tasks)]
+
+
+_NO_RETRY = RetryPolicy()
+_NO_TIMEOUTS = Timeouts()
+
+
+def _enqueue_request(task: TaskRequest, path: str) -> EnqueueRequest:
+    """The rules of ``TaskRequest`` no type states: a payload is no blob marker, ``delay_ms``
+    and ``run_at`` are exclusive, byte limits (``contract/shapes.py`` rule 2)."""
+    check_not_marker(task.payload, join(path, "payload"))
+    if task.delay_ms is not None and task.run_at is not None:
+        raise invalid(join(path, "run_at"), "delay_ms and run_at are exclusive; send one of them")
+    if task.idempotency_key is not None:
+        _check_bytes(task.idempotency_key, join(path, "idempotency_key"), IDEMPOTENCY_KEY_BYTES_MAX)
+    retry = task.retry or _NO_RETRY
+    timeouts = task.timeouts or _NO_TIMEOUTS
+    non_retryable = tuple(retry.non_retryable or ())
+    for i, name in enumerate(non_retryable):
+        _check_bytes(name, join(path, f"retry.non_retryable[{i}]"), NAME_BYTES_MAX)
     return EnqueueRequest(
         path=path,
-        task_type=f.req_name("task_type"),
-        app=f.req_name("app"),
-        payload=compact(payload),
-        queue=f.opt_name("queue") or _DEFAULT.queue,
-        priority=f.int_or("priority", 0, PRIORITY_MAX, _DEFAULT.priority),
-        delay_ms=delay_ms,
-        run_at_ms=run_at_ms,
-        idempotency_key=f.opt_str("idempotency_key", bytes_max=IDEMPOTENCY_KEY_BYTES_MAX),
-        cancel_grace_ms=f.int_or("cancel_grace_ms", 0, DURATION_MS_MAX, _DEFAULT.cancel_grace_ms),
-        attempts_max=retry.int_or("attempts_max", 1, RETRY_ATTEMPTS_MAX, _DEFAULT.attempts_max),
-        backoff_base_ms=base,
-        backoff_factor=retry.number_or(
-            "backoff_factor", 1.0, BACKOFF_FACTOR_MAX, _DEFAULT.backoff_factor
-        ),
-        backoff_cap_ms=cap,
-        non_retryable=tuple(retry.strs("non_retryable", NON_RETRYABLE_MAX)),
-        schedule_to_start_ms=timeouts.opt_int("schedule_to_start_ms", 1, DURATION_MS_MAX),
-        start_to_close_ms=timeouts.opt_int("start_to_close_ms", 1, DURATION_MS_MAX),
-        schedule_to_close_ms=timeouts.opt_int("schedule_to_close_ms", 1, DURATION_MS_MAX),
-        resume=_resume(f),
-        trace_context=_trace_context(f.raw("trace_context"), f.at("trace_context")),
-        payload_fields=extract(payload),
-        sent=_sent(body),
+        task_type=task.task_type,
+        app=task.app,
+        payload=compact(task.payload),
+        queue=_or(task.queue, _DEFAULT.queue),
+        priority=_or(task.priority, _DEFAULT.priority),
+        delay_ms=task.delay_ms,
+        run_at_ms=None if task.run_at is None else _run_at_ms(task.run_at, path),
+        idempotency_key=task.idempotency_key,
+        cancel_grace_ms=_or(task.cancel_grace_ms, _DEFAULT.cancel_grace_ms),
+        attempts_max=_or(retry.attempts_max, _DEFAULT.attempts_max),
+        backoff_base_ms=_or(retry.backoff_base_ms, _DEFAULT.backoff_base_ms),
+        backoff_factor=float(_or(retry.backoff_factor, _DEFAULT.backoff_factor)),
+        backoff_cap_ms=_or(retry.backoff_cap_ms, _DEFAULT.backoff_cap_ms),
+        non_retryable=non_retryable,
+        schedule_to_start_ms=timeouts.schedule_to_start_ms,
+        start_to_close_ms=timeouts.start_to_close_ms,
+        schedule_to_close_ms=timeouts.schedule_to_close_ms,
+        resume=task.resume,
+        trace_context=_trace_context(task.trace_context, join(path, "trace_context")),
+        payload_fields=extract(task.payload),
+        sent=_sent(task, retry, timeouts),
     )
+
+
+T = TypeVar("T")
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _check_bytes(text: str, path: str, bytes_max: int) -> None:
+    if not text.isascii() and len(text.encode("utf-8")) > bytes_max:
+        raise invalid(path, f"must be at most {bytes_max} bytes of UTF-8, got {describe(text)}")
 
 
 TRACE_CONTEXT_BYTES_MAX = 2048  # of the trace context's compact JSON
@@ -183,60 +187,38 @@ def _trace_context(value: Any, field: str) -> str | None:
     return text
 
 
-def _sent(body: dict[str, Any]) -> frozenset[str]:
-    """The options ``body`` (already checked) sets, by their EnqueueRequest names."""
-    top = ("queue", "priority", "cancel_grace_ms", "resume")
-    sent = {k for k in top if body.get(k) is not None}
-    for group in ("retry", "timeouts"):
-        inner = body.get(group)
-        if isinstance(inner, dict):
-            sent.update(k for k, v in inner.items() if v is not None)
-    return frozenset(sent)
+def _sent(task: TaskRequest, retry: RetryPolicy, timeouts: Timeouts) -> frozenset[str]:
+    """The options the request sets itself, by their EnqueueRequest names."""
+    sent = [k for k in _TOP_OPTIONS if getattr(task, k) is not None]
+    if retry is not _NO_RETRY:
+        sent += [k for k in _RETRY_FIELDS if getattr(retry, k) is not None]
+    if timeouts is not _NO_TIMEOUTS:
+        sent += [k for k in _TIMEOUT_FIELDS if getattr(timeouts, k) is not None]
+    return frozenset(sent) if sent else _NONE_SENT
 
 
-def _resume(f: Fields) -> str | None:
-    value = f.raw("resume")
-    if value is None:
-        return None
-    if value not in RESUME_POLICIES:
-        raise invalid(
-            f.at("resume"),
-            f"must be one of {'|'.join(RESUME_POLICIES)} (where a workflow's later attempts "
-            f"run), got {describe(value)}",
-        )
-    return str(value)
+_TOP_OPTIONS = ("queue", "priority", "cancel_grace_ms", "resume")
+_NONE_SENT: frozenset[str] = frozenset()
 
 
-def _run_at(f: Fields) -> int | None:
-    value = f.raw("run_at")
-    if value is None:
-        return None
-    expected = 'an RFC 3339 instant with a zone, e.g. "2026-01-01T00:00:00Z"'
-    if not isinstance(value, str) or _RFC3339.match(value) is None:
-        raise invalid(f.at("run_at"), f"must be {expected}, got {describe(value)}")
-    text = value.replace("z", "Z")
+def _run_at_ms(text: str, path: str) -> int:
+    """``text`` (it matches ``RUN_AT_PATTERN``) in epoch ms, ``RUN_AT_MIN..RUN_AT_MAX``."""
+    text = text.replace("z", "Z")
     frac = re.search(r"\.(\d+)", text)
     if frac and len(frac.group(1)) > 6:  # datetime keeps microseconds: drop the rest
         text = text[: frac.start(1) + 6] + text[frac.end(1) :]
     try:
         instant = datetime.fromisoformat(text)
-    except ValueError:
-        raise invalid(f.at("run_at"), f"must be {expected}, got {describe(value)}") from None
+    except ValueError as exc:
+        raise invalid(join(path, "run_at"), f"is not a calendar instant: {exc}") from None
     run_at_ms = int(instant.timestamp() * 1000)
     if not 0 <= run_at_ms <= RUN_AT_MS_MAX:
         raise invalid(
-            f.at("run_at"),
+            join(path, "run_at"),
             f"must be between {RUN_AT_MIN} and {RUN_AT_MAX} (the task's instant in epoch ms "
-            f"must be 0..{RUN_AT_MS_MAX}), got {describe(value)}",
+            f"must be 0..{RUN_AT_MS_MAX}), got {describe(text)}",
         )
     return run_at_ms
-
-
-def parse_batch(body: Any) -> list[EnqueueRequest]:
-    """All or nothing: the first bad item rejects the batch, naming ``tasks[i].field``."""
-    f = Fields(body, "", {"tasks"})
-    items = f.items("tasks", 1, BATCH_MAX)
-    return [parse_task(item, f"tasks[{i}]") for i, item in enumerate(items)]
 
 
 def to_spec(
@@ -355,7 +337,7 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
             payload_fields=search,
         ),
         limit=_query_int(q, "limit", 1, LIST_LIMIT_MAX) or LIST_LIMIT_DEFAULT,
-        cursor=q.opt_str("cursor", bytes_max=1024),
+        cursor=q.opt_str("cursor", bytes_max=CURSOR_BYTES_MAX) if q.raw("cursor") else None,
         count=_query_bool(q, "count"),
     )
 
@@ -477,7 +459,17 @@ def parse_cancel(body: Any) -> str:
     return f.opt_text("reason", bytes_max=1024, nul_ok=False) or "canceled by request"
 
 
-__all__ = [
+__all__ = [  # the limits are defined in contract/limits.py; read here too
+    "BACKOFF_FACTOR_MAX",
+    "BATCH_MAX",
+    "DURATION_MS_MAX",
+    "IDEMPOTENCY_KEY_BYTES_MAX",
+    "LIST_LIMIT_DEFAULT",
+    "LIST_LIMIT_MAX",
+    "NON_RETRYABLE_MAX",
+    "PRIORITY_MAX",
+    "RETRY_ATTEMPTS_MAX",
+    "WAIT_MS_MAX",
     "BulkCancelRequest",
     "EnqueueRequest",
     "ListQuery",

@@ -26,7 +26,6 @@ from conveyor.schemas.limits import (
 )
 from conveyor.schemas.steps import (
     PARALLEL_CHILDREN_MAX,
-    STEP_KEY_BYTES_MAX,
     STEP_NAME_BYTES_MAX,
     STEPS_MAX,
 )
@@ -39,14 +38,18 @@ from conveyor.schemas.types import (
     StepOp,
     WaitStep,
 )
+from conveyor.streams.gateway.contract.limits import (
+    DURATION_MS_MAX,
+    IDENTITY_BYTES_MAX,
+    LEASE_MS_MAX,
+    LEASE_MS_MIN,
+    QUEUES_MAX,
+    SIGNALS_WAIT_MS_MAX,
+    TASK_TYPES_MAX,
+    WAIT_MS_MAX,
+)
 from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
-from conveyor.streams.gateway.validation import DURATION_MS_MAX, WAIT_MS_MAX
-
-TASK_TYPES_MAX = 1_000
-QUEUES_MAX = 100
-LEASE_MS_MIN, LEASE_MS_MAX = 100, 3_600_000
-IDENTITY_BYTES_MAX = STEP_NAME_BYTES_MAX + 1 + STEP_KEY_BYTES_MAX  # "name:key"
 
 
 @frozen(kw_only=True)
@@ -107,9 +110,6 @@ def parse_poll(body: Any) -> Poll:
         task_types=None if types is None else frozenset(types),
         open_breakers=f.strs("open_breakers", TASK_TYPES_MAX),
     )
-
-
-SIGNALS_WAIT_MS_MAX = 60_000  # a signals call answers [] after this long at most
 
 
 @frozen(kw_only=True)

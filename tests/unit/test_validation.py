@@ -105,7 +105,7 @@ def test_parse_json_depth_and_size() -> None:
         ({"colour": 1}, "colour"),
         ({"priority": "high"}, "priority"),
         ({"priority": -1}, "priority"),
-        ({"priority": 2.0}, "priority"),
+        ({"priority": 2.5}, "priority"),
         ({"priority": False}, "priority"),
         ({"task_type": ""}, "task_type"),
         ({"task_type": 3}, "task_type"),
@@ -122,7 +122,8 @@ def test_parse_json_depth_and_size() -> None:
         ({"retry": {"backoff_base_ms": -1}}, "retry.backoff_base_ms"),
         ({"retry": {"backoff_factor": 0.99}}, "retry.backoff_factor"),
         ({"retry": {"backoff_factor": "2"}}, "retry.backoff_factor"),
-        ({"retry": {"backoff_base_ms": 10, "backoff_cap_ms": 9}}, "retry.backoff_cap_ms"),
+        ({"run_at": "1970-01-01T00:00:00+01:00"}, "run_at"),
+        ({"run_at": "2030-02-30T00:00:00Z"}, "run_at"),
         ({"retry": {"non_retryable": "ValueError"}}, "retry.non_retryable"),
         ({"retry": {"non_retryable": ["ok", 1]}}, "retry.non_retryable[1]"),
         ({"retry": []}, "retry"),
@@ -183,6 +184,16 @@ def test_delay_and_run_at_become_absolute() -> None:
     assert spec.run_at_ms == 6_000
     at = parse_task({**OK, "run_at": "2030-01-01T01:00:00.123456789+01:00"})
     assert at.run_at_ms == 1_893_456_000_123
+
+
+def test_edges_the_document_allows_are_accepted() -> None:
+    """What the OpenAPI document allows the node takes: a cap below the base bounds every
+    delay (the lifecycle takes the smaller); null is absent."""
+    req = parse_task({**OK, "retry": {"backoff_base_ms": 10, "backoff_cap_ms": 9}})
+    assert (req.backoff_base_ms, req.backoff_cap_ms) == (10, 9)
+    assert parse_task({**OK, "run_at": "9999-12-31T23:59:59.999Z"}).run_at_ms == 253_402_300_799_999
+    assert parse_task({**OK, "delay_ms": 5, "run_at": None}).delay_ms == 5
+    assert parse_task({**OK, "priority": 2.0, "retry": {"attempts_max": 3.0}}).priority == 2
 
 
 def test_parse_batch() -> None:

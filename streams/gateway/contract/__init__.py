@@ -1,0 +1,1 @@
+"""The HTTP contract: request and reply models, and the table of operations."""
