@@ -63,11 +63,11 @@ def test_the_gateway_keeps_a_trace_context_and_refuses_a_malformed_one() -> None
     for bad, field in (
         ({"traceparent": "not one"}, "trace_context.traceparent"),
         ({"tracestate": "k=v"}, "trace_context.traceparent"),
-        ({"traceparent": parent, "x": "y" * 4096}, "trace_context"),
+        ({"traceparent": parent, "x": "y" * 4096}, "trace_context"),  # too long
     ):
         with pytest.raises(ContractError) as caught:
             parse_task({**body, "trace_context": bad})
-        assert caught.value.field == field, caught.value
+        assert (caught.value.field or "").startswith(field), caught.value
     with pytest.raises(ContractError) as caught:
         parse_task({**body, "trace_context": "00-aa"})
     assert (caught.value.field or "").startswith("trace_context")
