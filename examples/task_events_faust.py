@@ -1,7 +1,8 @@
 """A Faust app that reacts to tasks reaching a terminal state, from a tenant's task events
 topic (``conveyor node --kafka ... --task-events``; ``conveyor.faust``).
 
-    pip install 'conveyor[faust]'
+    pip install --no-deps faust-streaming mode-streaming aiohttp-cors \\
+        intervaltree terminaltables venusian colorlog mypy-extensions six
     CONVEYOR_KAFKA=HOST:9092 CONVEYOR_CLUSTER=prod CONVEYOR_TENANT=acme \\
     CONVEYOR_URL=http://node:7400 CONVEYOR_API_KEY=cvk_... \\
         python -m examples.task_events_faust worker -l info

@@ -1,6 +1,11 @@
 """Faust (faust-streaming) over Conveyor's task events topics.
 
-    pip install 'conveyor[faust]'
+    pip install --no-deps faust-streaming mode-streaming aiohttp-cors \\
+        intervaltree terminaltables venusian colorlog mypy-extensions six
+
+faust-streaming pins croniter<6 and click<8.4, older than Conveyor's schedules need (their
+daylight-saving rules), so it is installed beside Conveyor without its pins (``make test``
+does the same); this module uses only its records and codecs.
 
 A node started with ``conveyor node --kafka ... --task-events`` writes each tenant's task
 events to ``<cluster>-task-events.<tenant>``: Avro ``TaskEvent`` records in Confluent's wire
@@ -37,7 +42,9 @@ try:
     from faust.serializers import codecs
 except ImportError:  # pragma: no cover - depends on the install
     raise ImportError(
-        "conveyor.faust needs faust-streaming: pip install 'conveyor[faust]'"
+        "conveyor.faust needs faust-streaming beside Conveyor, without its old pins: "
+        "pip install --no-deps faust-streaming mode-streaming aiohttp-cors intervaltree "
+        "terminaltables venusian colorlog mypy-extensions six"
     ) from None
 from fastavro import parse_schema, schemaless_reader
 

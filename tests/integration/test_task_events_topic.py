@@ -165,7 +165,7 @@ def test_each_tenant_reads_its_task_events_as_avro_from_its_own_topic(
 def test_the_faust_example_reacts_to_terminal_states(
     cluster_node: tuple[NodeProcess, str], kafka_cluster: KafkaCluster, tmp_path: Path
 ) -> None:
-    import faust  # noqa: F401  (the dev extra has it: a missing faust fails here, never skips)
+    import faust  # noqa: F401  (make test installs it: a missing faust fails, never skips)
 
     node, cluster = cluster_node
     env = {
