@@ -100,7 +100,7 @@ async def rig(
     """A node (in memory, or on disk when ``durable``) behind the real gateway on a free
     port, and the agent polling it over the worker protocol with an agent key of its app."""
     home = tmp_path / "home"
-    home.mkdir()
+    home.mkdir(parents=True)
     node = await Node.open(home / "node", partitions=2) if durable else Node.in_memory(2)
     await node.start()
     app_name = load_app(app_ref).name
