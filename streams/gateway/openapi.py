@@ -153,21 +153,7 @@ def _operation(op: Operation, query: list[Schema], *, errors: bool) -> Schema:
         media: Schema = {"schema": _ref(op.body)}
         if op.example is not None:
             media["example"] = op.example
-        out["requestBody"] = {"required": _body_required(op.body), "content": {JSON: media}}
+        out["requestBody"] = {"required": not op.body_optional, "content": {JSON: media}}
     if op.public:
         out["security"] = []
     return out
-
-
-def _body_required(model: type[Any]) -> bool:
-    """A body with a required field must be sent; one of optional fields only may be left
-    out (``POST /v1/tasks/{id}/cancel`` without a body cancels with no reason)."""
-    return bool(getattr(model, "__struct_fields__", ())) and any(
-        name in model.__struct_fields__ for name in _required(model)
-    )
-
-
-def _required(model: type[Any]) -> tuple[str, ...]:
-    fields = model.__struct_fields__
-    defaults = model.__struct_defaults__
-    return tuple(fields[: len(fields) - len(defaults)])

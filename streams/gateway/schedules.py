@@ -44,7 +44,7 @@ def parse_schedule(body: Any) -> ScheduleRequest:
     if not isinstance(task_body, dict):
         raise invalid("task", f"must be an object (a task body), got {describe(task_body)}")
     for name in _PER_FIRING:
-        if name in task_body:
+        if task_body.get(name) is not None:  # null is absent, as everywhere
             raise invalid(f"task.{name}", "is set by each firing; leave it out of the template")
     return ScheduleRequest(
         schedule_id=f.req_name("schedule_id"),

@@ -22,6 +22,7 @@ from conveyor.streams.gateway.contract import replies as out
 from conveyor.streams.gateway.contract import requests as req
 from conveyor.streams.gateway.contract.limits import LIST_LIMIT_MAX, WAIT_MS_MAX
 from conveyor.streams.gateway.contract.shapes import (
+    INT_MAX,
     NAME_PATTERN,
     TASK_ID_PATTERN,
     NonNegative,
@@ -47,6 +48,7 @@ class Operation:
     example: dict[str, Any] | None = None  # a request body
     content_type: str = JSON
     public: bool = False  # no API key
+    body_optional: bool = False  # the body may be left out (every field has a default)
 
 
 class Query(Struct, kw_only=True):
@@ -57,27 +59,38 @@ def _limit(hi: int) -> Any:
     return Annotated[int, Meta(ge=1, le=hi, description=f"at most {hi}")]
 
 
-Statuses = Annotated[str, Meta(description="comma-separated statuses")]
+Statuses = req._listed(req._STATUS)
 PAYLOAD_SEARCH = (
     "repeatable, one per field: tasks whose payload has this top-level field with this value, "
     'compared as a JSON scalar (3, true, null; other text is a string: quote it, "3", for the '
     "string 3); <field> is 1..200 of A-Z a-z 0-9 _ . : -. Hidden, codec-encoded and "
     "blob-stored payloads are not searchable"
 )
-Cursor = Annotated[str, Meta(description="next_cursor of the previous page; empty: the first")]
+Cursor = Annotated[
+    str,
+    Meta(
+        max_length=1024,
+        pattern="^[^\\x00-\\x1f\\x7f]*$",
+        description="next_cursor of the previous page; empty: the first",
+    ),
+]
+Filter = Annotated[str, Meta(min_length=1, max_length=200, pattern="^[^\\x00-\\x1f\\x7f]+$")]
+Since = Annotated[int, Meta(ge=0, le=INT_MAX)]
 
 
 class ListTasksQuery(Query):
     status: Statuses | None = None
-    queue: str | None = None
-    task_type: str | None = None
-    since_ms: Annotated[int, Meta(ge=0, description="created at or after")] | None = None
-    created_from_ms: Annotated[int, Meta(ge=0, description="created at or after")] | None = None
-    created_to_ms: Annotated[int, Meta(ge=0, description="created before")] | None = None
-    finished_from_ms: Annotated[int, Meta(ge=0, description="finished at or after")] | None = None
-    finished_to_ms: Annotated[int, Meta(ge=0, description="finished before")] | None = None
-    error_class: str | None = None
-    error_text: Annotated[str, Meta(description="in the error message, any case")] | None = None
+    queue: Filter | None = None
+    task_type: Filter | None = None
+    since_ms: Annotated[Since, Meta(description="created at or after")] | None = None
+    created_from_ms: Annotated[Since, Meta(description="created at or after")] | None = None
+    created_to_ms: Annotated[Since, Meta(description="created before")] | None = None
+    finished_from_ms: Annotated[Since, Meta(description="finished at or after")] | None = None
+    finished_to_ms: Annotated[Since, Meta(description="finished before")] | None = None
+    error_class: Filter | None = None
+    error_text: (
+        Annotated[str, Meta(max_length=256, description="in the error message, any case")] | None
+    ) = None
     # One parameter per searched field (gateway/payload_fields.py): documented by its pattern.
     payload_field: Annotated[str, Meta(description=PAYLOAD_SEARCH)] | None = field(
         default=None, name="payload.<field>"
@@ -291,6 +304,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Cancel a task",
         body=req.CancelRequest,
         replies={200: out.Canceled},
+        body_optional=True,
     ),
     _op(
         "post",
@@ -301,6 +315,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "attempts and steps); 409 while it runs",
         body=RunKey,
         replies={200: Rerun, 201: Rerun},
+        body_optional=True,
     ),
     _op(
         "post",
@@ -447,6 +462,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Run a schedule now: one firing of its task template, the schedule left as it is",
         body=RunKey,
         replies={200: ScheduleRun, 201: ScheduleRun},
+        body_optional=True,
     ),
     # -- workflows
     _op(

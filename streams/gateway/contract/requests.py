@@ -10,6 +10,7 @@ check after decoding, so the error names the field (``validation.parse_task``).
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
+from zoneinfo import available_timezones
 
 from msgspec import Meta, Struct, field
 
@@ -184,8 +185,8 @@ def _cron_pattern() -> str:
     )
     fields = [f"{item.format(v=f'({one})')}(,{item.format(v=f'({one})')})*" for one in values]
     aliases = "|".join(sorted(a[1:] for a in cron.ALIASES))
-    spaced = "\\s+".join(fields)
-    return f"^\\s*(@({aliases})|{spaced})\\s*$"
+    spaced = " +".join(fields)  # spaces only: croniter takes no tab or newline
+    return f"^(@({aliases})|{spaced})$"
 
 
 CRON_PATTERN = _cron_pattern()
@@ -215,7 +216,16 @@ class ScheduleRequest(Model):
     schedule_id: Name
     cron: Cron
     task: TaskTemplate
-    timezone: Annotated[str, Meta(description="an IANA zone name; default UTC")] | None = None
+    timezone: (
+        Annotated[
+            str,
+            Meta(
+                description="an IANA zone name; default UTC",
+                extra_json_schema={"enum": sorted(available_timezones() | {"UTC"})},
+            ),
+        ]
+        | None
+    ) = None
     overlap: Literal["allow", "skip", "cancel_previous"] | None = None
     catch_up: Literal["once", "none"] | None = None
 
