@@ -59,7 +59,7 @@ def _limit(hi: int) -> Any:
     return Annotated[int, Meta(ge=1, le=hi, description=f"at most {hi}")]
 
 
-Statuses = req._listed(req._STATUS)
+Statuses = req.StatusList
 PAYLOAD_SEARCH = (
     "repeatable, one per field: tasks whose payload has this top-level field with this value, "
     'compared as a JSON scalar (3, true, null; other text is a string: quote it, "3", for the '

@@ -238,6 +238,12 @@ Unfinished = Literal["ENQUEUED", "LEASED", "RETRY_WAIT", "SLEEPING", "WAITING"]
 assert set(Unfinished.__args__) == {s.value for s in TaskStatus} - TERMINAL  # type: ignore[attr-defined]
 
 
+StatusList = Annotated[
+    str,
+    Meta(pattern=f"^ *{_STATUS}( *, *{_STATUS})* *$", description="comma-separated statuses"),
+]
+
+
 def _listed(one: str) -> Any:
     return Annotated[
         str,
