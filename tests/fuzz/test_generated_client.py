@@ -28,8 +28,11 @@ def client_package(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) 
     spec = root / "openapi.json"
     spec.write_text(__import__("json").dumps(doc))
     out = root / "conveyor_gateway_client"
+    config = root / "config.yaml"
+    config.write_text("literal_enums: true\n")  # zone names (GMT+0, GMT0) share a Python name
+    args = ["--path", str(spec), "--meta", "none", "--output-path", str(out)]
     run = subprocess.run(
-        [GENERATOR, "generate", "--path", str(spec), "--meta", "none", "--output-path", str(out)],
+        [GENERATOR, "generate", *args, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=180,

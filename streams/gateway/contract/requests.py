@@ -49,8 +49,8 @@ class Model(Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True
     rules: ClassVar[Schema] = {}  # JSON Schema of the checks a type cannot state
 
 
-def _absent_or_null(name: str) -> Schema:
-    return {"anyOf": [{"not": {"required": [name]}}, {"properties": {name: {"type": "null"}}}]}
+def _set(name: str, kind: str) -> Schema:
+    return {"required": [name], "properties": {name: {"type": kind}}}
 
 
 # --- tasks --------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class TaskRequest(Model):
     trace_context: TraceContext | None = None
 
     rules: ClassVar[Schema] = {
-        "anyOf": [_absent_or_null("delay_ms"), _absent_or_null("run_at")],
+        "not": {"allOf": [_set("delay_ms", "integer"), _set("run_at", "string")]},
     }
 
 
@@ -208,7 +208,13 @@ class TaskTemplate(TaskRequest):
     ``run_at``, ``idempotency_key``)."""
 
     rules: ClassVar[Schema] = {
-        "allOf": [_absent_or_null(n) for n in ("delay_ms", "run_at", "idempotency_key")]
+        "not": {
+            "anyOf": [
+                _set("delay_ms", "integer"),
+                _set("run_at", "string"),
+                _set("idempotency_key", "string"),
+            ]
+        }
     }
 
 
@@ -293,10 +299,6 @@ class CancelFilter(TaskFilter):
         | _listed(_UNFINISHED)  # type: ignore[valid-type]
         | None
     ) = None
-
-
-def _set(name: str, kind: str) -> Schema:
-    return {"required": [name], "properties": {name: {"type": kind}}}
 
 
 class RetryRequest(Model):
