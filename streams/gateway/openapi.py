@@ -111,7 +111,11 @@ def _query_parameters(schema: Schema) -> list[Schema]:
         described = {k: prop[k] for k in ("description",) if k in prop}
         options = [s for s in prop.get("anyOf", [prop]) if s.get("type") != "null"]
         value = {k: v for k, v in options[0].items() if k != "default"}
-        out.append({"name": name, "in": "query", "required": False, "schema": value, **described})
+        # A map (the task list's payload search): payload[<field>]=<value>, OpenAPI's deepObject
+        style = {"style": "deepObject", "explode": True} if value.get("type") == "object" else {}
+        out.append(
+            {"name": name, "in": "query", "required": False, "schema": value, **style, **described}
+        )
     return out
 
 

@@ -19,13 +19,15 @@ Rules, and why:
    So is a string holding U+0000, which the snapshot's jsonb cannot store.
 4. A searched value is a JSON scalar: text that parses as a JSON number, true, false or null
    is that (``payload.n=3`` finds ``{"n": 3}``, not ``{"n": "3"}``); any other text is a string.
-   To find the string ``"3"`` send it quoted, as JSON: ``payload.n="3"``.
+   To find the string ``"3"`` send it quoted, as JSON: ``payload.n="3"``. ``payload[n]=3`` is
+   the same search (OpenAPI's deepObject style, as the document describes the parameter).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,7 +37,10 @@ from conveyor.streams.gateway.fields import invalid
 
 FIELDS_MAX = 16
 FIELDS_BYTES_MAX = 2048  # of the fields' compact JSON
-SEARCH_PREFIX = "payload."
+# Every query key that starts so is a search's: ``payload.<field>``, or ``payload[<field>]``
+# (the same, as OpenAPI's deepObject style writes a map); any other such key is refused.
+SEARCH_PREFIX = "payload"
+_SEARCH_KEY = re.compile(r"payload(?:\.(.*)|\[(.*)\])", re.DOTALL)
 SEARCH_FIELDS_MAX = FIELDS_MAX  # pairs in one search: a task has no more fields than this
 SEARCH_VALUE_BYTES_MAX = FIELDS_BYTES_MAX
 
@@ -108,12 +113,17 @@ def parse_search(pairs: Iterable[tuple[str, str]]) -> str | None:
     for key, text in pairs:
         if not key.startswith(SEARCH_PREFIX):
             continue
-        name = key[len(SEARCH_PREFIX) :]
+        match = _SEARCH_KEY.fullmatch(key)
+        if match is None:
+            raise invalid(key, "is not a filter; search the payload as payload.<field>=<value>")
+        name = match.group(1) if match.group(1) is not None else match.group(2)
         fault = limits.name_fault(name)
         if fault is not None:
             raise invalid(key, f"the field name {fault}; search as payload.<field>=<value>")
         if len(text.encode()) > SEARCH_VALUE_BYTES_MAX:
             raise invalid(key, f"the value is at most {SEARCH_VALUE_BYTES_MAX} bytes")
+        if "\x00" in text:
+            raise invalid(key, "the value holds U+0000, which no kept field can (rule 3)")
         value = scalar(text)
         if name in wanted and wanted[name] != value:
             raise invalid(key, "is given twice with different values; a task has one of them")

@@ -114,6 +114,9 @@ def test_tasks_are_found_by_their_payload_fields(node: NodeProcess) -> None:
     # nested values are not kept; the envelope's fields are not the payload's
     assert found(base, lines="[1,2]") == set()
     assert found(base, data="YWNtZQ==") == set()
+    # the same search as OpenAPI's deepObject style writes it: payload[<field>]=<value>
+    status, page = call(base, "GET", "/v1/tasks?payload%5Bcustomer%5D=globex")
+    assert status == 200 and [t["task_id"] for t in page["tasks"]] == [globex], page
     # with the other filters, and counted
     status, page = call(base, "GET", "/v1/tasks?payload.customer=acme&count=true")
     assert status == 200 and page["count"] == 2, page

@@ -89,6 +89,10 @@ def test_a_search_is_the_object_the_fields_must_contain() -> None:
     assert parse_search(pairs) == '{"customer":"acme","n":3}'
     assert parse_search([("status", "FAILED")]) is None
     assert parse_search([("payload.n", "3"), ("payload.n", "3")]) == '{"n":3}'
+    # OpenAPI's deepObject style of the same search
+    assert parse_search([("payload[customer]", "acme"), ("payload.n", "3")]) == (
+        '{"customer":"acme","n":3}'
+    )
 
 
 @pytest.mark.parametrize(
@@ -99,6 +103,10 @@ def test_a_search_is_the_object_the_fields_must_contain() -> None:
         ([("payload.n", "1"), ("payload.n", "2")], "payload.n", "twice"),
         ([("payload.t", "x" * 3000)], "payload.t", "at most 2048 bytes"),
         ([(f"payload.f{i}", "1") for i in range(17)], "payload.f16", "at most 16"),
+        ([("payload.note", "a\x00b")], "payload.note", "U+0000"),
+        ([("payload", "acme")], "payload", "is not a filter"),
+        ([("payloads.customer", "acme")], "payloads.customer", "is not a filter"),
+        ([("payload[a b]", "1")], "payload[a b]", "U+0020 at index 1"),
     ],
 )
 def test_a_bad_search_is_refused_naming_the_field(
@@ -133,4 +141,4 @@ def test_the_spec_keeps_the_fields_of_an_inline_visible_payload_only() -> None:
     assert _spec(body, payload=marker).payload_fields is None
     assert _spec({"payload": [1]}).payload_fields is None
     assert INLINE_BYTES_MAX > FIELDS_BYTES_MAX
-    assert payload_fields.SEARCH_PREFIX == "payload."
+    assert payload_fields.SEARCH_PREFIX == "payload"

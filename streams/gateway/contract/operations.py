@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from msgspec import Meta, Struct, field
+from msgspec import Meta, Struct
 
 from conveyor.frozen import frozen
 from conveyor.schemas.limits import POLL_CAPACITY_MAX  # noqa: F401  (the poll's reply bound)
@@ -61,11 +61,13 @@ def _limit(hi: int) -> Any:
 
 Statuses = req.StatusList
 PAYLOAD_SEARCH = (
-    "repeatable, one per field: tasks whose payload has this top-level field with this value, "
-    'compared as a JSON scalar (3, true, null; other text is a string: quote it, "3", for the '
-    "string 3); <field> is 1..200 of A-Z a-z 0-9 _ . : -. Hidden, codec-encoded and "
-    "blob-stored payloads are not searchable"
+    "payload[<field>]=<value>, or payload.<field>=<value>, one per field (at most 16): tasks "
+    "whose payload has every such top-level field with that value, compared as a JSON scalar "
+    '(3, true, null; other text is a string: quote it, "3", for the string 3). Hidden, '
+    "codec-encoded and blob-stored payloads are not searchable"
 )
+PayloadField = Annotated[str, Meta(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+PayloadValue = Annotated[str, Meta(max_length=512, pattern="^[^\\x00]*$")]
 Cursor = Annotated[
     str,
     Meta(
@@ -91,10 +93,11 @@ class ListTasksQuery(Query):
     error_text: (
         Annotated[str, Meta(max_length=256, description="in the error message, any case")] | None
     ) = None
-    # One parameter per searched field (gateway/payload_fields.py): documented by its pattern.
-    payload_field: Annotated[str, Meta(description=PAYLOAD_SEARCH)] | None = field(
-        default=None, name="payload.<field>"
-    )
+    # A map in the query, payload[<field>]=<value> (gateway/payload_fields.py)
+    payload: (
+        Annotated[dict[PayloadField, PayloadValue], Meta(max_length=16, description=PAYLOAD_SEARCH)]
+        | None
+    ) = None
     limit: _limit(LIST_LIMIT_MAX) | None = None  # type: ignore[valid-type]
     cursor: Cursor | None = None
     count: Annotated[bool, Meta(description="also answer count and count_exact")] | None = None
