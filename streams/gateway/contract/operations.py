@@ -135,7 +135,7 @@ class DeliveriesQuery(Query):
 
 class WorkflowsQuery(Query):
     status: Statuses | None = None
-    task_type: str | None = None
+    task_type: Filter | None = None
     created_from_ms: NonNegative | None = None
     created_to_ms: NonNegative | None = None
     id_prefix: Annotated[str, Meta(pattern="^[0-9a-fA-F]{1,32}$")] | None = None
@@ -145,8 +145,8 @@ class WorkflowsQuery(Query):
 
 class HistoryQuery(Query):
     window: Literal["1h", "24h"] | None = None
-    queue: str | None = None
-    task_type: str | None = None
+    queue: Filter | None = None
+    task_type: Filter | None = None
 
 
 class PermanentQuery(Query):
@@ -164,6 +164,7 @@ class RunKey(req.Model):
             Meta(
                 min_length=1,
                 max_length=256,
+                pattern="^[^\\x00-\\x1f\\x7f]+$",
                 description="a resent request with the same key answers the first one's task",
             ),
         ]

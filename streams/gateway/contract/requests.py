@@ -30,6 +30,7 @@ from conveyor.streams.gateway.contract import limits as v
 from conveyor.streams.gateway.contract import limits as w
 from conveyor.streams.gateway.contract.shapes import (
     INT_MAX,
+    TEXT_PATTERN,
     Json,
     Ms,
     Name,
@@ -154,7 +155,9 @@ class TaskRequest(Model):
             Meta(
                 min_length=1,
                 max_length=v.IDEMPOTENCY_KEY_BYTES_MAX,
-                description=f"1..{v.IDEMPOTENCY_KEY_BYTES_MAX} bytes of UTF-8",
+                pattern=TEXT_PATTERN,
+                description=f"1..{v.IDEMPOTENCY_KEY_BYTES_MAX} bytes of UTF-8, no control "
+                "characters",
             ),
         ]
         | None
