@@ -369,12 +369,12 @@ BAD_INPUT = [
         "retry.backoff_factor",
     ),
     (
-        "cap_below_base",
+        "factor_over_100",  # a cap below the base is taken: it bounds every delay
         "/v1/tasks",
-        _task(retry={"backoff_base_ms": 5000, "backoff_cap_ms": 10}),
+        _task(retry={"backoff_factor": 100.5}),
         400,
         "invalid_request",
-        "retry.backoff_cap_ms",
+        "retry.backoff_factor",
     ),
     (
         "retry_unknown_field",
