@@ -120,7 +120,7 @@ Listed = Annotated[str, Meta(description="comma-separated, or the parameter repe
 
 class EventsQuery(Query):
     after: Annotated[str, Meta(description="a cursor, or start")] | None = None
-    state: Listed | None = None
+    state: req.StatusList | None = None
     task_type: Listed | None = None
     queue: Listed | None = None
     type: Listed | None = None

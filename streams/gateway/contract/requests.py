@@ -368,7 +368,17 @@ class Register(Model):
         ]
         | None
     ) = None
-    definitions: Json = None
+    definitions: (
+        Annotated[
+            list[dict[str, Any]],
+            Meta(
+                max_length=w.TASK_TYPES_MAX,
+                description="the types' definitions (default queue, priority, retry, "
+                "timeouts, schemas), checked by the node's registry",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class Poll(Model):
