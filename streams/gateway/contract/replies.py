@@ -1,5 +1,5 @@
-"""Reply bodies, as msgspec Structs: the document's response schemas, and what ``render``'s
-shapes are checked against (``tests/unit/test_contract.py`` converts rendered rows into them).
+"""Reply bodies, as msgspec Structs: the document's response schemas. ``render`` still builds
+the replies as dicts; the fuzz tests check every reply a real node sends against these.
 
 A field the node always writes has no default (it is ``required`` in the document); ``null``
 is written out as ``X | None``. Reply models accept fields they do not name, so a field added
