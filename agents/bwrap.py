@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -46,8 +45,6 @@ PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
 # System directories a Debian interpreter needs; a symlink (merged /usr) stays a symlink.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
-# The packages a guest imports Conveyor from (the stub, the SDK, the record codecs).
-PACKAGES = ("conveyor", "conveyor.agents", "conveyor.schemas", "conveyor.store", "conveyor.streams")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group")
 NET_ETC_FILES = (
     "/etc/resolv.conf",
@@ -191,24 +188,11 @@ def host_view(
         elif os.path.isdir(path):
             dirs.append(path)
     dirs += [os.path.realpath(p) for p in code_paths if p and os.path.isdir(p)]
-    dirs += _package_dirs()
     binds = outermost(p for p in dirs if p != "/")
     under = [os.path.realpath(h) for h in hidden]
     masked = tuple(h for h in under if os.path.isdir(h) and _inside(h, binds))
     etc = ETC_FILES + (NET_ETC_FILES if policy.allow_net else ())
     return HostView(binds=binds, links=tuple(links), etc=etc, hidden=masked, cwd=cwd)
-
-
-def _package_dirs() -> list[str]:
-    """Where Conveyor's own packages are. An editable install maps them from folders that are
-    on no import path (its finder names them), so binding ``sys.path`` alone would leave the
-    guest unable to import ``conveyor`` when the checkout is not the working directory."""
-    found: list[str] = []
-    for name in PACKAGES:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            found += [os.path.realpath(p) for p in spec.submodule_search_locations]
-    return [p for p in found if os.path.isdir(p)]
 
 
 def _inside(path: str, binds: Iterable[str]) -> bool:
