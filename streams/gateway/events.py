@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -88,7 +87,8 @@ class EventFilter:
 
 
 def _values(query: MultiMapping[str], name: str) -> frozenset[str]:
-    values = [v for raw in query.getall(name, []) for v in raw.split(",") if v]
+    # Spaces around a comma-separated value are not part of it (the document allows them).
+    values = [v.strip() for raw in query.getall(name, []) for v in raw.split(",") if v.strip()]
     if len(values) > FILTER_VALUES_MAX:
         raise ContractError(
             f"{name}: {len(values)} values, over the limit of {FILTER_VALUES_MAX}", field=name
@@ -120,8 +120,11 @@ def parse_filter(tenant: str, query: MultiMapping[str]) -> EventFilter:
     return f
 
 
-def _int(query: Mapping[str, str], name: str, lo: int, hi: int, default: int) -> int:
-    text = query.get(name, "")
+def _int(query: MultiMapping[str], name: str, lo: int, hi: int, default: int) -> int:
+    given = query.getall(name, [])
+    if len(given) > 1:
+        raise ContractError(f"{name}: given {len(given)} times; give it once", field=name)
+    text = given[0] if given else ""
     if text == "":
         return default
     if not re.fullmatch(r"[0-9]{1,9}", text) or not lo <= int(text) <= hi:

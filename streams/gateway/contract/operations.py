@@ -12,6 +12,7 @@ are rows too, with ``tag="registry"``: they are served in their own document,
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
@@ -116,6 +117,14 @@ class PageQuery(Query):
 
 
 Listed = Annotated[str, Meta(description="comma-separated, or the parameter repeated")]
+_EVENT_TYPE = "(" + "|".join(re.escape(t) for t in sorted(EVENT_TYPES)) + ")"
+EventTypes = Annotated[
+    str,
+    Meta(
+        pattern=f"^ *{_EVENT_TYPE}( *, *{_EVENT_TYPE})* *$",
+        description="comma-separated event types, or the parameter repeated",
+    ),
+]
 
 
 class EventsQuery(Query):
@@ -123,7 +132,7 @@ class EventsQuery(Query):
     state: req.StatusList | None = None
     task_type: Listed | None = None
     queue: Listed | None = None
-    type: Listed | None = None
+    type: EventTypes | None = None
     wait_ms: Annotated[int, Meta(ge=0, le=WAIT_MS_MAX)] | None = None
     limit: _limit(1_000) | None = None  # type: ignore[valid-type]
 
