@@ -259,8 +259,9 @@ def probe(policy: SandboxPolicy, view: HostView, env: Mapping[str, str]) -> str 
         if fd is not None:
             os.close(fd)
     if done.returncode != 0:
-        why = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-        return f"bwrap could not start a guest (exit {done.returncode}): {' / '.join(why)}"
+        # The last line says why (a traceback's frames above it are the probe's, not news).
+        lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no output"]
+        return f"bwrap could not start a guest (exit {done.returncode}): {lines[-1]}"
     return None
 
 
