@@ -43,14 +43,14 @@ pytestmark = pytest.mark.timeout(240)
 TYPES = ["pack_item", "flaky"]
 
 
-def shared(made: list[NodeProcess]) -> bool:
+def shared(made: list[NodeProcess], agent_key: str = AGENT) -> bool:
     """Every partition led by one of ``made``, each leading some, and every node's directory
     (``GET /worker/nodes``, from the cards: up to a publish interval behind) saying so."""
     if not settled(made) or not all(leading(n) for n in made):
         return False
     truth = {n.base: sorted(leading(n)) for n in made}
     for node in made:
-        status, listed = call(node.base, "GET", "/worker/nodes", key=AGENT)
+        status, listed = call(node.base, "GET", "/worker/nodes", key=agent_key)
         assert status == 200, listed
         if {n["url"]: n["partitions"] for n in listed["nodes"]} != truth:
             return False

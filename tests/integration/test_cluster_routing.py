@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from test_cluster import leading, settled, wait_for
+from test_cluster_forwarding import shared
 from test_gateway import NodeProcess, call
 from test_kafka_node import kafka_node, stop
 
@@ -151,7 +152,9 @@ def test_any_node_serves_any_partition_and_one_agent_works_for_both(
     n1, n2 = nodes
     for node in nodes:
         node.start()
-    wait_for("two nodes to share the partitions", lambda: settled(nodes) and bool(leading(n2)))
+    # Every node's directory too: its cards trail /healthz by up to a publish interval, and
+    # a request in between is a 503 (forward.py rule 1).
+    wait_for("two nodes to share the partitions", lambda: shared(nodes, AGENT))
     owned = {n1.base: set(leading(n1)), n2.base: set(leading(n2))}
     log = tmp_path / "runs.log"
     log.touch()
