@@ -34,13 +34,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 BWRAP = "/usr/bin/bwrap"
 INSTALL_HINT = "install it with `sudo apt-get install bubblewrap`"
-CLONE_NEWUSER = 0x10000000
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"  # util-linux
+USERNS_WAIT_S = 10.0
+USERNS_TRIES = 3
 PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
 # System directories a Debian interpreter needs; a symlink (merged /usr) stays a symlink.
@@ -206,18 +209,30 @@ def privileged() -> bool:
 
 def new_userns(uid: int, gid: int) -> int:
     """(Root only.) A user namespace mapping root and ``uid``/``gid`` to themselves, as an open
-    descriptor for ``bwrap --userns``. A short-lived ``cat`` makes it and waits on its stdin
-    while its maps are written; the descriptor keeps the namespace after ``cat`` exits."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    descriptor for ``bwrap --userns``. util-linux's ``unshare --user`` makes it and runs a
+    ``cat`` that waits on its stdin while the maps are written; the descriptor keeps the
+    namespace after ``cat`` exits. (No ``preexec_fn``: Python code in a forked child of a
+    threaded agent is unsafe, and its failure would be reported without its errno.) A failure
+    is tried again twice, then raised as an OSError that says what ``unshare`` said."""
+    for tries_left in reversed(range(USERNS_TRIES)):
+        try:
+            return _userns_once(uid, gid)
+        except OSError:
+            if not tries_left:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
 
-    def unshare() -> None:
-        if libc.unshare(CLONE_NEWUSER) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
 
+def _userns_once(uid: int, gid: int) -> int:
     holder = subprocess.Popen(
-        ["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, preexec_fn=unshare
+        [UNSHARE, "--user", "cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
+        _await_own_userns(holder)
         maps = f"0 0 1\n{uid} {uid} 1\n" if uid else "0 0 1\n"
         with open(f"/proc/{holder.pid}/uid_map", "w") as fh:
             fh.write(maps)
@@ -226,9 +241,29 @@ def new_userns(uid: int, gid: int) -> int:
             fh.write(gmaps)
         return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
-        assert holder.stdin is not None
+        assert holder.stdin is not None and holder.stderr is not None
         holder.stdin.close()
         holder.wait()
+        holder.stderr.close()
+
+
+def _await_own_userns(holder: subprocess.Popen[bytes]) -> None:
+    """Until ``holder`` has left this process's user namespace (``unshare`` has run and exec'd
+    ``cat``); an OSError naming the cause if it exits instead or takes longer than 10 s."""
+    ours = os.readlink("/proc/self/ns/user")
+    deadline = time.monotonic() + USERNS_WAIT_S
+    while True:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            if os.readlink(f"/proc/{holder.pid}/ns/user") != ours:
+                return
+        if holder.poll() is not None:
+            assert holder.stderr is not None
+            said = holder.stderr.read().decode(errors="replace").strip()
+            cause = said or f"exit status {holder.returncode}"
+            raise OSError(f"unshare --user could not make a user namespace: {cause}")
+        if time.monotonic() > deadline:
+            raise OSError(f"unshare --user made no user namespace within {USERNS_WAIT_S:.0f} s")
+        time.sleep(0.001)
 
 
 def find_bwrap(policy: SandboxPolicy) -> str | None:
@@ -243,7 +278,10 @@ def probe(policy: SandboxPolicy, view: HostView, env: Mapping[str, str]) -> str 
         policy = resolved(policy)
     except SandboxUnavailable as exc:
         return str(exc)
-    fd = new_userns(policy.uid, policy.gid) if privileged() else None
+    try:
+        fd = new_userns(policy.uid, policy.gid) if privileged() else None
+    except OSError as exc:
+        return f"no user namespace for a guest: {exc}"
     command = [sys.executable, "-c", "import conveyor.agents.guest"]
     try:
         done = subprocess.run(
