@@ -235,7 +235,8 @@ def test_queues_view_shows_depth_by_state(page: Any, dev: Dev) -> None:
         return True
 
     until(counted, f"queue {queue} with 3 waiting tasks")
-    assert "ENQUEUED 3" in card.locator(".legends").inner_text()
+    # The depth's own legend (each history chart below has one too, once it has loaded).
+    assert "ENQUEUED 3" in card.locator(".depth-legend").inner_text()
     assert card.locator("svg.depth-bar rect").count() == 1  # one state: one segment
     windows = card.locator("table.windows tbody tr")
     assert windows.count() == 3

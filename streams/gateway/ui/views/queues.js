@@ -123,7 +123,8 @@ function card(queue, state) {
         title: "no task of it is leased; enqueues are accepted" }, "paused") : null,
       pauseButton(queue, state), typeSelect),
     h("div", { class: "queue-grid" },
-      h("div", {}, readyLine(queue), depthBar(queue.depth), h("div", { class: "legends" }, legend)),
+      h("div", {}, readyLine(queue), depthBar(queue.depth),
+        h("div", { class: "legends depth-legend" }, legend)),
       h("div", {}, windowsTable(queue.windows))),
     charts);
   const chosen = state.types.get(queue.queue) || "";
