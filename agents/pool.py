@@ -57,6 +57,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections import deque
 from pathlib import Path
@@ -762,6 +763,8 @@ class GuestPool:
                     env=env,
                     start_new_session=True,
                 )
+            except (OSError, subprocess.SubprocessError) as exc:  # no namespace, no process
+                raise GuestStartError(f"could not start a guest: {exc}") from exc
             finally:
                 child.close()
                 if userns is not None:
