@@ -25,7 +25,7 @@ from dataclasses import field
 from typing import Any, Protocol, TypeVar
 
 from conveyor.agents.sandbox import read_log_tail
-from conveyor.ahttp import TRANSPORT_ERRORS, Reply, Session
+from conveyor.ahttp import Reply, Session, TransportError
 from conveyor.client import backoff_s, parse, retry_after_ms
 from conveyor.errors import Forbidden, TransientError
 from conveyor.frozen import frozen
@@ -304,8 +304,8 @@ class HttpWorkerAPI:
                 if reply.status != 503:
                     return _decoded(path, decode, _parse(path, reply))
                 delay, why = backoff_s(attempt, retry_after_ms(reply.headers)), "503"
-            except TRANSPORT_ERRORS as exc:
-                delay, why = backoff_s(attempt), repr(exc)
+            except TransportError as exc:
+                delay, why = backoff_s(attempt), str(exc)
             if loop.time() + delay > give_up:
                 raise TransientError(f"POST {path}: gave up after {attempt + 1} tries: {why}")
             log.debug("POST %s failed (%s); retrying in %.2fs", path, why, delay)
@@ -405,8 +405,8 @@ class HttpWorkerAPI:
         ``agents/cluster.py``); None from a node without the endpoint (it serves alone)."""
         try:
             reply = await self._http.request("GET", NODES_PATH, timeout=NODES_TIMEOUT_S)
-        except TRANSPORT_ERRORS as exc:
-            raise TransientError(f"GET {NODES_PATH}: {exc!r}") from exc
+        except TransportError as exc:
+            raise TransientError(f"GET {NODES_PATH}: {exc}") from exc
         if reply.status == 404:
             return None
         body = _parse(NODES_PATH, reply)

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
 from urllib.parse import quote
 
-from conveyor.ahttp import NOT_SENT_ERRORS, TRANSPORT_ERRORS, Session
+from conveyor.ahttp import NotSent, Session, TransportError
 from conveyor.app import TaskType
 from conveyor.client import (
     DEFAULT_URL,
@@ -140,9 +140,9 @@ class AsyncClient:
                 reply = await self._http.request(
                     method, path, body=body, params=params, timeout=timeout
                 )
-            except TRANSPORT_ERRORS as exc:
-                if last or not (idempotent or isinstance(exc, NOT_SENT_ERRORS)):
-                    raise TransientError(f"{method} {path}: {exc!r}") from exc
+            except TransportError as exc:
+                if last or not (idempotent or isinstance(exc, NotSent)):
+                    raise TransientError(f"{method} {path}: {exc}") from exc
                 await asyncio.sleep(backoff_s(attempt))
                 continue
             if reply.status in RETRIED_STATUSES and not last:
