@@ -12,6 +12,10 @@ Rule 1 (nodes): the nodes to poll are those ``GET /worker/nodes`` of any known n
 while (doubling, up to ``SKIP_MAX_S``), and gone once the directory stops listing it (its
 partitions led elsewhere, at higher epochs: their leases expire there as on one node). A
 node of no cluster (or an older one) is polled alone.
+Rule 1b (never every node left out): when every node is left out, the one due back first is
+tried anyway. When a node dies, the one taking its partitions may fail a few calls while it
+restores them; leaving both out would idle the agent up to ``SKIP_MAX_S`` with work waiting.
+A dead node tried this way fails again and is left out longer, so the other is tried next.
 Rule 2 (slots are never counted twice): a slot is the host's (``HostAgent``): taken when a
 poll answers with a lease, freed when its attempt ends; the host asks with its free slots
 (``capacity``). Here ``Asks`` keeps the slots asked of each node whose poll is still out,
@@ -201,8 +205,12 @@ class ClusterWorkerAPI:
         return self.members.get(self.seed) or (live or list(self.members.values()))[0]
 
     def _live(self) -> list[Member]:
+        """The nodes not left out; when every node is, the one due back first (rule 1b)."""
         now = self._now()
-        return [m for m in self.members.values() if m.skip_until <= now]
+        live = [m for m in self.members.values() if m.skip_until <= now]
+        if live or not self.members:
+            return live
+        return [min(self.members.values(), key=lambda m: m.skip_until)]
 
     def _failed(self, member: Member, exc: BaseException) -> None:
         member.failures += 1

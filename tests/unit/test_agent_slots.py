@@ -239,3 +239,35 @@ def test_cancels_pushed_by_any_node_come_through_and_an_older_node_is_not_asked_
         await api.close()
 
     asyncio.run(main())
+
+
+def test_an_agent_polls_a_node_back_at_once_when_every_node_was_left_out() -> None:
+    async def main() -> None:
+        nodes = {url: FakeNode(url) for url in ("a", "b")}
+        clock = [0.0]
+
+        async def directory(_: str) -> list[str]:
+            return list(nodes)  # a dead node's card stays listed for a while
+
+        api = ClusterWorkerAPI(
+            "a", "key", connect=lambda url: nodes[url], discover=directory, now=lambda: clock[0]
+        )
+        await _register(api)
+        nodes["a"].down = nodes["b"].down = True  # a dies; b fails calls while taking over
+        for _ in range(4):
+            assert await _poll(api, 2) == []
+        assert all(m.skip_until > clock[0] for m in api.members.values())  # both left out
+        nodes["b"].down = False  # b leads a's partitions now
+        for _ in range(3):  # at most one more try of a (due back first) before b is asked
+            poll = asyncio.create_task(_poll(api, 2))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if nodes["b"].asked:
+                break
+            assert await poll == []
+        assert nodes["b"].asked == 2, "the agent idles while b could deal its tasks"
+        nodes["b"].grant(2)
+        assert len(await poll) == 2
+        await api.close()
+
+    asyncio.run(main())
