@@ -286,8 +286,17 @@ def test_hostile_records_are_quarantined_and_the_good_ones_behind_them_enqueued(
 
 
 def committed_lag(bootstrap: str, topic: str) -> int:
-    """Records of ``topic`` the routers' group has not committed yet."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"conveyor-ingest-{topic}"})
+    """Records of ``topic`` the routers' group has not committed yet, counting the offsets of
+    a transaction still open as committed (a lower bound of the lag). A read_committed fetch
+    waits for that transaction to end, and a router killed inside one leaves it open until the
+    next router fences it or it times out (a minute), past this call's timeout."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"conveyor-ingest-{topic}",
+            "isolation.level": "read_uncommitted",
+        }
+    )
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
