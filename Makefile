@@ -1,5 +1,5 @@
 # One command for everything: `make test` builds/updates .venv from pyproject.toml, then runs
-# ruff, mypy --strict and pytest.
+# ruff, mypy --strict and pytest. The venv has devtools/ too (bench, chaos: not in the wheel).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,10 +12,11 @@ FAUST := 'faust-streaming>=0.11' mode-streaming aiohttp-cors intervaltree termin
 
 test: lint typecheck unit
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e devtools
 	$(BIN)/pip install -q --no-deps $(FAUST)
 	touch $(STAMP)
 
@@ -24,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	tree=$$(tools/typecheck-tree.sh) && cd $$tree && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p conveyor
+	tree=$$(tools/typecheck-tree.sh) && cd $$tree && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p conveyor -p conveyor_devtools
 
 unit: $(STAMP)
 	$(BIN)/pytest -q

@@ -16,5 +16,6 @@ done
 for pkg in streams store agents schemas; do
   link "$root/$pkg" "$tree/conveyor/$pkg"
 done
+link "$root/devtools/conveyor_devtools" "$tree/conveyor_devtools"  # bench, chaos: not in the wheel
 find "$tree/conveyor" -maxdepth 1 -xtype l -delete
 echo "$tree"

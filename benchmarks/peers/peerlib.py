@@ -1,7 +1,7 @@
 """What the peer benches share: the measurement protocol, the stamp channel, process helpers.
 
 Every system is measured with the same three phases as ``conveyor bench e2e``
-(streams/bench/e2e.py), in the same order:
+(devtools/conveyor_devtools/bench/e2e.py), in the same order:
 
 1. single enqueue: ``single`` sequential enqueues of a no-op task, send -> acknowledged; then
    ``concurrent`` more from ``SINGLE_CALLERS`` callers at once, one task per enqueue.

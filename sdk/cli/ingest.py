@@ -1,5 +1,5 @@
-"""``conveyor ingest``: the router of an ingest topic (``streams/ingest/router.py``), and
-``conveyor bench ingest`` (``streams/ingest/bench.py``)."""
+"""``conveyor ingest``: the router of an ingest topic (``streams/ingest/router.py``). Its
+bench, ``conveyor bench ingest``, is in the checkout's devtools (``conveyor_devtools.bench``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import logging
 import signal
 import socket
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -116,23 +115,6 @@ async def _route(router: Router) -> None:
         await router.stop()
 
 
-def bench_ingest(
-    records: Annotated[int, typer.Option("--records", min=1, help="Records produced")] = 20_000,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
-    home: Annotated[
-        Path | None, typer.Option("--home", help="Where the run keeps its node and broker")
-    ] = None,
-) -> None:
-    """Ingest records/s through the router: a local broker, a node, Avro records produced
-    first, then routed and enqueued."""
-    from conveyor.streams.ingest.bench import main as bench_main
-
-    argv = ["--records", str(records)]
-    argv += ["--json"] if as_json else []
-    argv += ["--home", str(home)] if home is not None else []
-    raise typer.Exit(bench_main(argv))
-
-
 # -- the node's option: the public task events topics (streams/sinks/task_events.py) --------
 
 TaskEventsOpt = Annotated[
@@ -159,6 +141,5 @@ def attach_task_events(app: web.Application, bootstrap: str, cluster: str, parti
     attach(app, bootstrap, cluster, partitions)
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.command()(ingest)
-    bench.command("ingest")(bench_ingest)

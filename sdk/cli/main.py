@@ -12,10 +12,13 @@ cluster status                    nodes, partitions, owners, epochs of a cluster
 ingest                            an ingest topic's router: Avro records to enqueues (ingest.py)
 types list|show, schemas register|list|check
                                   task types and the schema registry (types.py, schemas.py)
-log inspect|verify, bench, docs   operator tools (tools.py)
+log inspect|verify, docs          operator tools (tools.py)
 projection rebuild                the Postgres snapshot (tools.py)
+bench log|engine|fanout|fairness|cancel|e2e|projection|query|bulk|ingest
 chaos kill9|soak|zombie|lost-replies|power-cut|fan-in|failover
-                                  fault-injection runs (tools.py, streams/chaos)
+                                  benchmarks and fault-injection runs: development tools of a
+                                  checkout (devtools/, ``conveyor_devtools.cli``), added when
+                                  that package is importable; else one line on how to get them
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from conveyor.cli import (
     workflows,
 )
 from conveyor.cli.common import CliError, fail
-from conveyor.cli.exits import EPILOG, NOT_FOUND, REFUSED
+from conveyor.cli.exits import EPILOG, NOT_FOUND, REFUSED, USAGE
 from conveyor.errors import ContractError, NotFound
 from conveyor.process import tune_malloc
 
@@ -54,10 +57,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 log_app = typer.Typer(help="Inspect and verify a node's log.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 docs_app = typer.Typer(help="Generated documentation.", no_args_is_help=True)
 projection_app = typer.Typer(help="The Postgres query snapshot.", no_args_is_help=True)
-chaos_app = typer.Typer(help="Fault-injection runs.", no_args_is_help=True)
 schedule_app = typer.Typer(help="Cron schedules.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys and their roles (keys.json).", no_args_is_help=True)
 cluster_app = typer.Typer(help="A cluster of nodes on Kafka.", no_args_is_help=True)
@@ -99,29 +100,11 @@ keys_app.command("create")(keys.create)
 keys_app.command("list")(keys.list_keys)
 log_app.command("inspect")(tools.log_inspect)
 log_app.command("verify")(tools.log_verify)
-bench_app.command("log")(tools.bench_log)
-bench_app.command("engine")(tools.bench_engine)
-bench_app.command("fanout")(tools.bench_fanout)
-bench_app.command("fairness")(tools.bench_fairness)
-bench_app.command("cancel")(tools.bench_cancel)
-bench_app.command("e2e")(tools.bench_e2e)
-bench_app.command("projection")(tools.bench_projection)
-bench_app.command("query")(tools.bench_query)
-bench_app.command("bulk")(tools.bench_bulk)
 projection_app.command("rebuild")(tools.projection_rebuild)
 docs_app.command("lifecycle")(tools.docs_lifecycle)
-chaos_app.command("kill9")(tools.chaos_kill9)
-chaos_app.command("soak")(tools.chaos_soak)
-chaos_app.command("zombie")(tools.chaos_zombie)
-chaos_app.command("lost-replies")(tools.chaos_lost_replies)
-chaos_app.command("power-cut")(tools.chaos_power_cut)
-chaos_app.command("fan-in")(tools.chaos_fan_in)
-chaos_app.command("failover")(tools.chaos_failover)
 app.add_typer(log_app, name="log")
-app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")
 app.add_typer(projection_app, name="projection")
-app.add_typer(chaos_app, name="chaos")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(keys_app, name="keys")
 cluster_app.command("status")(cluster.status)
@@ -129,10 +112,45 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(types.app, name="types")
 app.add_typer(schemas.app, name="schemas")
 webhooks.register(app)
-ingest.register(app, bench_app)
+ingest.register(app)
 workflows.register(app)  # event send
 queues.register(app)  # queue list|pause|resume
 app.command("codec-server")(codec.codec_server)
+
+
+# -- bench and chaos: the checkout's devtools (devtools/), not part of the conveyor package ----
+
+
+def _not_installed(group: str, what: str) -> None:
+    """Stand in for a dev-tools group when ``conveyor_devtools`` is not installed: whatever
+    follows ``conveyor <group>`` (``--help`` included) is one line on stderr, exit status 2."""
+
+    def missing(ctx: typer.Context) -> None:
+        raise fail(
+            f"conveyor {group} is a development tool of a Conveyor checkout, not part of the "
+            "conveyor package: in a checkout, `make dev` or `make test` sets up .venv with it, "
+            "or run `pip install -e devtools` there",
+            USAGE,
+        )
+
+    app.command(
+        group,
+        help=f"{what} (a development tool of a checkout: not installed)",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(missing)
+
+
+try:
+    from conveyor_devtools.cli import bench_app, chaos_app
+except ModuleNotFoundError as exc:
+    if exc.name != "conveyor_devtools":
+        raise  # installed but broken: say so, with the traceback
+    _not_installed("bench", "Benchmarks")
+    _not_installed("chaos", "Fault-injection runs")
+else:
+    app.add_typer(bench_app, name="bench")
+    app.add_typer(chaos_app, name="chaos")
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ Rules an implementation MUST follow:
 2. ``fsync_dir`` makes the directory's entries (creates, renames, deletes) durable. Until it
    returns, a crash may undo any of them.
 
-``OS_IO`` is the real thing and the default. ``conveyor.streams.chaos.disk.FaultyFileIO`` is
-the test double that loses unsynced writes at a power cut and injects EIO and ENOSPC.
+``OS_IO`` is the real thing and the default. ``FaultyFileIO`` of the checkout's fault runs
+(``conveyor_devtools.chaos.disk``, not part of this package) is the test double that loses
+unsynced writes at a power cut and injects EIO and ENOSPC.
 """
 
 from __future__ import annotations

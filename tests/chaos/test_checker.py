@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.streams.chaos.checker import Evidence, Thresholds, check
-from conveyor.streams.chaos.history import History, Op, parse
+from conveyor_devtools.chaos.checker import Evidence, Thresholds, check
+from conveyor_devtools.chaos.history import History, Op, parse
 
 
 def _history() -> History:

@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from conveyor.streams.chaos.disk import FaultyFileIO
-from conveyor.streams.chaos.fsmodel import CrashChoice, FsModel, Tear, crash_choices, replay
 from conveyor.streams.log import local
 from conveyor.streams.log.fileio import FileIO
 from conveyor.streams.log.local import LocalLog
+from conveyor_devtools.chaos.disk import FaultyFileIO
+from conveyor_devtools.chaos.fsmodel import CrashChoice, FsModel, Tear, crash_choices, replay
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.streams.chaos.disk import FaultyFileIO
-from conveyor.streams.chaos.fsmodel import Tear
 from conveyor.streams.log.local import HEADER_BYTES, LocalLog, LogFailed, LogFull
+from conveyor_devtools.chaos.disk import FaultyFileIO
+from conveyor_devtools.chaos.fsmodel import Tear
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,11 +19,11 @@ from conveyor.errors import NotFound
 from conveyor.schemas.types import TaskSpec, TaskStatus
 from conveyor.store import keys
 from conveyor.store.memory import MemoryKV
-from conveyor.streams.chaos.disk import FaultyFileIO
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.local import LocalLog, LogFull
 from conveyor.streams.node import Node
 from conveyor.streams.processor.loop import Settings
+from conveyor_devtools.chaos.disk import FaultyFileIO
 
 pytestmark = pytest.mark.timeout(60)
 

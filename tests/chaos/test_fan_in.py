@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conveyor.schemas.types import Task, TaskStatus
-from conveyor.streams.chaos import app as chaos_app
-from conveyor.streams.chaos.fanin import FanInConfig, NodeView, Plan, _check, run_fan_in
-from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.runner import Run
+from conveyor_devtools.chaos import app as chaos_app
+from conveyor_devtools.chaos.fanin import FanInConfig, NodeView, Plan, _check, run_fan_in
+from conveyor_devtools.chaos.history import History
+from conveyor_devtools.chaos.runner import Run
 
 
 @pytest.mark.timeout(240)

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from conveyor.streams.chaos.checker import Thresholds
-from conveyor.streams.chaos.runner import Config, run_kill9, scenario
+from conveyor_devtools.chaos.checker import Thresholds
+from conveyor_devtools.chaos.runner import Config, run_kill9, scenario
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from conveyor.aclient import AsyncClient
-from conveyor.streams.bench.e2e import _free_port
-from conveyor.streams.chaos.nemesis import ChaosCluster
+from conveyor_devtools.bench.e2e import _free_port
+from conveyor_devtools.chaos.nemesis import ChaosCluster
 
 pytestmark = pytest.mark.timeout(120)
 

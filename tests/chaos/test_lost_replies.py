@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from conveyor.streams.chaos.lost import LostConfig, run_lost_replies
+from conveyor_devtools.chaos.lost import LostConfig, run_lost_replies
 
 pytestmark = pytest.mark.timeout(90)
 

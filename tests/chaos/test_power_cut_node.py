@@ -1,7 +1,7 @@
-"""S1 at the node (``streams/chaos/powercut.py``): power cuts under concurrent keyed enqueues,
-then a restart on what the disk kept, with the partition state kept or rebuilt from the log.
-Every acknowledged enqueue must be there under its task id, nothing nobody enqueued, and every
-retried key must meet its twin. Fixed seed; a few seconds."""
+"""S1 at the node (``devtools/conveyor_devtools/chaos/powercut.py``): power cuts under
+concurrent keyed enqueues, then a restart on what the disk kept, with the partition state kept
+or rebuilt from the log. Every acknowledged enqueue must be there under its task id, nothing
+nobody enqueued, and every retried key must meet its twin. Fixed seed; a few seconds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conveyor.streams.chaos.powercut import PowerCutConfig, run_power_cut
+from conveyor_devtools.chaos.powercut import PowerCutConfig, run_power_cut
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from conveyor.streams.chaos.zombie import ZombieConfig, run_zombie
+from conveyor_devtools.chaos.zombie import ZombieConfig, run_zombie
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from conveyor.streams.bench.e2e import bench_e2e
+from conveyor_devtools.bench.e2e import bench_e2e
 
 pytestmark = pytest.mark.timeout(120)
 

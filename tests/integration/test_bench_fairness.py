@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conveyor.streams.bench.fairness import _Work
+from conveyor_devtools.bench.fairness import _Work
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conveyor.streams.bench.fanout import FanoutStuck, bench_fanout
+from conveyor_devtools.bench.fanout import FanoutStuck, bench_fanout
 
 pytestmark = pytest.mark.timeout(180)
 

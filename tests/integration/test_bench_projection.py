@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from conveyor.streams.bench.bulk import bench_bulk
-from conveyor.streams.bench.projection import bench_projection
-from conveyor.streams.bench.query import bench_query
+from conveyor_devtools.bench.bulk import bench_bulk
+from conveyor_devtools.bench.projection import bench_projection
+from conveyor_devtools.bench.query import bench_query
 
 pytestmark = pytest.mark.timeout(180)
 

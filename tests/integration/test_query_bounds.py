@@ -15,7 +15,7 @@ from test_projection import _fresh_pool, pg_server  # noqa: F401  (a fixture)
 
 from conveyor.store.postgres import queries
 from conveyor.store.postgres.queries import TaskQuery
-from conveyor.streams.bench import query as bench
+from conveyor_devtools.bench import query as bench
 
 pytestmark = pytest.mark.timeout(300)
 ROWS = 3_000

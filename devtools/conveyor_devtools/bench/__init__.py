@@ -1,6 +1,7 @@
-"""Benchmarks of the engine itself (``conveyor bench engine|fairness``)."""
+"""The benchmarks of ``conveyor bench``; ``bench_engine`` and ``bench_fairness`` time the engine
+itself, without HTTP (``conveyor bench engine|fairness``)."""
 
-from conveyor.streams.bench.engine import bench_engine
-from conveyor.streams.bench.fairness import bench_fairness
+from conveyor_devtools.bench.engine import bench_engine
+from conveyor_devtools.bench.fairness import bench_fairness
 
 __all__ = ["bench_engine", "bench_fairness"]

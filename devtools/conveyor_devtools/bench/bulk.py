@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from conveyor.streams.bench.e2e import Cluster
+from conveyor_devtools.bench.e2e import Cluster
 
 APP = "bulkbench"
 ENQUEUE_BATCH = 1_000

@@ -32,7 +32,7 @@ from typing import Any
 from conveyor.aclient import AsyncClient
 from conveyor.errors import ContractError
 
-APP_REF = "conveyor.streams.bench.cancel_app:app"
+APP_REF = "conveyor_devtools.bench.cancel_app:app"
 APP = "bench-cancel"
 START_TIMEOUT_S = 60.0
 RUNNING_SETTLE_S = 0.2  # after LEASED: the warm guest starts the handler well within it

@@ -1,5 +1,5 @@
 """The app ``conveyor bench cancel`` runs in real guests:
-``conveyor.streams.bench.cancel_app:app``.
+``conveyor_devtools.bench.cancel_app:app``.
 
 ``spin`` is a cooperative handler: it loops until ``ctx.cancelled`` and returns the wall clock
 (ms) when it started and when it saw the cancel, so the bench measures cancel request -> handler

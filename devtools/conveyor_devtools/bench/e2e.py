@@ -67,7 +67,7 @@ from conveyor.store.tables import Tables
 from conveyor.streams.gateway.auth import agent_grant, create_key
 from conveyor.wire import Enqueue
 
-APP_REF = "conveyor.streams.bench.noop_app:app"
+APP_REF = "conveyor_devtools.bench.noop_app:app"
 APP = "bench"
 ENQUEUE_BATCH = 1_000
 CALLERS = 4  # concurrent batch enqueuers: enough to overlap the node's group commits
@@ -108,7 +108,7 @@ async def bench_e2e(
             return await run_bench(
                 Cluster(root, partitions, agents, concurrency, prefetch, in_process), sizes
             )
-        from conveyor.streams.bench.e2e_kafka import KafkaNodes
+        from conveyor_devtools.bench.e2e_kafka import KafkaNodes
 
         args = (partitions, agents, concurrency, prefetch, in_process)
         kafka = KafkaNodes(root / "kafka-run", *args, nodes=kafka_nodes)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import httpx
 
-from conveyor.streams.bench.e2e import Cluster, _free_port
 from conveyor.streams.cluster.signing import SECRET_ENV
 from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
 from conveyor.streams.log.kafka_broker import KafkaCluster, KafkaUnavailable
+from conveyor_devtools.bench.e2e import Cluster, _free_port
 
 SETTLE_S = 120.0  # every partition led (the JVMs and the nodes start on a shared box)
 CLUSTER = "bench"

@@ -1,14 +1,14 @@
 """A bench of the ingest router: records/s from an ingest topic to acknowledged enqueues.
 
-    python -m conveyor.streams.ingest.bench [--records 20000] [--json]
+    python -m conveyor_devtools.bench.ingest [--records 20000] [--json]
     conveyor bench ingest [--records N] [--json]
 
-It starts one local Kafka broker (``kafka_broker.py``) and ``conveyor node --no-projection``
-on fresh directories and a free port of 127.0.0.1, registers a task type whose payload is an
-Avro record of three fields (``/worker/register`` with its schema), and produces
-``--records`` records in Confluent's wire format to a 4-partition ingest topic, unkeyed (the
-router keys them by their coordinates) and with the type's headers. Then a router in this
-process routes them, and the run times it from its start until every record is enqueued:
+It starts one local Kafka broker (``conveyor.streams.log.kafka_broker``) and ``conveyor node
+--no-projection`` on fresh directories and a free port of 127.0.0.1, registers a task type
+whose payload is an Avro record of three fields (``/worker/register`` with its schema), and
+produces ``--records`` records in Confluent's wire format to a 4-partition ingest topic,
+unkeyed (the router keys them by their coordinates) and with the type's headers. Then a router
+in this process routes them, and the run times it from its start until every record is enqueued:
 ``records_per_s`` once its first batch is in (``seconds`` counts from its start, joining the
 consumer group included), and the router's CPU per record (this process: the consumer, the Avro
 decode and the HTTP batches). No agent runs: the tasks stay enqueued. The broker and the

@@ -1,4 +1,4 @@
-"""The app ``conveyor bench e2e`` runs in real guests: ``conveyor.streams.bench.noop_app:app``.
+"""The app ``conveyor bench e2e`` runs in real guests: ``conveyor_devtools.bench.noop_app:app``.
 
 - ``noop`` does nothing: what is left is the platform's own cost per task.
 - ``stamp`` returns the wall clock at the moment the handler starts, so the bench can measure

@@ -1,6 +1,6 @@
 """A small bench of the events stream and webhook deliveries against a real node process.
 
-    python -m conveyor.streams.webhooks.bench [--events 5000] [--deliveries 2000] [--json]
+    python -m conveyor_devtools.bench.webhooks [--events 5000] [--deliveries 2000] [--json]
 
 It starts ``conveyor node --no-projection --webhooks-allow-private`` on a fresh home and a free
 port of 127.0.0.1, then:

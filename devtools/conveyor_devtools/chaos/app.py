@@ -1,4 +1,4 @@
-"""The app the chaos agents run: ``conveyor.streams.chaos.app:app``.
+"""The app the chaos agents run: ``conveyor_devtools.chaos.app:app``.
 
 ``work`` appends one line per execution to the file named in its payload, so the checker can
 count executions per task (at-least-once: a kill between the handler and the completion makes a

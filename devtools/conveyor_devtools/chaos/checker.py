@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.frozen import frozen
-from conveyor.streams.chaos.history import NEMESIS, Op
+from conveyor_devtools.chaos.history import NEMESIS, Op
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"})
 SAFETY = ("lost", "unexpected", "duplicated", "double_terminal", "regressions")

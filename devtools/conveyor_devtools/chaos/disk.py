@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.streams.chaos.fsmodel import (
+from conveyor.streams.log.fileio import OS_IO, Buffer, FileIO
+from conveyor_devtools.chaos.fsmodel import (
     DIR,
     DirOp,
     FileOp,
@@ -40,7 +41,6 @@ from conveyor.streams.chaos.fsmodel import (
     keep_nothing,
     random_tears,
 )
-from conveyor.streams.log.fileio import OS_IO, Buffer, FileIO
 
 
 @dataclass

@@ -47,12 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.frozen import frozen
-from conveyor.streams.chaos import checker
-from conveyor.streams.chaos.history import NEMESIS, History, Op
-from conveyor.streams.chaos.kafka_evidence import LogEvidence, read_log, state_keys
-from conveyor.streams.chaos.kafka_nodes import BROKER_STARTS, NODES, Cluster
-from conveyor.streams.chaos.router import POLL_S, Router, healthz
-from conveyor.streams.chaos.runner import (
+from conveyor.streams.log.kafka_broker import KafkaUnavailable
+from conveyor_devtools.chaos import checker
+from conveyor_devtools.chaos.history import NEMESIS, History, Op
+from conveyor_devtools.chaos.kafka_evidence import LogEvidence, read_log, state_keys
+from conveyor_devtools.chaos.kafka_nodes import BROKER_STARTS, NODES, Cluster
+from conveyor_devtools.chaos.router import POLL_S, Router, healthz
+from conveyor_devtools.chaos.runner import (
     TASK,
     _client,
     _drain,
@@ -61,7 +62,6 @@ from conveyor.streams.chaos.runner import (
     _sampler,
     enqueue_recorded,
 )
-from conveyor.streams.log.kafka_broker import KafkaUnavailable
 
 START_S = 90.0  # a node's first health answer, a settled cluster (three JVMs share the box)
 SETTLE_S = 90.0  # after a fault: every partition led by one node, caught up (a loaded box)

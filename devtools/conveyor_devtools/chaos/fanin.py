@@ -37,13 +37,13 @@ from typing import Any
 from conveyor.aclient import AsyncClient
 from conveyor.frozen import frozen
 from conveyor.schemas.types import Task
-from conveyor.streams.chaos import app as chaos_app
-from conveyor.streams.chaos import history as history_
-from conveyor.streams.chaos.checker import _kills
-from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
-from conveyor.streams.chaos.runner import APP, Run, _executions, enqueue_recorded
 from conveyor.streams.machine.handlers.workflows import SPILL_AFTER
+from conveyor_devtools.chaos import app as chaos_app
+from conveyor_devtools.chaos import history as history_
+from conveyor_devtools.chaos.checker import _kills
+from conveyor_devtools.chaos.history import History
+from conveyor_devtools.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
+from conveyor_devtools.chaos.runner import APP, Run, _executions, enqueue_recorded
 
 WORKFLOW = "fan_in"
 CHILD = "child"

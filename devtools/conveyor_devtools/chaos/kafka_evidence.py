@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.schemas import codec, types
-from conveyor.streams.chaos.runner import _state_keys, enqueued_keys
 from conveyor.streams.log.kafka import KafkaLog
+from conveyor_devtools.chaos.runner import _state_keys, enqueued_keys
 
 
 @dataclass

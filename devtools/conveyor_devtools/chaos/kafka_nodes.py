@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, _popen
 from conveyor.streams.cluster.signing import SECRET_ENV
 from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
 from conveyor.streams.log.kafka_broker import KafkaCluster, KafkaUnavailable
+from conveyor_devtools.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, _popen
 
 NODES = ("n1", "n2", "n3")
 BROKER_STARTS = 2  # a quorum of three JVMs may miss its start deadline on a loaded machine
@@ -78,7 +78,7 @@ class Cluster:
             (self.home(node) / "keys.json").chmod(0o600)
 
     def spawn_node(self, node: str) -> None:
-        from conveyor.streams.bench.e2e import _free_port
+        from conveyor_devtools.bench.e2e import _free_port
 
         port = self.ports.setdefault(node, _free_port())
         args = ["node", "--home", str(self.home(node)), "--port", str(port)]
@@ -119,7 +119,7 @@ class Cluster:
 
     def stop_processes(self) -> None:
         """Agents, then nodes (SIGCONT first: a stopped process ignores SIGTERM), by pid."""
-        from conveyor.streams.bench.e2e import STOP_TIMEOUT_S
+        from conveyor_devtools.bench.e2e import STOP_TIMEOUT_S
 
         order = sorted(self.procs, key=lambda n: not n.startswith("agent-"))
         for name in order:

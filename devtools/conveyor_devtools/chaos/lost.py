@@ -26,11 +26,11 @@ from typing import Any
 
 from conveyor.aclient import AsyncClient
 from conveyor.frozen import frozen
-from conveyor.streams.chaos import checker
-from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, ChaosCluster, _popen
-from conveyor.streams.chaos.proxy import LossyProxy
-from conveyor.streams.chaos.runner import APP, Run, _drain, _evidence, enqueue_recorded
+from conveyor_devtools.chaos import checker
+from conveyor_devtools.chaos.history import History
+from conveyor_devtools.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, ChaosCluster, _popen
+from conveyor_devtools.chaos.proxy import LossyProxy
+from conveyor_devtools.chaos.runner import APP, Run, _drain, _evidence, enqueue_recorded
 
 ENQUEUE = (("POST", "/v1/tasks"),)
 COMPLETE = (("POST", "/worker/complete"),)

@@ -32,10 +32,10 @@ from typing import IO
 import httpx
 import psutil
 
-from conveyor.streams.bench.e2e import START_TIMEOUT_S, Cluster, _dev_key, _free_port
-from conveyor.streams.chaos.history import History
+from conveyor_devtools.bench.e2e import START_TIMEOUT_S, Cluster, _dev_key, _free_port
+from conveyor_devtools.chaos.history import History
 
-APP_REF = "conveyor.streams.chaos.app:app"
+APP_REF = "conveyor_devtools.chaos.app:app"
 # tests/PLAN.md: time compression, so a killed agent's leases lapse within the run.
 # The chaos app's handlers append each execution to a history file on the host's disk, which a
 # sandboxed guest cannot write (by design): its agents run the trusted harness code unsandboxed.

@@ -33,11 +33,11 @@ from typing import Any
 from conveyor.frozen import frozen
 from conveyor.schemas.types import TaskSpec
 from conveyor.store.memory import MemoryKV
-from conveyor.streams.chaos.disk import FaultyFileIO
 from conveyor.streams.log.fileio import OS_IO, FileIO
 from conveyor.streams.log.local import LocalLog
 from conveyor.streams.node import Node
 from conveyor.streams.routing import partition_for_key
+from conveyor_devtools.chaos.disk import FaultyFileIO
 
 TENANT = "t"
 # A run of the default config makes 190-220 file operations when nothing cuts it (measured;

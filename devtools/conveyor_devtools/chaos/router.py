@@ -27,9 +27,9 @@ import httpx
 
 from conveyor.aclient import AsyncClient, AsyncTaskHandle
 from conveyor.errors import NotFound
-from conveyor.streams.chaos import checker
 from conveyor.streams.routing import partition_for_key, partition_of
 from conveyor.wire import TaskInfo
+from conveyor_devtools.chaos import checker
 
 APP = "chaos"
 TENANT = "default"

@@ -35,10 +35,10 @@ from typing import Any, Protocol
 from conveyor.aclient import AsyncClient, AsyncTaskHandle
 from conveyor.errors import ContractError, NotFound
 from conveyor.frozen import frozen
-from conveyor.streams.chaos import checker
-from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
 from conveyor.wire import TaskInfo
+from conveyor_devtools.chaos import checker
+from conveyor_devtools.chaos.history import History
+from conveyor_devtools.chaos.nemesis import ChaosCluster, Nemesis, NemesisConfig
 
 APP = "chaos"
 TASK = "work"

@@ -37,10 +37,10 @@ from typing import Any
 
 from conveyor.aclient import AsyncClient
 from conveyor.frozen import frozen
-from conveyor.streams.chaos import checker
-from conveyor.streams.chaos.history import History
-from conveyor.streams.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, ChaosCluster, _popen
-from conveyor.streams.chaos.runner import (
+from conveyor_devtools.chaos import checker
+from conveyor_devtools.chaos.history import History
+from conveyor_devtools.chaos.nemesis import AGENT_TIMES, APP_REF, TRUSTED, ChaosCluster, _popen
+from conveyor_devtools.chaos.runner import (
     APP,
     READERS,
     Run,
