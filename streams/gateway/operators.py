@@ -16,7 +16,7 @@ from aiohttp import web
 from conveyor.errors import ContractError
 from conveyor.store.postgres import history, queries
 from conveyor.streams.gateway import routes
-from conveyor.streams.gateway.fields import Fields, check_name, invalid
+from conveyor.streams.gateway.fields import Fields, check_client_name, invalid
 from conveyor.streams.gateway.service import Gateway
 
 _HISTORY_FIELDS = ("window", "queue", "task_type")
@@ -53,8 +53,10 @@ async def agents(gw: Gateway, tenant: str) -> dict[str, Any]:
 
 
 def parse_queue(text: str) -> str:
-    """A queue named in a path."""
-    return check_name(text, "queue")
+    """A queue named in a path: a name as an enqueue's ``queue`` is one (``schemas/limits.py``),
+    the path parameter's pattern in the document. Any other text names no queue a task could
+    be in, so pausing it would answer 200 and hold nothing: a 400 naming the character."""
+    return check_client_name(text, "queue")
 
 
 async def pause_queue(gw: Gateway, tenant: str, queue: str, *, paused: bool) -> dict[str, Any]:
@@ -76,12 +78,14 @@ async def list_agents(request: web.Request) -> web.Response:
 async def pause(request: web.Request) -> web.Response:
     gw, tenant = routes.context(request)
     queue = parse_queue(request.match_info["queue"])
+    await routes.no_body(request)
     return routes.reply(await pause_queue(gw, tenant, queue, paused=True))
 
 
 async def resume(request: web.Request) -> web.Response:
     gw, tenant = routes.context(request)
     queue = parse_queue(request.match_info["queue"])
+    await routes.no_body(request)
     return routes.reply(await pause_queue(gw, tenant, queue, paused=False))
 
 

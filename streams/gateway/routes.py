@@ -17,7 +17,7 @@ from conveyor.streams.gateway import (
 )
 from conveyor.streams.gateway.auth import Grant
 from conveyor.streams.gateway.errors import PayloadTooLarge, UnsupportedMediaType, dumps
-from conveyor.streams.gateway.fields import BODY_BYTES_MAX, parse_json
+from conveyor.streams.gateway.fields import BODY_BYTES_MAX, describe, invalid, parse_json
 from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.webhooks import api as webhooks_api
 
@@ -59,6 +59,23 @@ async def read_body(request: web.Request, *, optional: bool = False) -> Any:
     if optional and not raw.strip():
         return None
     return parse_json(raw)
+
+
+async def no_body(request: web.Request) -> None:
+    """The body of a POST whose operation declares none (a queue's or schedule's pause and
+    resume, a redelivery): nothing, ``null`` or ``{}``, which clients send for "no body" (the
+    dashboard sends ``null``); anything else is a 400 (``contract/operations.py``, rule 2:
+    fields sent to a route that reads none are options its sender expects and would not get).
+    """
+    body = await read_body(request, optional=True)
+    if body is None or body == {}:
+        return
+    resource = request.match_info.route.resource
+    route = f"{request.method} {resource.canonical if resource else request.path}"
+    if isinstance(body, dict):
+        name = min(body)
+        raise invalid(name, f"unknown field: {route} takes no body; send none")
+    raise invalid("", f"{route} takes no body; send none, got {describe(body)}")
 
 
 def context(request: web.Request) -> tuple[Gateway, str]:
@@ -168,12 +185,14 @@ async def delete_schedule(request: web.Request) -> web.Response:
 async def pause_schedule(request: web.Request) -> web.Response:
     gw, tenant = context(request)
     schedule_id = request.match_info["schedule_id"]
+    await no_body(request)
     return reply(await gw.pause_schedule(tenant, schedule_id, paused=True))
 
 
 async def resume_schedule(request: web.Request) -> web.Response:
     gw, tenant = context(request)
     schedule_id = request.match_info["schedule_id"]
+    await no_body(request)
     return reply(await gw.pause_schedule(tenant, schedule_id, paused=False))
 
 

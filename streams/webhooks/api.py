@@ -127,6 +127,7 @@ async def deliveries(request: web.Request) -> web.Response:
 async def redeliver(request: web.Request) -> web.Response:
     service, tenant = _service(request)
     webhook_id, delivery_id = request.match_info["webhook_id"], request.match_info["delivery_id"]
+    await routes.no_body(request)
     await service.redeliver(tenant, webhook_id, delivery_id)
     return routes.reply({"delivery_id": delivery_id, "status": PENDING})
 

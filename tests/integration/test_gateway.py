@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conveyor.streams.gateway.contract.operations import OPERATIONS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -587,6 +590,42 @@ def test_openapi_describes_every_route(node: NodeProcess) -> None:
         "/openapi.json",
     }
     assert expected <= set(doc["paths"])
+
+
+def test_a_query_string_is_refused_only_where_parameters_are_declared(node: NodeProcess) -> None:
+    """contract/operations.py, rule 1: a route with query parameters names the one it does not
+    know; a route with none ignores the query string (probes and document viewers add one)."""
+    for op in OPERATIONS:
+        if op.method != "get" or "{" in op.path or op.path == "/metrics":
+            continue
+        status, reply = call(node.base, "GET", f"{op.path}?no_such_parameter=1", timeout=10)
+        if op.query is not None:
+            assert status == 400, (op.path, status, reply)
+            assert reply["error"]["field"] == "no_such_parameter", (op.path, reply)
+        else:
+            assert status == 200, (op.path, status, reply)
+
+
+def test_a_post_that_declares_no_body_takes_none(node: NodeProcess) -> None:
+    """contract/operations.py, rule 2: nothing, null or {} is no body; fields or another value
+    are a 400 before the route acts (a paused queue stays as it was)."""
+    posts = [op for op in OPERATIONS if op.method == "post" and op.body is None]
+    assert {op.operation_id for op in posts} >= {"pause_queue", "resume_queue", "redeliver"}
+    for op in posts:  # pause_queue before resume_queue: the queue ends as it began
+        path = re.sub(r"\{\w+\}", "no-body", op.path)
+        status, reply = call(node.base, "POST", path, {"reason": "maintenance"})
+        assert status == 400, (path, status, reply)
+        assert reply["error"]["field"] == "reason", reply
+        assert "takes no body; send none" in reply["error"]["message"], reply
+        for raw in (b"[1]", b'"x"', b"0"):
+            status, reply = call(node.base, "POST", path, raw=raw)
+            assert status == 400, (path, raw, status, reply)
+            assert reply["error"]["message"].startswith(f"body: POST {op.path} takes no"), reply
+        for empty in (None, b"null", b"{}", b" "):
+            status, reply = call(node.base, "POST", path, raw=empty)
+            assert status in (200, 404), (path, empty, status, reply)  # no such schedule, ...
+    status, reply = call(node.base, "GET", "/v1/queues")
+    assert not [q for q in reply["queues"] if q["queue"] == "no-body" and q.get("paused")]
 
 
 # --- worker API ---------------------------------------------------------------------------

@@ -8,6 +8,20 @@ that the application registers exactly these routes, so a route cannot be added 
 (and a model). The schema registry's Confluent-shaped routes (``streams/registry/routes.py``)
 are rows too, with ``tag="registry"``: they are served in their own document,
 ``/registry/openapi.json``, since their errors are Confluent's, not the gateway's.
+
+What a request carries beyond its row, which OpenAPI has no word for (a document lists the
+parameters an operation takes, never whether others are allowed):
+Rule 1: a query parameter a row's ``query`` model does not name is a 400 naming it and the
+known ones: a misspelt filter (``?staus=FAILED``) would otherwise widen a listing, or a bulk
+operation, without a word. A row with no ``query`` reads no query string and ignores one:
+health probes, cache-busting proxies and document viewers add parameters to ``/healthz`` and
+the documents, and most HTTP APIs ignore what a route does not read. So an operation with no
+input at all (public, no parameter, no body: ``/healthz`` and the two documents) has nothing
+a request can get wrong, and a fuzzer's negative mode has nothing to generate for it.
+Rule 2: a POST whose row has no ``body`` takes nothing, ``null`` or ``{}``; other content is a
+400 (``routes.no_body``): a body is written on purpose, and one with fields on a route that
+reads none means its sender expects options the route does not have. A row with a body model
+refuses the fields it does not name, as every model does.
 """
 
 from __future__ import annotations
