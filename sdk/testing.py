@@ -33,24 +33,28 @@ from typing import Any, TypeVar
 import httpx
 from aiohttp import web
 
-from conveyor.agents.host import HostAgent
-from conveyor.agents.inline import InlineExecutor
-from conveyor.agents.worker_api import HttpWorkerAPI
+from conveyor import extras
 from conveyor.app import App
 from conveyor.client import Client, EnqueueClient, set_default_client
 from conveyor.codecs import PayloadCodec
 from conveyor.durations import Duration, to_ms
-from conveyor.schemas.types import TimerKind
-from conveyor.store import keys
-from conveyor.store.attempt_logs import AttemptLogs
-from conveyor.store.tables import Tables
-from conveyor.streams.clock import FakeClock
-from conveyor.streams.gateway import KeyStore, Registry, build_app, routes, start
-from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key
-from conveyor.streams.gateway.contract.limits import LEASE_MS_MAX, WAIT_MS_MAX
-from conveyor.streams.gateway.service import Gateway
-from conveyor.streams.node import Node
 from conveyor.wire import TaskInfo
+
+extras.require("server", what="conveyor.testing")  # the node the imports below compose
+
+from conveyor.agents.host import HostAgent  # noqa: E402
+from conveyor.agents.inline import InlineExecutor  # noqa: E402
+from conveyor.agents.worker_api import HttpWorkerAPI  # noqa: E402
+from conveyor.schemas.types import TimerKind  # noqa: E402
+from conveyor.store import keys  # noqa: E402
+from conveyor.store.attempt_logs import AttemptLogs  # noqa: E402
+from conveyor.store.tables import Tables  # noqa: E402
+from conveyor.streams.clock import FakeClock  # noqa: E402
+from conveyor.streams.gateway import KeyStore, Registry, build_app, routes, start  # noqa: E402
+from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key  # noqa: E402
+from conveyor.streams.gateway.contract.limits import LEASE_MS_MAX, WAIT_MS_MAX  # noqa: E402
+from conveyor.streams.gateway.service import Gateway  # noqa: E402
+from conveyor.streams.node import Node  # noqa: E402
 
 __all__ = ["Engine", "EngineClient", "FakeClock"]
 

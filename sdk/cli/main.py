@@ -157,7 +157,8 @@ def main() -> None:
     """The console script. A ``CliError`` from any command (a refused request, no API key) or a
     ``ContractError`` (what it was asked cannot be done: a data directory another node holds)
     is one line on stderr and its exit status (``exits``: a CliError's own; 3 for a NotFound,
-    else 4), never a traceback."""
+    else 4), never a traceback. So is a part used without the extra that installs it (2, the
+    usage status: ``conveyor node needs the server extra: pip install 'conveyor[server]'``)."""
     tune_malloc()
     try:
         app()
@@ -167,3 +168,31 @@ def main() -> None:
     except ContractError as exc:
         fail(str(exc))
         raise SystemExit(NOT_FOUND if isinstance(exc, NotFound) else REFUSED) from None
+    except ModuleNotFoundError as exc:  # a part used without its extra (conveyor.extras)
+        import sys
+
+        from rich.markup import escape
+
+        from conveyor import extras
+
+        said = (
+            exc
+            if isinstance(exc, extras.MissingExtra)
+            else extras.missing(exc, _command(sys.argv[1:]))
+        )
+        if said is None:
+            raise  # no extra installs it: a broken install or a bug, shown with its traceback
+        fail(escape(str(said)))  # escaped: 'conveyor[server]' is no markup
+        raise SystemExit(USAGE) from None
+
+
+def _command(args: list[str]) -> str:
+    """The command that ``args`` run, as typed: ``conveyor keys create``."""
+    words, command = ["conveyor"], typer.main.get_command(app)
+    for arg in args:
+        subcommands = getattr(command, "commands", {})  # a group's, by name
+        if arg not in subcommands:
+            break
+        words.append(arg)
+        command = subcommands[arg]
+    return " ".join(words)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from conveyor import logs
+from conveyor import extras, logs
 from conveyor.cli import dev_loop, redact
 from conveyor.cli.common import (
     DEFAULT_URL,
@@ -591,6 +591,7 @@ def _kafka_config(
         return None
     if not node_id:
         raise fail("--kafka needs --node-id: a name for this node, unique in the cluster")
+    extras.require("kafka", what="--kafka")
     from conveyor.streams.cluster.signing import ClusterSecret
 
     if not secret:
@@ -692,6 +693,7 @@ def _open_blobs(home: Path, url: str | None) -> Blobs:
 
     if url is None:
         return LocalBlobs(home / "blobs")
+    extras.require("s3", what="--blobs-url s3://...")
     from conveyor.store.s3_blobs import S3Blobs
 
     try:
@@ -731,6 +733,7 @@ def node(
     /metrics labels tenants by a hash of their names by default: the fairness alert keeps its
     per-tenant series, and whoever reads the metrics is not shown customers' names.
     """
+    extras.require("server", what="conveyor node")
     _setup_logging(log_level)
     kafka_config = _kafka_config(
         kafka, node_id, cluster, session_timeout_s, cluster_secret, events_keep
@@ -801,6 +804,9 @@ def dev(
     Prints a line per task event (state, attempt, duration or error). /metrics names tenants
     by default: they are the developer's own.
     """
+    extras.require("server", what="conveyor dev")
+    if kafka:
+        extras.require("kafka", what="conveyor dev --kafka")
     _setup_logging(log_level, log_json)
     _load_agent()  # fail before touching the home dir
     _check_import_path()

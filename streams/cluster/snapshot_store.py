@@ -122,6 +122,9 @@ class LocalSnapshotStore:
 
 class S3SnapshotStore:
     def __init__(self, url: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
+        from conveyor.extras import require
+
+        require("s3", what="S3 snapshots (--snapshots s3://...)")
         import boto3  # only where S3 is used
 
         self.bucket, self.prefix = parse_url(url)
