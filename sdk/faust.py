@@ -46,7 +46,11 @@ except ImportError:  # pragma: no cover - depends on the install
         "pip install --no-deps faust-streaming mode-streaming aiohttp-cors intervaltree "
         "terminaltables venusian colorlog mypy-extensions six"
     ) from None
-from fastavro import parse_schema, schemaless_reader
+
+from conveyor import extras
+
+extras.require("server", "fastavro", what="conveyor.faust")  # the Avro of the events
+from fastavro import parse_schema, schemaless_reader  # noqa: E402
 
 __all__ = ["TERMINAL", "TaskEvent", "TaskEventCodec", "task_events_topic", "topic_of"]
 
