@@ -150,7 +150,7 @@ EventsKeepOpt = Annotated[
         "--events-keep",
         help="With --kafka: the events topic keeps at least this long (e.g. 7d, 12h), for "
         "GET /v1/events clients' cursors; older events go once every node's projector and "
-        "webhook deliverer has read them",
+        "webhook deliverer, and the task events relay, have read them",
     ),
 ]
 SessionOpt = Annotated[
@@ -541,6 +541,7 @@ async def _join(
         readers=readers,
         events_keep_ms=kafka.events_keep_ms,
         events_interval_ms=kafka.snapshot_interval_ms,  # housekeeping on one schedule
+        relays=kafka.task_events,  # said in its card: the trim keeps the relay's position
         snapshots=snapshots,
     )
 
@@ -798,6 +799,7 @@ def dev(
             help="On Ctrl-C, how long running tasks get to finish (a second Ctrl-C: stop now)",
         ),
     ] = 30.0,
+    task_events: TaskEventsOpt = False,
 ) -> None:
     """Node + gateway + an agent for your app, in one process: for development.
 
@@ -823,6 +825,7 @@ def dev(
 
             secret = ClusterSecret(secrets.token_urlsafe(32))  # one node: nobody to share it
             kafka_config = KafkaConfig(bootstrap=bootstrap, node_id="dev", secret=secret)
+        kafka_config = with_task_events(kafka_config, task_events)
         node = _run_node(
             home_path,
             host,

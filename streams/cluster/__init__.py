@@ -20,6 +20,7 @@ from conveyor.streams.cluster.events_trim import (
     INTERVAL_MS,
     KEEP_MS_DEFAULT,
     NEEDED,
+    RELAYS,
     EventsLog,
     EventsTrimmer,
 )
@@ -56,16 +57,23 @@ class ClusterMember:
 Readers = Callable[[], list[Mapping[int, int]]]
 
 
-def card(node: Node, url: str, readers: Readers) -> Card:
-    """What the directory says of ``node``: where it serves, what it leads, and what its
-    readers of the events topic still need of it (``events_trim.py``)."""
+def card(node: Node, url: str, readers: Readers, relays: bool = False) -> Card:
+    """What the directory says of ``node``: where it serves, what it leads, what its readers
+    of the events topic still need of it, and whether it runs the task events relay, whose
+    position the trim keeps too (``events_trim.py``)."""
     leading = {
         str(p.partition): {"epoch": p.epoch, "lag_records": p.lag_records()}
         for p in node.processors
         if p.leader
     }
     needed = events_needed(readers(), node.partitions)
-    return {"node_id": node.node_id, "url": url, "leading": leading, NEEDED: needed}
+    return {
+        "node_id": node.node_id,
+        "url": url,
+        "leading": leading,
+        NEEDED: needed,
+        RELAYS: relays,
+    }
 
 
 async def join(
@@ -82,13 +90,16 @@ async def join(
     readers: Readers = list,
     events_keep_ms: int = KEEP_MS_DEFAULT,
     events_interval_ms: int = INTERVAL_MS,
+    relays: bool = False,
     snapshots: Snapshots | None = None,
 ) -> ClusterMember:
     """Join ``cluster`` as ``node.node_id``: from now on ``node`` leads what the group gives
     it. ``fences``: the record log (a ``KafkaLog``), unwrapped. ``secret``: signs this node's
     card and checks the others' (``signing.py``). ``events``: the events topic, trimmed here
     every ``events_interval_ms`` below what ``readers`` (each a reader's next offset by
-    partition) and every other node's need, keeping ``events_keep_ms`` (``events_trim.py``).
+    partition) and every other node's need, and below the task events relay's committed
+    offsets, keeping ``events_keep_ms`` (``events_trim.py``). ``relays``: this node runs the
+    relay (``--task-events``), which its card says.
     ``snapshots``: restores the partitions taken here and snapshots those led here
     (``snapshots.start`` is called)."""
     restore_partition = restore if snapshots is None else snapshots.restore
@@ -101,14 +112,17 @@ async def join(
         node_id=node.node_id,
         session_timeout_ms=session_timeout_ms,
     )
+    from conveyor.streams.sinks.task_events import group_of
+
     directory = Directory(
-        bootstrap, cluster, lambda: card(node, url, readers), secret.card_key(cluster)
+        bootstrap, cluster, lambda: card(node, url, readers, relays), secret.card_key(cluster)
     )
     trimmer = EventsTrimmer(
         events,
         lambda: directory.cards,
         lambda p: leading(node, p),
         node.partitions,
+        relay_group=group_of(cluster),
         clock=node.clock,
         keep_ms=events_keep_ms,
         interval_ms=events_interval_ms,

@@ -488,6 +488,18 @@ class KafkaLog:
         at = found.get(tp)
         return int(at.offset) if at is not None else await self._high_watermark(tp)
 
+    async def committed(self, group: str) -> dict[int, int]:
+        """The offsets consumer group ``group`` committed in this topic, by partition; a
+        partition where it committed none (or whose offset the broker expired) is left out."""
+        tps = [TopicPartition(self.topic, p) for p in range(self._partitions)]
+        what = f"read the offsets of consumer group {group}"
+        found = await _translated(what, self._admin.list_consumer_group_offsets(group, None, tps))
+        if set(found) != set(tps):
+            # Asked by partition, the broker names each one; it names none when it failed
+            # for the whole group (its coordinator moving or loading), and that is no answer.
+            raise LogUnavailable(f"{what}: the broker answered for no partition; try again")
+        return {tp.partition: int(at.offset) for tp, at in found.items() if at.offset >= 0}
+
     async def _high_watermark(self, tp: TopicPartition) -> int:
         consumer = _consumer(self.bootstrap)
         await _translated("trim", consumer.start())

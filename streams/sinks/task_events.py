@@ -32,6 +32,15 @@ The rules, and why:
    log offset that caused the event.
 4. A batch the relay cannot decode (written by a newer Conveyor) stops the relay with the
    reason in the log, restarted from its committed offset: skipping it would lose events.
+5. The events topic is not trimmed from under it. The owner of each partition of
+   ``<cluster>-events`` trims it below what the nodes' readers need, and below the relay
+   group's committed offset in that partition too (``cluster/events_trim.py``, rule 4): a
+   relay that lags, or whose nodes are all stopped, resumes where it committed and misses
+   nothing. Its hold ends when its offsets do: the broker deletes a group's offsets once it
+   has had no member for ``offsets.retention.minutes`` (7 days unless configured), and
+   ``kafka-consumer-groups.sh --delete --group <cluster>-task-events-relay`` deletes them
+   when a cluster stops relaying for good. A relay that starts with no offsets reads the
+   topic from its start (re-producing what is still there: consumers dedupe, rule 3).
 """
 
 from __future__ import annotations
@@ -62,6 +71,11 @@ _PLAIN = re.compile(r"[A-Za-z0-9.\-]")
 
 # (tenant, subject, schema text) -> the schema's id in the tenant's registry
 Register = Callable[[str, str, str], Awaitable[int]]
+
+
+def group_of(cluster: str) -> str:
+    """The relay's consumer group: its committed offsets are its position (rule 5)."""
+    return f"{cluster}-task-events-relay"
 
 
 def topic_of(cluster: str, tenant: str) -> str:
@@ -99,7 +113,7 @@ class TaskEventsRelay:
         self._consumer = AIOKafkaConsumer(
             self.source,
             bootstrap_servers=self.bootstrap,
-            group_id=f"{self.cluster}-task-events-relay",
+            group_id=group_of(self.cluster),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
