@@ -1,5 +1,5 @@
 """Durable steps: ``ctx.step.run``, ``ctx.step.sleep``, ``ctx.step.sleep_until``,
-``ctx.step.idempotency_key`` (the semantics of seeds/002: "job" there is a task here).
+``ctx.step.idempotency_key``, by the rules below.
 
 Rule 1 (identity): a step is ``name#occurrence`` (the occurrence counts this attempt's earlier
 unkeyed calls of the name) or ``name:key``. Keyed calls do not advance the occurrence counter

@@ -1,5 +1,5 @@
 """Durable steps through ``conveyor.testing.Engine``: the real node, agent and machine, handlers
-in this process, a fake clock. One test per rule of seeds/002 (job = task here)."""
+in this process, a fake clock. One test per rule of ``conveyor/steps.py``."""
 
 from __future__ import annotations
 
