@@ -70,7 +70,7 @@ def test_import_conveyor_loads_only_the_package() -> None:
         "conveyor.Client('http://127.0.0.1:1', 'k')",
         "import conveyor; conveyor.AsyncClient('http://127.0.0.1:1', 'k')",
         "import conveyor.workflows, conveyor.codecs, conveyor.typed, conveyor.avro_schema",
-        "import conveyor.agents.host",  # conveyor agent, on a worker machine
+        "import conveyor.agents.host, conveyor.agents.guest",  # conveyor agent and its guests
         "import conveyor.cli",  # the client commands; node and dev check their extra when run
     ],
     ids=["names", "app-and-client", "async-client", "sdk-modules", "agent", "cli"],
