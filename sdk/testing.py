@@ -45,6 +45,7 @@ extras.require("server", what="conveyor.testing")  # the node the imports below 
 from conveyor.agents.host import HostAgent  # noqa: E402
 from conveyor.agents.inline import InlineExecutor  # noqa: E402
 from conveyor.agents.worker_api import HttpWorkerAPI  # noqa: E402
+from conveyor.contract.limits import LEASE_MS_MAX, WAIT_MS_MAX  # noqa: E402
 from conveyor.schemas.types import TimerKind  # noqa: E402
 from conveyor.store import keys  # noqa: E402
 from conveyor.store.attempt_logs import AttemptLogs  # noqa: E402
@@ -52,7 +53,6 @@ from conveyor.store.tables import Tables  # noqa: E402
 from conveyor.streams.clock import FakeClock  # noqa: E402
 from conveyor.streams.gateway import KeyStore, Registry, build_app, routes, start  # noqa: E402
 from conveyor.streams.gateway.auth import agent_grant, client_grant, create_key  # noqa: E402
-from conveyor.streams.gateway.contract.limits import LEASE_MS_MAX, WAIT_MS_MAX  # noqa: E402
 from conveyor.streams.gateway.service import Gateway  # noqa: E402
 from conveyor.streams.node import Node  # noqa: E402
 

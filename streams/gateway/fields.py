@@ -20,14 +20,13 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from conveyor.contract.limits import INT_MAX, INT_MIN, NAME_BYTES_MAX
 from conveyor.errors import ContractError
 from conveyor.schemas import limits
 from conveyor.streams.gateway.errors import PayloadTooLarge
 
 BODY_BYTES_MAX = 8 * 2**20
 DEPTH_MAX = 64
-INT_MIN, INT_MAX = -(2**63), 2**63 - 1
-NAME_BYTES_MAX = 200
 _INT_DIGITS_MAX = 19  # longer literals cannot be in range; never hand them to int()
 _TASK_ID = re.compile(r"^[0-9a-f]{32}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from conveyor.contract.replies import ErrorReply
 from conveyor.streams.gateway.contract.operations import (
     JSON,
     OPERATIONS,
@@ -23,7 +24,6 @@ from conveyor.streams.gateway.contract.operations import (
     REGISTRY_OPERATIONS,
     Operation,
 )
-from conveyor.streams.gateway.contract.replies import ErrorReply
 from conveyor.streams.gateway.contract.requests import Model
 from conveyor.streams.gateway.errors import ERRORS
 from conveyor.streams.gateway.fields import BODY_BYTES_MAX

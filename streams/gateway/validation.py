@@ -13,17 +13,16 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from conveyor.frozen import frozen
-from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
-from conveyor.streams.gateway.contract import decode
-from conveyor.streams.gateway.contract.limits import (
+from conveyor.contract.limits import (
     BACKOFF_FACTOR_MAX,
     BATCH_MAX,
     CURSOR_BYTES_MAX,
     DURATION_MS_MAX,
     IDEMPOTENCY_KEY_BYTES_MAX,
+    INT_MAX,
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
+    NAME_BYTES_MAX,
     NON_RETRYABLE_MAX,
     PRIORITY_MAX,
     RETRY_ATTEMPTS_MAX,
@@ -32,10 +31,11 @@ from conveyor.streams.gateway.contract.limits import (
     RUN_AT_MS_MAX,
     WAIT_MS_MAX,
 )
+from conveyor.frozen import frozen
+from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
+from conveyor.streams.gateway.contract import decode
 from conveyor.streams.gateway.contract.requests import RetryPolicy, TaskBatch, TaskRequest, Timeouts
 from conveyor.streams.gateway.fields import (
-    INT_MAX,
-    NAME_BYTES_MAX,
     Fields,
     check_int,
     check_name,
@@ -113,7 +113,7 @@ _NO_TIMEOUTS = Timeouts()
 
 def _enqueue_request(task: TaskRequest, path: str) -> EnqueueRequest:
     """The rules of ``TaskRequest`` no type states: a payload is no blob marker, ``delay_ms``
-    and ``run_at`` are exclusive, byte limits (``contract/shapes.py`` rule 2)."""
+    and ``run_at`` are exclusive, byte limits (``conveyor.contract.shapes`` rule 2)."""
     check_not_marker(task.payload, join(path, "payload"))
     if task.delay_ms is not None and task.run_at is not None:
         raise invalid(join(path, "run_at"), "delay_ms and run_at are exclusive; send one of them")
@@ -459,7 +459,7 @@ def parse_cancel(body: Any) -> str:
     return f.opt_text("reason", bytes_max=1024, nul_ok=False) or "canceled by request"
 
 
-__all__ = [  # the limits are defined in contract/limits.py; read here too
+__all__ = [  # the limits are defined in conveyor.contract.limits; read here too
     "BACKOFF_FACTOR_MAX",
     "BATCH_MAX",
     "DURATION_MS_MAX",

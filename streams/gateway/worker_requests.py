@@ -15,6 +15,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from conveyor.contract.limits import (
+    DURATION_MS_MAX,
+    IDENTITY_BYTES_MAX,
+    INT_MAX,
+    LEASE_MS_MAX,
+    LEASE_MS_MIN,
+    QUEUES_MAX,
+    SIGNALS_WAIT_MS_MAX,
+    TASK_TYPES_MAX,
+    WAIT_MS_MAX,
+)
 from conveyor.frozen import frozen
 from conveyor.schemas.limits import (
     ATTEMPT_LOG_BYTES_MAX,
@@ -38,17 +49,7 @@ from conveyor.schemas.types import (
     StepOp,
     WaitStep,
 )
-from conveyor.streams.gateway.contract.limits import (
-    DURATION_MS_MAX,
-    IDENTITY_BYTES_MAX,
-    LEASE_MS_MAX,
-    LEASE_MS_MIN,
-    QUEUES_MAX,
-    SIGNALS_WAIT_MS_MAX,
-    TASK_TYPES_MAX,
-    WAIT_MS_MAX,
-)
-from conveyor.streams.gateway.fields import INT_MAX, Fields, check_task_id, describe, invalid
+from conveyor.streams.gateway.fields import Fields, check_task_id, describe, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 
 

@@ -7,7 +7,8 @@ load no module of the node (``conveyor.streams``, ``conveyor.store``) and no pac
 server, s3 or kafka extras: in a slim install those are absent, and the import would fail.
 The other way round, the node's pure state machine (``conveyor.streams.machine``) shares only
 the light leaf modules of the package (errors, frozen dataclasses, durations, the schemas) and
-loads nothing of the SDK's client, App or task-context side.
+loads nothing of the SDK's client, App or task-context side, nor the HTTP contract's models
+(``conveyor.contract``: the gateway's, not the machine's).
 
 test_layering.py reads each file's own import lines; this test runs the imports and reads
 ``sys.modules``, so an import three modules away, or an eager package ``__init__``, counts.
@@ -70,10 +71,12 @@ def test_import_conveyor_loads_only_the_package() -> None:
         "conveyor.Client('http://127.0.0.1:1', 'k')",
         "import conveyor; conveyor.AsyncClient('http://127.0.0.1:1', 'k')",
         "import conveyor.workflows, conveyor.codecs, conveyor.typed, conveyor.avro_schema",
+        # the reply models, the field types and the limits: the SDK decodes replies with them
+        "import conveyor.contract.replies, conveyor.contract.shapes, conveyor.contract.limits",
         "import conveyor.agents.host, conveyor.agents.guest",  # conveyor agent and its guests
         "import conveyor.cli",  # the client commands; node and dev check their extra when run
     ],
-    ids=["names", "app-and-client", "async-client", "sdk-modules", "agent", "cli"],
+    ids=["names", "app-and-client", "async-client", "sdk-modules", "contract", "agent", "cli"],
 )
 def test_the_sdk_side_loads_nothing_of_the_node(code: str) -> None:
     assert node_side(loaded(code)) == []

@@ -4,8 +4,10 @@ One definition per shape. ``requests.py`` holds the request bodies as msgspec St
 enqueue bodies (``POST /v1/tasks``, ``:batch``, ``/v1/workflows``, a schedule's template) are
 decoded through them (``decode.model``, errors in the path form of ``fields.py``), the other
 bodies are checked by their parsers (``worker_requests.py``, ``validation.parse_retry``...)
-against the same limits (``limits.py``). ``replies.py`` holds the reply bodies. ``operations.py``
-is one row per route; ``openapi.py`` writes the documents from the rows and the models.
+against the same limits. The reply bodies, the field types and the limits are
+``conveyor.contract`` (``sdk/contract/``: ``replies.py``, ``shapes.py``, ``limits.py``), on the
+SDK's side, because the SDK decodes replies with the same models. ``operations.py`` is one row
+per route; ``openapi.py`` writes the documents from the rows and the models.
 
 Rule 1: the document never allows what the node refuses, nor refuses what it takes. What a
 type cannot state is a model's ``rules`` (JSON Schema ``not``/``if``) and a check after decoding;

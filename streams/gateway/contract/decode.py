@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import msgspec
 import msgspec.inspect as mi
 
+from conveyor.contract.shapes import NAME_PATTERN
 from conveyor.errors import ContractError
 from conveyor.schemas import limits
-from conveyor.streams.gateway.contract.shapes import NAME_PATTERN
 from conveyor.streams.gateway.fields import describe, invalid, join
 
 M = TypeVar("M")

@@ -31,18 +31,18 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from conveyor.frozen import frozen
-from conveyor.schemas.limits import POLL_CAPACITY_MAX  # noqa: F401  (the poll's reply bound)
-from conveyor.streams.gateway.contract import replies as out
-from conveyor.streams.gateway.contract import requests as req
-from conveyor.streams.gateway.contract.limits import LIST_LIMIT_MAX, WAIT_MS_MAX
-from conveyor.streams.gateway.contract.shapes import (
+from conveyor.contract import replies as out
+from conveyor.contract.limits import LIST_LIMIT_MAX, WAIT_MS_MAX
+from conveyor.contract.shapes import (
     INT_MAX,
     NAME_PATTERN,
     TASK_ID_PATTERN,
     NonNegative,
     TaskId,
 )
+from conveyor.frozen import frozen
+from conveyor.schemas.limits import POLL_CAPACITY_MAX  # noqa: F401  (the poll's reply bound)
+from conveyor.streams.gateway.contract import requests as req
 from conveyor.streams.webhooks.addresses import URL_CHARS_MAX
 from conveyor.streams.webhooks.stream import EVENT_TYPES
 

@@ -14,6 +14,20 @@ from zoneinfo import available_timezones
 
 from msgspec import Meta, Struct, field
 
+from conveyor.contract import limits as v
+from conveyor.contract import limits as w
+from conveyor.contract.shapes import (
+    INT_MAX,
+    TEXT_PATTERN,
+    Json,
+    Ms,
+    Name,
+    NonNegative,
+    PositiveMs,
+    TaskId,
+    Text,
+    bounded_text,
+)
 from conveyor.schemas.limits import (
     ATTEMPT_LOG_BYTES_MAX,
     ERROR_CLASS_BYTES_MAX,
@@ -26,20 +40,6 @@ from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEP_NAME_BYTES_MAX, STEPS_MAX
 from conveyor.schemas.types import TERMINAL, TaskStatus
 from conveyor.streams import cron
-from conveyor.streams.gateway.contract import limits as v
-from conveyor.streams.gateway.contract import limits as w
-from conveyor.streams.gateway.contract.shapes import (
-    INT_MAX,
-    TEXT_PATTERN,
-    Json,
-    Ms,
-    Name,
-    NonNegative,
-    PositiveMs,
-    TaskId,
-    Text,
-    bounded_text,
-)
 
 Schema = dict[str, Any]
 
@@ -239,7 +239,7 @@ class ScheduleRequest(Model):
     catch_up: Literal["once", "none"] | None = None
 
 
-from conveyor.streams.gateway.contract.replies import Status  # noqa: E402
+from conveyor.contract.replies import Status  # noqa: E402
 
 _STATUS = "(ENQUEUED|LEASED|RETRY_WAIT|SUCCEEDED|FAILED|CANCELED|EXPIRED|SLEEPING|WAITING)"
 _UNFINISHED = "(ENQUEUED|LEASED|RETRY_WAIT|SLEEPING|WAITING)"

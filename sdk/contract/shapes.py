@@ -16,9 +16,8 @@ from typing import Annotated, Any
 
 from msgspec import Meta
 
+from conveyor.contract.limits import DURATION_MS_MAX, INT_MAX, NAME_BYTES_MAX
 from conveyor.schemas import limits
-from conveyor.streams.gateway.contract.limits import DURATION_MS_MAX
-from conveyor.streams.gateway.fields import INT_MAX, NAME_BYTES_MAX
 
 NAME_PATTERN = "^[A-Za-z0-9_.:\\-]+$"  # limits.NAME_CHARS, anchored
 TEXT_PATTERN = "^[^\\x00-\\x1f\\x7f]+$"  # no control characters

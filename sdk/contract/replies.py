@@ -12,13 +12,13 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct, field
 
-from conveyor.schemas.types import TaskStatus
-from conveyor.streams.gateway.contract.shapes import (
+from conveyor.contract.shapes import (
     Count,
     EpochMs,
     Json,
     TaskId,
 )
+from conveyor.schemas.types import TaskStatus
 
 Status = Literal[
     "ENQUEUED",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from conveyor.schemas.steps import STEP_KEY_BYTES_MAX, STEP_NAME_BYTES_MAX
 
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # what the node's integers hold (int64)
+NAME_BYTES_MAX = 200  # a name or a free-text field, in bytes of UTF-8
 BATCH_MAX = 1_000
 IDEMPOTENCY_KEY_BYTES_MAX = 256
 PRIORITY_MAX = 9
