@@ -49,9 +49,13 @@ from conveyor.wire import (
     TaskPage,
     chunks,
     enqueue_body,
+    enqueued,
+    enqueued_batch,
     payload_search,
     query,
     schedule_body,
+    schedule_list,
+    task_info,
 )
 
 P = ParamSpec("P")
@@ -179,8 +183,8 @@ class AsyncClient:
         req = Enqueue(task, payload, **options)
         [body] = encode_bodies(self.codec, [enqueue_body(req, self.app)], [task])
         reply = await self._send("POST", "/v1/tasks", body=body)
-        created = bool(reply.get("created", True))
-        return AsyncTaskHandle(self, reply["task_id"], created, decoder_of(task))
+        r = enqueued(reply)
+        return AsyncTaskHandle(self, r.task_id, r.created, decoder_of(task))
 
     async def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
@@ -193,15 +197,14 @@ class AsyncClient:
         handles: list[AsyncTaskHandle[Any]] = []
         for chunk in chunks(bodies):
             reply = await self._send("POST", "/v1/tasks:batch", body={"tasks": chunk})
-            for r in reply["results"]:
-                created = bool(r.get("created", True))
-                handles.append(AsyncTaskHandle(self, r["task_id"], created, next(decoders)))
+            for r in enqueued_batch(reply):
+                handles.append(AsyncTaskHandle(self, r.task_id, r.created, next(decoders)))
         return handles
 
     async def get(self, task_id: str) -> TaskInfo:
         """``GET /v1/tasks/{id}`` (see ``Client.get``)."""
         reply = await self._send("GET", f"/v1/tasks/{task_id}")
-        return decoded_info(self.codec, TaskInfo.from_json(reply))
+        return decoded_info(self.codec, task_info(reply))
 
     async def attempt_log(self, attempt: AttemptInfo) -> str:
         """What ``attempt`` printed (its tail), or "" when it left no output."""
@@ -222,7 +225,7 @@ class AsyncClient:
                 params={"wait_ms": left_ms},
                 timeout=left_ms / 1000 + self._http.timeout,
             )
-            info = decoded_info(self.codec, TaskInfo.from_json(reply))
+            info = decoded_info(self.codec, task_info(reply))
             if info.finished or (deadline is not None and time.monotonic() >= deadline):
                 return info
 
@@ -346,7 +349,7 @@ class AsyncClient:
     async def schedules(self) -> ScheduleList:
         """The tenant's schedules."""
         reply = await self._send("GET", "/v1/schedules")
-        return [ScheduleInfo.from_json(s) for s in reply.get("schedules", [])]
+        return schedule_list(reply)
 
     async def unschedule(self, schedule_id: str) -> None:
         """Delete a schedule; ``NotFound`` if there is none. Tasks it enqueued are untouched."""

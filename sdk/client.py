@@ -44,10 +44,14 @@ from conveyor.wire import (
     TaskPage,
     chunks,
     enqueue_body,
+    enqueued,
+    enqueued_batch,
     error_from_reply,
     payload_search,
     query,
     schedule_body,
+    schedule_list,
+    task_info,
 )
 
 P = ParamSpec("P")
@@ -252,8 +256,8 @@ class Client:
         req = Enqueue(task, payload, **options)
         [body] = encode_bodies(self.codec, [enqueue_body(req, self.app)], [task])
         reply = self._send("POST", "/v1/tasks", body=body)
-        created = bool(reply.get("created", True))
-        return TaskHandle(self, reply["task_id"], created, decoder_of(task))
+        r = enqueued(reply)
+        return TaskHandle(self, r.task_id, r.created, decoder_of(task))
 
     def enqueue_many(
         self, items: Iterable[Enqueue | tuple[TaskType[Any, Any] | str, Any]]
@@ -266,9 +270,8 @@ class Client:
         handles: list[TaskHandle[Any]] = []
         for chunk in chunks(bodies):
             reply = self._send("POST", "/v1/tasks:batch", body={"tasks": chunk})
-            for r in reply["results"]:
-                created = bool(r.get("created", True))
-                handles.append(TaskHandle(self, r["task_id"], created, next(decoders)))
+            for r in enqueued_batch(reply):
+                handles.append(TaskHandle(self, r.task_id, r.created, next(decoders)))
         return handles
 
     # -- reads and control ------------------------------------------------------------------
@@ -276,7 +279,7 @@ class Client:
     def get(self, task_id: str) -> TaskInfo:
         """``GET /v1/tasks/{id}``: the task with its payload, result and attempts."""
         reply = self._send("GET", f"/v1/tasks/{task_id}")
-        return decoded_info(self.codec, TaskInfo.from_json(reply))
+        return decoded_info(self.codec, task_info(reply))
 
     def attempt_log(self, attempt: AttemptInfo) -> str:
         """What ``attempt`` printed (its tail), or "" when it left no output."""
@@ -297,7 +300,7 @@ class Client:
                 params={"wait_ms": left_ms},
                 timeout=left_ms / 1000 + self._timeout,
             )
-            info = decoded_info(self.codec, TaskInfo.from_json(reply))
+            info = decoded_info(self.codec, task_info(reply))
             if info.finished or (deadline is not None and time.monotonic() >= deadline):
                 return info
 
@@ -426,7 +429,7 @@ class Client:
     def schedules(self) -> ScheduleList:
         """The tenant's schedules."""
         reply = self._send("GET", "/v1/schedules")
-        return [ScheduleInfo.from_json(s) for s in reply.get("schedules", [])]
+        return schedule_list(reply)
 
     def unschedule(self, schedule_id: str) -> None:
         """Delete a schedule; ``NotFound`` if there is none. Tasks it enqueued are untouched."""

@@ -9,12 +9,16 @@ first ack was lost meets its twin instead of creating a second task.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, field
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Required, TypedDict, TypeVar
+
+import msgspec
 
 from conveyor import tracing
 from conveyor.app import Retry, TaskOptions, TaskType, check_priority
@@ -33,7 +37,7 @@ from conveyor.frozen import frozen
 from conveyor.typed import encode
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from conveyor.contract import replies as contract
 
 TERMINAL: Final = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"})
 BATCH_MAX: Final = 1000
@@ -188,6 +192,41 @@ def chunks(bodies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 # --- replies -----------------------------------------------------------------------------------
+#
+# Replies decode through the models the node renders with and the document states
+# (``conveyor.contract.replies``): a reply the model refuses is a ContractError naming the field
+# (``tasks[3].priority``), never a TypeError from deep inside the client. The classes below are
+# the SDK's views of the models: frozen, with the attribute names the SDK has always had.
+
+R = TypeVar("R", bound="contract.Reply")
+_AT = re.compile(r" - at `\$(.*)`$")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def decode_reply(model: type[R], data: Any) -> R:
+    """``data`` (a reply's parsed JSON) as ``model``; a ContractError naming the field at fault
+    when the node sent what the contract does not allow. The callers import the models when
+    they first decode, so ``import conveyor; conveyor.Client`` does not load them."""
+    try:
+        return msgspec.convert(data, model)
+    except msgspec.ValidationError as exc:
+        raise reply_error(model, exc) from None
+
+
+def reply_error(model: type[contract.Reply], exc: msgspec.ValidationError) -> ContractError:
+    reason = str(exc)
+    at = _AT.search(reason)
+    path = at.group(1).lstrip(".") if at else ""
+    reason = reason[: at.start()] if at else reason
+    missing = _MISSING.search(reason)
+    if missing:  # the path is the object's; the field at fault is the one it lacks
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    where = f" at {path}" if path else ""
+    return ContractError(
+        f"the node's reply does not match the HTTP contract ({model.__name__}{where}: {reason}); "
+        "the client and the node disagree on the contract: upgrade the older of the two",
+        field=path or None,
+    )
 
 
 @frozen(kw_only=True)
@@ -201,11 +240,15 @@ class ErrorInfo:
         """The error of a task or attempt as the API describes it; None for none."""
         if not data:
             return None
-        return cls(
-            error_class=str(data.get("class") or "Error"),
-            message=data.get("message"),
-            stack=data.get("stack"),
-        )
+        from conveyor.contract import replies as contract  # loaded by the first reply
+
+        return _error(decode_reply(contract.Error, data))
+
+
+def _error(e: contract.Error | None) -> ErrorInfo | None:
+    if e is None or (e.class_ is None and e.message is None and e.stack is None):
+        return None
+    return ErrorInfo(error_class=e.class_ or "Error", message=e.message, stack=e.stack)
 
 
 @frozen(kw_only=True)
@@ -217,10 +260,6 @@ class AttemptInfo:
     outcome: str | None
     error: ErrorInfo | None = None
     log_url: str | None = None  # what the attempt printed: ``client.attempt_log(attempt)``
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
 
 
 @frozen(kw_only=True)
@@ -253,38 +292,60 @@ class TaskInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TaskInfo:
-        """A task from its ``GET /v1/tasks/{id}`` (or list) JSON."""
-        attempts = [
-            AttemptInfo(
-                attempt=int(a["attempt"]),
-                worker=a.get("worker"),
-                started_ms=a.get("started_ms"),
-                finished_ms=a.get("finished_ms"),
-                outcome=a.get("outcome"),
-                error=ErrorInfo.from_json(a.get("error")),
-                log_url=a.get("log_url"),
-            )
-            for a in data.get("attempts") or []
-        ]
-        return cls(
-            task_id=str(data["task_id"]),
-            app=str(data.get("app", "")),
-            task_type=str(data.get("task_type", "")),
-            status=str(data["status"]),
-            attempt=int(data.get("attempt", 0)),
-            queue=str(data.get("queue", "default")),
-            priority=_optional_int(data.get("priority", 0)),
-            created_ms=data.get("created_ms"),
-            updated_ms=data.get("updated_ms"),
-            run_at_ms=data.get("run_at_ms"),
-            finished_ms=data.get("finished_ms"),
-            payload=data.get("payload"),
-            result=data.get("result"),
-            checkpoint=data.get("checkpoint"),
-            error=ErrorInfo.from_json(data.get("error")),
-            cancel_requested=bool(data.get("cancel_requested", False)),
-            attempts=attempts,
+        """A task from its ``GET /v1/tasks/{id}`` JSON, or a listing's row (no ``attempts``)."""
+        if isinstance(data, Mapping) and "attempts" in data:
+            return task_info(data)
+        from conveyor.contract import replies as contract  # loaded by the first reply
+
+        return _task(decode_reply(contract.TaskSummary, data))
+
+
+def task_info(data: Any) -> TaskInfo:
+    """The reply of ``GET /v1/tasks/{id}``: a task with its payload, result and attempts."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    t = decode_reply(contract.Task, data)
+    attempts = [
+        AttemptInfo(
+            attempt=a.attempt,
+            worker=a.worker,
+            started_ms=a.started_ms,
+            finished_ms=a.finished_ms,
+            outcome=a.outcome,
+            error=_error(a.error),
+            log_url=a.log_url,
         )
+        for a in t.attempts
+    ]
+    return _task(t, t.payload, t.result, t.checkpoint, attempts)
+
+
+def _task(
+    t: contract.TaskSummary,
+    payload: Any = None,
+    result: Any = None,
+    checkpoint: Any = None,
+    attempts: list[AttemptInfo] | None = None,
+) -> TaskInfo:
+    return TaskInfo(
+        task_id=t.task_id,
+        app=t.app,
+        task_type=t.task_type,
+        status=t.status,
+        attempt=t.attempt,
+        queue=t.queue,
+        priority=t.priority,
+        created_ms=t.created_ms,
+        updated_ms=t.updated_ms,
+        run_at_ms=t.run_at_ms,
+        finished_ms=t.finished_ms,
+        payload=payload,
+        result=result,
+        checkpoint=checkpoint,
+        error=_error(t.error),
+        cancel_requested=t.cancel_requested,
+        attempts=[] if attempts is None else attempts,
+    )
 
 
 @frozen(kw_only=True)
@@ -298,12 +359,28 @@ class TaskPage:
     @classmethod
     def from_json(cls, reply: Mapping[str, Any]) -> TaskPage:
         """A page of ``GET /v1/tasks``."""
-        tasks = [TaskInfo.from_json(t) for t in reply.get("tasks", [])]
+        from conveyor.contract import replies as contract  # loaded by the first reply
+
+        page = decode_reply(contract.TaskPage, reply)
         return cls(
-            tasks=tasks,
-            next_cursor=reply.get("next_cursor"),
-            may_trail=bool(reply.get("may_trail", False)),
+            tasks=[_task(t) for t in page.tasks],
+            next_cursor=page.next_cursor,
+            may_trail=page.may_trail,
         )
+
+
+def enqueued(reply: Any) -> contract.EnqueueReply:
+    """The reply of ``POST /v1/tasks``."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.EnqueueReply, reply)
+
+
+def enqueued_batch(reply: Any) -> list[contract.EnqueueReply]:
+    """The results of ``POST /v1/tasks:batch``, in the order of the request's tasks."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.EnqueueBatchReply, reply).results
 
 
 def query(**params: Any) -> dict[str, Any]:
@@ -356,14 +433,18 @@ class OperationInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OperationInfo:
+        """An operation from its ``GET /v1/operations/{id}`` JSON."""
+        from conveyor.contract import replies as contract  # loaded by the first reply
+
+        op = decode_reply(contract.Operation, data)
         return cls(
-            operation_id=str(data["operation_id"]),
-            kind=str(data["kind"]),
-            state=str(data["state"]),
-            matched=data.get("matched"),
-            done=int(data.get("done", 0)),
-            changed=int(data.get("changed", 0)),
-            error=data.get("error"),
+            operation_id=op.operation_id,
+            kind=op.kind,
+            state=op.state,
+            matched=op.matched,
+            done=op.done,
+            changed=op.changed,
+            error=op.error,
         )
 
 
@@ -491,22 +572,35 @@ class ScheduleInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScheduleInfo:
-        task = data.get("task") or {}
-        return cls(
-            schedule_id=str(data["schedule_id"]),
-            cron=str(data["cron"]),
-            timezone=str(data["timezone"]),
-            overlap=str(data["overlap"]),
-            catch_up=str(data["catch_up"]),
-            task_type=str(task.get("task_type", "")),
-            app=str(task.get("app", "")),
-            next_fire_ms=data.get("next_fire_ms"),
-            last_fire_ms=data.get("last_fire_ms"),
-            last_task_id=data.get("last_task_id"),
-            fired=int(data.get("fired", 0)),
-            skipped=int(data.get("skipped", 0)),
-            paused=bool(data.get("paused", False)),
-        )
+        """A schedule from its JSON (``POST /v1/schedules``, a pause or resume)."""
+        from conveyor.contract import replies as contract  # loaded by the first reply
+
+        return _schedule(decode_reply(contract.Schedule, data))
+
+
+def _schedule(s: contract.Schedule) -> ScheduleInfo:
+    return ScheduleInfo(
+        schedule_id=s.schedule_id,
+        cron=s.cron,
+        timezone=s.timezone,
+        overlap=s.overlap,
+        catch_up=s.catch_up,
+        task_type=s.task.task_type,
+        app=s.task.app,
+        next_fire_ms=s.next_fire_ms,
+        last_fire_ms=s.last_fire_ms,
+        last_task_id=s.last_task_id,
+        fired=s.fired,
+        skipped=s.skipped,
+        paused=s.paused,
+    )
+
+
+def schedule_list(reply: Any) -> list[ScheduleInfo]:
+    """The schedules of ``GET /v1/schedules``."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return [_schedule(s) for s in decode_reply(contract.Schedules, reply).schedules]
 
 
 ScheduleList = list[ScheduleInfo]  # for clients whose own ``list`` method shadows the builtin

@@ -2,8 +2,9 @@
 
 ``replies.py`` holds the reply bodies as msgspec Structs, ``shapes.py`` the field types they
 and the request models share, ``limits.py`` the numbers the models state and the node checks.
-The OpenAPI document is written from them, and the fuzz tests check every reply a real node
-sends against them: one definition per shape.
+The OpenAPI document is written from them, the SDK decodes what the node sends with them
+(``conveyor.wire``: a reply the model refuses is a ContractError naming the field), and the
+fuzz tests check every reply a real node sends against them: one definition per shape.
 
 They live on the SDK's side so that ``pip install conveyor`` (no server extra) can decode
 replies: this package imports msgspec and the light leaves ``conveyor.errors`` and

@@ -18,7 +18,6 @@ from conveyor.contract.shapes import (
     Json,
     TaskId,
 )
-from conveyor.schemas.types import TaskStatus
 
 Status = Literal[
     "ENQUEUED",
@@ -31,7 +30,6 @@ Status = Literal[
     "SLEEPING",
     "WAITING",
 ]
-assert list(Status.__args__) == [s.value for s in TaskStatus]  # type: ignore[attr-defined]
 OperationId = Annotated[str, Meta(pattern="^[0-9a-f]{32}$")]
 
 

@@ -15,7 +15,9 @@ from openapi_spec_validator import validate
 from schemathesis.core import NotSet
 from schemathesis.generation.modes import GenerationMode
 
+from conveyor.contract import replies
 from conveyor.errors import ContractError
+from conveyor.schemas.types import TaskStatus
 from conveyor.store.memory import MemoryKV
 from conveyor.streams.gateway import openapi, schedules, validation, worker_requests
 from conveyor.streams.gateway.app import build_app
@@ -201,3 +203,9 @@ def test_the_rules_no_type_states_are_in_the_document_and_checked() -> None:
     assert re.fullmatch(req.CRON_PATTERN, "0 9 * * 1-5")
     assert not re.fullmatch(req.CRON_PATTERN, "")
     assert not re.fullmatch(req.CRON_PATTERN, "0 0 0 1 *")  # no day 0
+
+
+def test_the_reply_models_name_every_task_status() -> None:
+    """``replies.Status`` spells the machine's statuses out (the SDK imports the models, not
+    the machine's types): the two lists are one."""
+    assert list(replies.Status.__args__) == [s.value for s in TaskStatus]  # type: ignore[attr-defined]

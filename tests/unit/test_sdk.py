@@ -238,6 +238,31 @@ def test_checkpoints_must_be_json() -> None:
 # --- the client over a flaky transport ----------------------------------------------------------
 
 
+def task_reply(**fields: Any) -> dict[str, Any]:
+    """A ``GET /v1/tasks/{id}`` reply as the contract states it, ``fields`` changed."""
+    reply: dict[str, Any] = {
+        "task_id": "a" * 32,
+        "app": "shop",
+        "task_type": "resize",
+        "queue": "default",
+        "priority": 0,
+        "status": "ENQUEUED",
+        "attempt": 1,
+        "created_ms": 1_700_000_000_000,
+        "updated_ms": 1_700_000_000_000,
+        "run_at_ms": None,
+        "finished_ms": None,
+        "error": None,
+        "cancel_requested": False,
+        "payload": {"image": "a.png"},
+        "result": None,
+        "checkpoint": None,
+        "attempts": [],
+        "resume": "latest",
+    }
+    return {**reply, **fields}
+
+
 class FlakyGateway:
     """Answers POST /v1/tasks: first by losing the ack (the request arrived, the reply did
     not), then 503, then for real. Dedupes by idempotency key like the platform does. Serves
@@ -257,7 +282,8 @@ class FlakyGateway:
             if self.failures.pop(0) == "lost-ack":
                 return None
             return 503, {"error": {}}, {"Retry-After": "0"}
-        return 201 if created else 200, {"task_id": task_id, "created": created}, {}
+        reply = {"task_id": task_id, "created": created, "status": "ENQUEUED"}
+        return 201 if created else 200, reply, {}
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         answer = self.answer(json.loads(request.content))
@@ -312,7 +338,10 @@ def test_enqueue_many_sends_batches_of_1000_with_a_key_each() -> None:
         return httpx.Response(
             200,
             json={
-                "results": [{"task_id": f"{i:032x}", "created": True} for i, _ in enumerate(tasks)]
+                "results": [
+                    {"task_id": f"{i:032x}", "created": True, "status": "ENQUEUED"}
+                    for i, _ in enumerate(tasks)
+                ]
             },
         )
 
@@ -350,11 +379,9 @@ def test_result_long_polls_and_raises_task_failed() -> None:
 
     def gateway(request: httpx.Request) -> httpx.Response:
         waits.append(request.url.params.get("wait_ms"))
-        status = "RUNNING" if len(waits) == 1 else "FAILED"
+        status = "LEASED" if len(waits) == 1 else "FAILED"
         error = {"class": "FatalError", "message": "bad payload", "stack": "..."}
-        return httpx.Response(
-            200, json={"task_id": "a" * 32, "status": status, "attempt": 1, "error": error}
-        )
+        return httpx.Response(200, json=task_reply(status=status, error=error))
 
     with conveyor.Client("http://gw", "k", transport=httpx.MockTransport(gateway)) as client:
         handle = conveyor.TaskHandle(client, "a" * 32)
