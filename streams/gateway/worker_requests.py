@@ -1,4 +1,13 @@
-"""Worker API requests (host agents): checked field by field, like ``validation``.
+"""Worker API requests (host agents): decoded through the contract's models, then checked for
+what a type cannot state.
+
+Each body is decoded by ``decode.model`` into its model in ``contract/requests.py`` (the one the
+OpenAPI document is written from), so a refusal names the field as ``fields.py`` rule 2 says:
+``completions[0].outcome: must be one of SUCCEEDED|..., got "DONE"``. What no type states is
+checked after decoding, naming the field the same way: byte limits of non-ASCII text
+(``conveyor.contract.shapes`` rule 2), blob markers in results and step values, and the step
+an outcome needs (``Completion.rules``: SLEEP needs ``sleep``, FAN_OUT ``fan_out``,
+WAIT_EVENT ``wait``). The handlers get the plain values below, as before.
 
 A poll names the task types its agent takes now (``task_types``): only tasks of those types are
 dealt to it (``processor/pool.py``, Task types, says why the poll carries them rather than the
@@ -13,33 +22,18 @@ A signals call (``Signals``) is the agent's one long-poll for cancels of the lea
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
-from conveyor.contract.limits import (
-    DURATION_MS_MAX,
-    IDENTITY_BYTES_MAX,
-    INT_MAX,
-    LEASE_MS_MAX,
-    LEASE_MS_MIN,
-    QUEUES_MAX,
-    SIGNALS_WAIT_MS_MAX,
-    TASK_TYPES_MAX,
-    WAIT_MS_MAX,
-)
+from conveyor.contract.limits import IDENTITY_BYTES_MAX
 from conveyor.frozen import frozen
 from conveyor.schemas.limits import (
     ATTEMPT_LOG_BYTES_MAX,
     ERROR_CLASS_BYTES_MAX,
     ERROR_MESSAGE_BYTES_MAX,
     ERROR_STACK_BYTES_MAX,
-    POLL_CAPACITY_MAX,
-    WORKER_ITEMS_MAX,
 )
-from conveyor.schemas.steps import (
-    PARALLEL_CHILDREN_MAX,
-    STEP_NAME_BYTES_MAX,
-    STEPS_MAX,
-)
+from conveyor.schemas.steps import STEP_NAME_BYTES_MAX
 from conveyor.schemas.types import (
     Completion,
     LeaseRef,
@@ -49,8 +43,33 @@ from conveyor.schemas.types import (
     StepOp,
     WaitStep,
 )
-from conveyor.streams.gateway.fields import Fields, check_task_id, describe, invalid
+from conveyor.streams.gateway.contract import decode
+from conveyor.streams.gateway.contract import requests as req
+from conveyor.streams.gateway.contract.decode import (
+    check_bytes,
+    check_name,
+    check_names,
+    check_text,
+)
+from conveyor.streams.gateway.fields import invalid, join
 from conveyor.streams.gateway.payloads import check_not_marker
+
+POLL_CAPACITY_DEFAULT = 8
+POLL_WAIT_MS_DEFAULT = 20_000
+POLL_LEASE_MS_DEFAULT = 30_000
+SIGNALS_WAIT_MS_DEFAULT = 20_000
+
+
+def _bytes(text: str | None, path: str, bytes_max: int) -> None:
+    """Free text and step identities: any character but U+0000 where stated, so only their
+    byte limit is left to check (``conveyor.contract.shapes`` rule 2)."""
+    if text is not None:
+        check_bytes(text, path, bytes_max)
+
+
+def _texts(values: Iterable[str] | None, path: str) -> None:
+    for i, value in enumerate(values or ()):
+        check_text(value, f"{path}[{i}]")
 
 
 @frozen(kw_only=True)
@@ -65,19 +84,20 @@ class Register:
 
 
 def parse_register(body: Any) -> Register:
-    f = Fields(
-        body, "", {"agent_id", "app", "version", "task_types", "pinned", "deploy", "definitions"}
-    )
-    if not isinstance(f.raw("task_types"), list):
-        f.items("task_types", 0, TASK_TYPES_MAX)  # raises, naming the field
+    m = decode.model(body, req.Register)
+    check_text(m.agent_id, "agent_id")
+    check_text(m.version, "version")
+    check_name(m.app, "app")
+    check_names(m.task_types, "task_types")
+    check_names(m.pinned, "pinned")
     return Register(
-        agent_id=f.req_str("agent_id"),
-        app=f.req_name("app"),
-        version=f.opt_str("version"),
-        task_types=f.names("task_types", TASK_TYPES_MAX),
-        pinned=None if f.raw("pinned") is None else f.names("pinned", TASK_TYPES_MAX),
-        deploy=f.opt_int("deploy", 0, INT_MAX),
-        definitions=f.raw("definitions"),
+        agent_id=m.agent_id,
+        app=m.app,
+        version=m.version,
+        task_types=m.task_types,
+        pinned=m.pinned,
+        deploy=m.deploy,
+        definitions=m.definitions,
     )
 
 
@@ -94,22 +114,24 @@ class Poll:
     open_breakers: list[str] = dataclasses.field(default_factory=list)
 
 
-POLL_FIELDS = {"agent_id", "app", "version", "queues", "capacity", "wait_ms", "lease_ms"}
-
-
 def parse_poll(body: Any) -> Poll:
-    f = Fields(body, "", POLL_FIELDS | {"task_types", "open_breakers"})
-    types = None if f.raw("task_types") is None else f.strs("task_types", TASK_TYPES_MAX)
+    m = decode.model(body, req.Poll)
+    check_text(m.agent_id, "agent_id")
+    check_text(m.app, "app")
+    check_text(m.version, "version")
+    _texts(m.queues, "queues")
+    _texts(m.task_types, "task_types")
+    _texts(m.open_breakers, "open_breakers")
     return Poll(
-        agent_id=f.req_str("agent_id"),
-        app=f.req_str("app"),
-        version=f.opt_str("version"),
-        queues=f.strs("queues", QUEUES_MAX),
-        capacity=f.int_or("capacity", 1, POLL_CAPACITY_MAX, 8),
-        wait_ms=f.int_or("wait_ms", 0, WAIT_MS_MAX, 20_000),
-        lease_ms=f.int_or("lease_ms", LEASE_MS_MIN, LEASE_MS_MAX, 30_000),
-        task_types=None if types is None else frozenset(types),
-        open_breakers=f.strs("open_breakers", TASK_TYPES_MAX),
+        agent_id=m.agent_id,
+        app=m.app,
+        version=m.version,
+        queues=m.queues or [],
+        capacity=POLL_CAPACITY_DEFAULT if m.capacity is None else m.capacity,
+        wait_ms=POLL_WAIT_MS_DEFAULT if m.wait_ms is None else m.wait_ms,
+        lease_ms=POLL_LEASE_MS_DEFAULT if m.lease_ms is None else m.lease_ms,
+        task_types=None if m.task_types is None else frozenset(m.task_types),
+        open_breakers=m.open_breakers or [],
     )
 
 
@@ -121,24 +143,19 @@ class Signals:
 
 
 def parse_signals(body: Any) -> Signals:
-    f = Fields(body, "", {"agent_id", "app", "wait_ms"})
+    m = decode.model(body, req.SignalsRequest)
+    check_text(m.agent_id, "agent_id")
+    check_text(m.app, "app")
     return Signals(
-        agent_id=f.req_str("agent_id"),
-        app=f.req_str("app"),
-        wait_ms=f.int_or("wait_ms", 0, SIGNALS_WAIT_MS_MAX, 20_000),
+        agent_id=m.agent_id,
+        app=m.app,
+        wait_ms=SIGNALS_WAIT_MS_DEFAULT if m.wait_ms is None else m.wait_ms,
     )
 
 
-def _lease_ref(item: Any, path: str, extra: frozenset[str]) -> tuple[Fields, LeaseRef]:
-    f = Fields(item, path, {"task_id", "lease_id"} | extra)
-    task_id = check_task_id(f.raw("task_id"), f.at("task_id"))
-    return f, LeaseRef(task_id=task_id, lease_id=f.req_int("lease_id", 0, INT_MAX))
-
-
 def parse_heartbeat(body: Any) -> list[LeaseRef]:
-    f = Fields(body, "", {"leases"})
-    items = f.items("leases", 1, WORKER_ITEMS_MAX)
-    return [_lease_ref(item, f"leases[{i}]", frozenset())[1] for i, item in enumerate(items)]
+    m = decode.model(body, req.LeaseRefs)
+    return [LeaseRef(task_id=r.task_id, lease_id=r.lease_id) for r in m.leases]
 
 
 @frozen(kw_only=True)
@@ -171,79 +188,66 @@ class FanOutRequest:
 
 
 _OUTCOMES = {o.value: o for o in Outcome}  # looked up per completion: built once
-_COMPLETION_FIELDS = frozenset(
-    {"outcome", "result", "error", "retry_after_ms", "sleep", "log", "fan_out", "wait"}
-)
+_NO_ERROR = req.ErrorInfo()
 
 
 def parse_complete(body: Any) -> list[CompletionRequest]:
-    f = Fields(body, "", {"completions"})
-    items = f.items("completions", 1, WORKER_ITEMS_MAX)
-    return [_completion(item, f"completions[{i}]") for i, item in enumerate(items)]
+    m = decode.model(body, req.Completions)
+    return [_completion(item, f"completions[{i}]") for i, item in enumerate(m.completions)]
 
 
-def _completion(item: Any, path: str) -> CompletionRequest:
-    f, ref = _lease_ref(item, path, _COMPLETION_FIELDS)
-    raw = f.raw("outcome")
-    outcome = _OUTCOMES.get(raw) if isinstance(raw, str) else None
-    if outcome is None:
-        raise invalid(f.at("outcome"), f"must be one of {'|'.join(_OUTCOMES)}, got {describe(raw)}")
-    error = f.obj("error", {"class", "message", "stack"})
-    check_not_marker(f.raw("result"), f.at("result"))
+def _completion(c: req.Completion, path: str) -> CompletionRequest:
+    """``Completion.rules`` and the byte limits, then the plain values."""
+    check_not_marker(c.result, join(path, "result"))
+    error = c.error or _NO_ERROR
+    _bytes(error.class_, join(path, "error.class"), ERROR_CLASS_BYTES_MAX)
+    _bytes(error.message, join(path, "error.message"), ERROR_MESSAGE_BYTES_MAX)
+    _bytes(error.stack, join(path, "error.stack"), ERROR_STACK_BYTES_MAX)
+    _bytes(c.log, join(path, "log"), ATTEMPT_LOG_BYTES_MAX)
     return CompletionRequest(
         path=path,
-        task_id=ref.task_id,
-        lease_id=ref.lease_id,
-        outcome=outcome,
-        result=f.raw("result"),
-        error_class=error.opt_text("class", bytes_max=ERROR_CLASS_BYTES_MAX) if error else None,
-        error_message=error.opt_text("message", bytes_max=ERROR_MESSAGE_BYTES_MAX)
-        if error
-        else None,
-        error_stack=error.opt_text("stack", bytes_max=ERROR_STACK_BYTES_MAX) if error else None,
-        retry_after_ms=f.opt_int("retry_after_ms", 0, DURATION_MS_MAX),
-        sleep=_sleep(f),
-        log=f.opt_text("log", bytes_max=ATTEMPT_LOG_BYTES_MAX),
-        fan_out=_fan_out(f),
-        wait=_wait(f),
+        task_id=c.task_id,
+        lease_id=c.lease_id,
+        outcome=_OUTCOMES[c.outcome],
+        result=c.result,
+        error_class=error.class_,
+        error_message=error.message,
+        error_stack=error.stack,
+        retry_after_ms=c.retry_after_ms,
+        sleep=_sleep(c, path),
+        log=c.log,
+        fan_out=_fan_out(c, path),
+        wait=_wait(c, path),
     )
 
 
-def _wait(f: Fields) -> WaitStep | None:
-    s = f.obj("wait", {"identity", "position", "name", "timeout_ms"})
-    if s is None:
-        if f.raw("outcome") == Outcome.WAIT_EVENT:
-            raise invalid(f.at("wait"), "is required with outcome WAIT_EVENT")
-        return None
-    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
-    name = s.opt_text("name", bytes_max=STEP_NAME_BYTES_MAX)
-    if not identity or not name:
-        raise invalid(s.at("identity" if not identity else "name"), "is required")
-    return WaitStep(
-        identity=identity,
-        position=s.req_int("position", -1, STEPS_MAX),
-        name=name,
-        timeout_ms=s.opt_int("timeout_ms", 0, DURATION_MS_MAX),
-    )
+def _needed(c: req.Completion, name: str, path: str) -> None:
+    """The step an outcome needs is there (``Completion.rules``)."""
+    if c.outcome == _NEEDS.get(name):
+        raise invalid(join(path, name), f"is required with outcome {c.outcome}")
 
 
-def _fan_out(f: Fields) -> FanOutRequest | None:
-    s = f.obj("fan_out", {"identity", "position", "mode", "children"})
+_NEEDS = {"sleep": Outcome.SLEEP, "fan_out": Outcome.FAN_OUT, "wait": Outcome.WAIT_EVENT}
+
+
+def _wait(c: req.Completion, path: str) -> WaitStep | None:
+    s = c.wait
     if s is None:
-        if f.raw("outcome") == Outcome.FAN_OUT:
-            raise invalid(f.at("fan_out"), "is required with outcome FAN_OUT")
+        _needed(c, "wait", path)
         return None
-    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
-    if not identity:
-        raise invalid(s.at("identity"), "is required")
-    mode = s.raw("mode")
-    if mode not in (ParallelMode.COLLECT, ParallelMode.FAIL_FAST):
-        raise invalid(s.at("mode"), f"must be COLLECT|FAIL_FAST, got {describe(mode)}")
+    _bytes(s.identity, join(path, "wait.identity"), IDENTITY_BYTES_MAX)
+    _bytes(s.name, join(path, "wait.name"), STEP_NAME_BYTES_MAX)
+    return WaitStep(identity=s.identity, position=s.position, name=s.name, timeout_ms=s.timeout_ms)
+
+
+def _fan_out(c: req.Completion, path: str) -> FanOutRequest | None:
+    s = c.fan_out
+    if s is None:
+        _needed(c, "fan_out", path)
+        return None
+    _bytes(s.identity, join(path, "fan_out.identity"), IDENTITY_BYTES_MAX)
     return FanOutRequest(
-        identity=identity,
-        position=s.req_int("position", -1, STEPS_MAX),
-        mode=ParallelMode(mode),
-        children=s.items("children", 1, PARALLEL_CHILDREN_MAX),
+        identity=s.identity, position=s.position, mode=ParallelMode(s.mode), children=s.children
     )
 
 
@@ -259,20 +263,14 @@ def bad_fan_out(completion: Completion, why: str) -> Completion:
     )
 
 
-def _sleep(f: Fields) -> SleepStep | None:
-    s = f.obj("sleep", {"identity", "position", "sleep_ms", "wake_at_ms"})
+def _sleep(c: req.Completion, path: str) -> SleepStep | None:
+    s = c.sleep
     if s is None:
-        if f.raw("outcome") == Outcome.SLEEP:
-            raise invalid(f.at("sleep"), "is required with outcome SLEEP")
+        _needed(c, "sleep", path)
         return None
-    identity = s.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
-    if not identity:
-        raise invalid(s.at("identity"), "is required")
+    _bytes(s.identity, join(path, "sleep.identity"), IDENTITY_BYTES_MAX)
     return SleepStep(
-        identity=identity,
-        position=s.req_int("position", -1, STEPS_MAX),
-        sleep_ms=s.opt_int("sleep_ms", 0, INT_MAX),
-        wake_at_ms=s.opt_int("wake_at_ms", 0, INT_MAX),
+        identity=s.identity, position=s.position, sleep_ms=s.sleep_ms, wake_at_ms=s.wake_at_ms
     )
 
 
@@ -287,29 +285,25 @@ class StepRequest:
     value: Any  # JSON; COMMIT only
 
 
+_OPS = {o.value: o for o in StepOp}
+
+
 def parse_steps(body: Any) -> list[StepRequest]:
-    f = Fields(body, "", {"steps"})
-    items = f.items("steps", 1, WORKER_ITEMS_MAX)
-    return [_step(item, f"steps[{i}]") for i, item in enumerate(items)]
+    m = decode.model(body, req.Steps)
+    return [_step(item, f"steps[{i}]") for i, item in enumerate(m.steps)]
 
 
-def _step(item: Any, path: str) -> StepRequest:
-    f, ref = _lease_ref(item, path, frozenset({"op", "identity", "position", "value"}))
-    op = f.raw("op")
-    if op not in (StepOp.CLAIM, StepOp.COMMIT):
-        raise invalid(f.at("op"), f"must be CLAIM|COMMIT, got {describe(op)}")
-    identity = f.opt_text("identity", bytes_max=IDENTITY_BYTES_MAX, nul_ok=False)
-    if not identity:
-        raise invalid(f.at("identity"), "is required")
-    check_not_marker(f.raw("value"), f.at("value"))
+def _step(s: req.StepItem, path: str) -> StepRequest:
+    _bytes(s.identity, join(path, "identity"), IDENTITY_BYTES_MAX)
+    check_not_marker(s.value, join(path, "value"))
     return StepRequest(
         path=path,
-        task_id=ref.task_id,
-        lease_id=ref.lease_id,
-        op=StepOp(op),
-        identity=identity,
-        position=f.req_int("position", -1, STEPS_MAX),
-        value=f.raw("value"),
+        task_id=s.task_id,
+        lease_id=s.lease_id,
+        op=_OPS[s.op],
+        identity=s.identity,
+        position=s.position,
+        value=s.value,
     )
 
 
@@ -322,14 +316,12 @@ class CheckpointRequest:
 
 
 def parse_checkpoint(body: Any) -> list[CheckpointRequest]:
-    f = Fields(body, "", {"checkpoints"})
+    m = decode.model(body, req.Checkpoints)
     out = []
-    for i, item in enumerate(f.items("checkpoints", 1, WORKER_ITEMS_MAX)):
-        c, ref = _lease_ref(item, f"checkpoints[{i}]", frozenset({"value"}))
-        check_not_marker(c.raw("value"), c.at("value"))
+    for i, c in enumerate(m.checkpoints):
+        path = f"checkpoints[{i}]"
+        check_not_marker(c.value, join(path, "value"))
         out.append(
-            CheckpointRequest(
-                path=c.path, task_id=ref.task_id, lease_id=ref.lease_id, value=c.raw("value")
-            )
+            CheckpointRequest(path=path, task_id=c.task_id, lease_id=c.lease_id, value=c.value)
         )
     return out

@@ -10,11 +10,13 @@ sent. The body was parsed by ``fields.parse_json`` first, so its rule 1 (duplica
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
 
+from conveyor.contract.limits import NAME_BYTES_MAX
 from conveyor.contract.shapes import NAME_PATTERN
 from conveyor.errors import ContractError
 from conveyor.schemas import limits
@@ -39,6 +41,37 @@ def model(body: Any, kind: type[M], path: str = "") -> M:
             if not _INTEGRAL.match(message) or not _make_integer(body, _steps(message)):
                 raise refusal(message, body, kind, path) from None
     raise invalid(path, f"more than {_INTEGRAL_FIXES_MAX} integers written with a fraction")
+
+
+def check_text(text: str | None, path: str, bytes_max: int = NAME_BYTES_MAX) -> None:
+    """What a ``Text`` field's type cannot state: its byte limit (``check_bytes``), and no
+    line feed at its end (Python's ``$``, unlike JSON Schema's, matches before a final line
+    feed, so the pattern lets ``"a\\n"`` through)."""
+    if text is None or (text.isascii() and not text.endswith("\n")):
+        return
+    if text.endswith("\n"):
+        raise invalid(path, f"must not contain control characters, got {describe(text)}")
+    check_bytes(text, path, bytes_max)
+
+
+def check_name(name: str | None, path: str) -> None:
+    """A ``Name`` does not end with a line feed: its pattern lets that through (``check_text``)."""
+    if name is not None and name.endswith("\n"):
+        raise invalid(path, limits.name_fault(name, limits.NAME_CHARS_MAX) or "is not a name")
+
+
+def check_names(names: Iterable[str] | None, path: str) -> None:
+    for i, name in enumerate(names or ()):
+        check_name(name, f"{path}[{i}]")
+
+
+def check_bytes(text: str, path: str, bytes_max: int) -> None:
+    """A byte limit no type states (``conveyor.contract.shapes`` rule 2): the model bounded
+    ``text`` in characters, the node bounds its UTF-8. Only non-ASCII text can be over."""
+    if not text.isascii():
+        size = len(text.encode("utf-8"))
+        if size > bytes_max:
+            raise invalid(path, f"must be at most {bytes_max} bytes of UTF-8, got {size} bytes")
 
 
 _INTEGRAL = re.compile(r"^Expected `int[^`]*`, got `float`")
@@ -79,12 +112,24 @@ def refusal(message: str, body: Any, kind: type[Any], path: str = "") -> Contrac
         return invalid(join(field, name), f"is required ({expected(info)})")
     value = _value_at(body, steps)
     info = _at_path(kind, steps)
-    if _name_type(info) is not None and isinstance(value, str):
-        fault = limits.name_fault(value, limits.NAME_CHARS_MAX)
+    if (name := _name_type(info)) is not None and isinstance(value, str):
+        fault = limits.name_fault(value, name.max_length or limits.NAME_CHARS_MAX)
         if fault is not None:
             return invalid(field, fault)
-    sent = f"{len(value)} items" if isinstance(value, list) else describe(value)
-    return invalid(field, f"must be {expected(info)}, got {sent}")
+    return invalid(field, f"must be {expected(info)}, got {_sent(value, _bare(info))}")
+
+
+def _sent(value: Any, info: mi.Type | None) -> str:
+    """What was sent: its length where the type bounds one, else its rendering."""
+    if isinstance(value, list) and isinstance(info, mi.ListType):
+        return f"{len(value)} items"
+    if (
+        isinstance(value, str)
+        and isinstance(info, mi.StrType)
+        and len(value) > (info.max_length or len(value))
+    ):
+        return f"{len(value)} characters"
+    return describe(value)
 
 
 def expected(info: mi.Type | None) -> str:
@@ -124,12 +169,20 @@ def _simple(info: mi.Type) -> str:
 
 
 def _span(lo: Any, hi: Any, unit: str = "") -> str:
+    lo, hi = _number(lo), _number(hi)
     tail = f" {unit}" if unit else ""
     if hi is None:
-        return f"at least {lo:g}{tail}" if lo else f"any number of{tail}" if unit else "any"
+        return f"at least {lo}{tail}" if lo else f"any number of{tail}" if unit else "any"
     if not lo and unit:
-        return f"at most {hi:g}{tail}"
-    return f"{lo if lo is not None else ''}{'..' if lo is not None else 'at most '}{hi:g}{tail}"
+        return f"at most {hi}{tail}"
+    return f"{lo if lo is not None else ''}{'..' if lo is not None else 'at most '}{hi}{tail}"
+
+
+def _number(bound: Any) -> Any:
+    """A bound as written: 30000 and 9223372036854775807, not 30000.0 or 9.22337e+18."""
+    if isinstance(bound, float) and bound.is_integer():
+        return int(bound)
+    return bound
 
 
 def _value_at(body: Any, steps: list[str | int]) -> Any:

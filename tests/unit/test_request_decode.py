@@ -1,0 +1,97 @@
+"""Request bodies decode through the contract's models (``contract/requests.py``): a refusal
+names the field, what it takes and what was sent, and the checks no type states still run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor.errors import ContractError
+from conveyor.streams.gateway import worker_requests as w
+
+LEASE = {"task_id": "c" * 32, "lease_id": 1}
+
+
+def refusal(parse: Any, body: Any) -> tuple[str | None, str]:
+    with pytest.raises(ContractError) as info:
+        parse(body)
+    return info.value.field, str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("parse", "body", "field", "words"),
+    [
+        (w.parse_poll, [], None, "body: must be an object, got an array"),
+        (w.parse_poll, {"app": "shop"}, "agent_id", "is required (1..200 bytes of UTF-8"),
+        (w.parse_poll, {"agent_id": "a", "app": "s", "capacity": 0}, "capacity", "1..1000, got 0"),
+        (w.parse_poll, {"agent_id": "a\n", "app": "s"}, "agent_id", "control characters"),
+        (w.parse_poll, {"agent_id": "a", "app": "s", "queues": ["é" * 150]}, "queues[0]", "300"),
+        (w.parse_register, {"agent_id": "a", "app": "shop\n", "task_types": []}, "app", "U+000A"),
+        (
+            w.parse_register,
+            {"agent_id": "a", "app": "s", "task_types": ["a b"]},
+            "task_types[0]",
+            "U+0020",
+        ),
+        (
+            w.parse_heartbeat,
+            {"leases": [{"task_id": "c" * 32}]},
+            "leases[0].lease_id",
+            "is required (an integer 0..9223372036854775807)",
+        ),
+        (w.parse_heartbeat, {"leases": []}, "leases", "1..1000 items, got 0 items"),
+        (
+            w.parse_complete,
+            {"completions": [{**LEASE, "outcome": "SLEEP"}]},
+            "completions[0].sleep",
+            "is required with outcome SLEEP",
+        ),
+        (
+            w.parse_complete,
+            {"completions": [{**LEASE, "outcome": "FAILED", "error": {"message": "é" * 9000}}]},
+            "completions[0].error.message",
+            "at most 16384 bytes of UTF-8, got 18000 bytes",
+        ),
+        (
+            w.parse_complete,
+            {"completions": [{**LEASE, "outcome": "FAILED", "log": "x" * 70000}]},
+            "completions[0].log",
+            "got 70000 characters",
+        ),
+        (
+            w.parse_steps,
+            {"steps": [{**LEASE, "op": "CLAIM", "identity": "a", "position": -2}]},
+            "steps[0].position",
+            "must be an integer -1..",
+        ),
+        (
+            w.parse_checkpoint,
+            {"checkpoints": [{**LEASE, "value": {"$blob": "x"}}]},
+            "checkpoints[0].value",
+            "reserved",
+        ),
+    ],
+)
+def test_worker_bodies_are_refused_naming_the_field(
+    parse: Any, body: Any, field: str | None, words: str
+) -> None:
+    at, message = refusal(parse, body)
+    assert at == field and words in message, message
+
+
+def test_worker_bodies_decode_to_the_handlers_values() -> None:
+    poll = w.parse_poll({"agent_id": "a", "app": "shop", "wait_ms": 250.0, "task_types": ["x"]})
+    assert (poll.wait_ms, poll.capacity, poll.task_types, poll.open_breakers) == (
+        250,
+        8,
+        frozenset({"x"}),
+        [],
+    )
+    fan_out = {"identity": "p#0", "position": 2, "mode": "COLLECT", "children": [{"a": 1}]}
+    (done,) = w.parse_complete(
+        {"completions": [{**LEASE, "outcome": "FAN_OUT", "fan_out": fan_out}]}
+    )
+    assert done.fan_out is not None and done.fan_out.children == [{"a": 1}]
+    assert done.error_class is None and done.sleep is None and done.path == "completions[0]"
+    assert w.parse_signals({"agent_id": "a", "app": "shop"}).wait_ms == 20_000
