@@ -30,7 +30,9 @@ from conveyor.errors import Conflict, InvariantError
 from conveyor.schemas import codec
 from conveyor.schemas.types import TERMINAL, Schedule, Task, TaskSpec
 from conveyor.streams.gateway import routes
-from conveyor.streams.gateway.fields import Fields
+from conveyor.streams.gateway.contract import decode
+from conveyor.streams.gateway.contract.decode import check_text
+from conveyor.streams.gateway.contract.requests import RunKey
 from conveyor.streams.gateway.validation import IDEMPOTENCY_KEY_BYTES_MAX
 from conveyor.streams.routing import mint_task_id
 
@@ -48,7 +50,9 @@ def parse_run(body: Any) -> str | None:
     """The optional ``idempotency_key`` of a rerun or a schedule's run (rule 3)."""
     if body is None:
         return None
-    return Fields(body, "", {"idempotency_key"}).opt_str("idempotency_key", bytes_max=KEY_BYTES_MAX)
+    key = decode.model(body, RunKey).idempotency_key
+    check_text(key, "idempotency_key", KEY_BYTES_MAX)
+    return key
 
 
 async def rerun(request: web.Request) -> web.Response:

@@ -8,19 +8,20 @@ fields a firing sets itself: ``delay_ms``/``run_at`` (the firing time is the sch
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
+from conveyor.errors import ContractError
 from conveyor.frozen import frozen
 from conveyor.schemas import codec
 from conveyor.schemas.types import CatchUp, OverlapPolicy, Schedule, UpsertSchedule
 from conveyor.streams import cron
-from conveyor.streams.gateway.fields import Fields, describe, invalid
-from conveyor.streams.gateway.validation import EnqueueRequest, parse_task
+from conveyor.streams.gateway.contract import decode
+from conveyor.streams.gateway.contract import requests as req
+from conveyor.streams.gateway.fields import invalid
+from conveyor.streams.gateway.validation import EnqueueRequest, task_request
 
-_FIELDS = frozenset({"schedule_id", "cron", "timezone", "task", "overlap", "catch_up"})
 _PER_FIRING = ("delay_ms", "run_at", "idempotency_key")
 DEFAULT_TIMEZONE = "UTC"
-E = TypeVar("E", OverlapPolicy, CatchUp)
 
 
 @frozen(kw_only=True)
@@ -34,36 +35,40 @@ class ScheduleRequest:
 
 
 def parse_schedule(body: Any) -> ScheduleRequest:
-    f = Fields(body, "", _FIELDS)
-    expression = f.req_str("cron", bytes_max=cron.EXPRESSION_BYTES_MAX)
-    timezone = f.opt_str("timezone") or DEFAULT_TIMEZONE
-    problem = cron.problem(expression, timezone)
+    """The ``ScheduleRequest`` model, then what no type states: the expression has a date in
+    the zone (``cron.problem``), the template sets nothing a firing sets (``TaskTemplate``'s
+    rules), the template's own rules (``validation.parse_task``)."""
+    if isinstance(body, dict):  # the policies read in any case, as they always did
+        for name in ("overlap", "catch_up"):
+            if isinstance(body.get(name), str):
+                body[name] = body[name].lower()
+    try:
+        m = decode.model(body, req.ScheduleRequest)
+    except ContractError as exc:
+        raise _cron_refusal(exc, body) from None
+    timezone = m.timezone or DEFAULT_TIMEZONE
+    problem = cron.problem(m.cron, timezone)
     if problem is not None:
         raise invalid("timezone" if problem.startswith("unknown timezone") else "cron", problem)
-    task_body = f.raw("task")
-    if not isinstance(task_body, dict):
-        raise invalid("task", f"must be an object (a task body), got {describe(task_body)}")
     for name in _PER_FIRING:
-        if task_body.get(name) is not None:  # null is absent, as everywhere
+        if getattr(m.task, name) is not None:  # null is absent, as everywhere
             raise invalid(f"task.{name}", "is set by each firing; leave it out of the template")
     return ScheduleRequest(
-        schedule_id=f.req_name("schedule_id"),
-        cron=expression,
+        schedule_id=m.schedule_id,
+        cron=m.cron,
         timezone=timezone,
-        overlap=_choice(f, "overlap", OverlapPolicy, OverlapPolicy.ALLOW),
-        catch_up=_choice(f, "catch_up", CatchUp, CatchUp.ONCE),
-        task=parse_task(task_body, "task"),
+        overlap=OverlapPolicy((m.overlap or OverlapPolicy.ALLOW).upper()),
+        catch_up=CatchUp((m.catch_up or CatchUp.ONCE).upper()),
+        task=task_request(m.task, "task"),
     )
 
 
-def _choice(f: Fields, name: str, enum: type[E], default: E) -> E:
-    value = f.raw(name)
-    if value is None:
-        return default
-    allowed = [m.value.lower() for m in enum]
-    if not isinstance(value, str) or value.lower() not in allowed:
-        raise invalid(name, f"must be one of {', '.join(allowed)}, got {describe(value)}")
-    return enum(value.upper())
+def _cron_refusal(exc: ContractError, body: dict[str, Any]) -> ContractError:
+    """A ``cron`` the pattern refuses, in ``cron.problem``'s words (which field, what it
+    takes): the pattern's description can only say what an expression looks like."""
+    expression = body.get("cron") if exc.field == "cron" else None
+    problem = cron.problem(expression, DEFAULT_TIMEZONE) if isinstance(expression, str) else None
+    return exc if problem is None else invalid("cron", problem)
 
 
 def to_record(req: ScheduleRequest, *, tenant: str, template: bytes) -> UpsertSchedule:

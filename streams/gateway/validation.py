@@ -34,12 +34,13 @@ from conveyor.contract.limits import (
 from conveyor.frozen import frozen
 from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
 from conveyor.streams.gateway.contract import decode
+from conveyor.streams.gateway.contract import requests as req
+from conveyor.streams.gateway.contract.decode import check_bytes, check_text
 from conveyor.streams.gateway.contract.requests import RetryPolicy, TaskBatch, TaskRequest, Timeouts
 from conveyor.streams.gateway.fields import (
     Fields,
     check_int,
     check_name,
-    check_task_id,
     compact,
     describe,
     invalid,
@@ -98,20 +99,20 @@ class EnqueueRequest:
 
 def parse_task(body: Any, path: str = "") -> EnqueueRequest:
     """One task body (``TaskRequest``) at ``path``: the model's checks, then its rules."""
-    return _enqueue_request(decode.model(body, TaskRequest, path), path)
+    return task_request(decode.model(body, TaskRequest, path), path)
 
 
 def parse_batch(body: Any) -> list[EnqueueRequest]:
     """All or nothing: the first bad item rejects the batch, naming ``tasks[i].field``."""
     batch = decode.model(body, TaskBatch)
-    return [_enqueue_request(task, f"tasks[{i}]") for i, task in enumerate(batch.tasks)]
+    return [task_request(task, f"tasks[{i}]") for i, task in enumerate(batch.tasks)]
 
 
 _NO_RETRY = RetryPolicy()
 _NO_TIMEOUTS = Timeouts()
 
 
-def _enqueue_request(task: TaskRequest, path: str) -> EnqueueRequest:
+def task_request(task: TaskRequest, path: str) -> EnqueueRequest:
     """The rules of ``TaskRequest`` no type states: a payload is no blob marker, ``delay_ms``
     and ``run_at`` are exclusive, byte limits (``conveyor.contract.shapes`` rule 2)."""
     check_not_marker(task.payload, join(path, "payload"))
@@ -388,75 +389,103 @@ class BulkCancelRequest:
     limit: int | None
 
 
-# A bulk operation's filter: the list API's filters, as a JSON object.
-_FILTER_FIELDS = _LIST_FIELDS - {"limit", "cursor", "count"}
+_UNKNOWN_STATUS = "unknown status {!r}; expected " + ", ".join(s.value for s in TaskStatus)
 
 
-def parse_filter(f: Fields, name: str = "filter") -> TaskFilter:
-    """The list API's filters as a JSON object; ``status`` is an array of statuses or one
-    comma-separated string. ``since_ms`` and ``created_from_ms`` both bound the creation."""
-    flt = f.obj(name, _FILTER_FIELDS)
-    if flt is None:
-        raise invalid(f.at(name), "is required (an object of list filters, {} for every task)")
-    raw = flt.raw("status")
-    names = raw.split(",") if isinstance(raw, str) else flt.strs("status", len(TaskStatus))
-    statuses: set[TaskStatus] = set()
-    for text in filter(None, (n.strip() for n in names)):
-        try:
-            statuses.add(TaskStatus(text.upper()))
-        except ValueError:
-            known = ", ".join(s.value for s in TaskStatus)
-            raise invalid(flt.at("status"), f"unknown status {text!r}; expected {known}") from None
-    since = flt.opt_int("since_ms", 0, INT_MAX)
-    created_from = flt.opt_int("created_from_ms", 0, INT_MAX)
+def _statuses(body: Any, field: str, allowed: frozenset[TaskStatus], why: str) -> None:
+    """The filter's ``status`` in capitals, as the listing's query reads it (``failed`` is
+    FAILED), in place before the model decodes it; a status the operation does not take is
+    refused saying why (``why`` names the statuses), where the model would only list them."""
+    filt: Any = body.get("filter") if isinstance(body, dict) else None
+    raw = filt.get("status") if isinstance(filt, dict) else None
+    names = raw.split(",") if isinstance(raw, str) else raw if isinstance(raw, list) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        return  # absent, or not strings: the model says what it takes
+    statuses = []
+    for name in (n.strip().upper() for n in names):
+        if name:
+            try:
+                statuses.append(TaskStatus(name))
+            except ValueError:
+                raise invalid(field, _UNKNOWN_STATUS.format(name)) from None
+    if wrong := [s.value for s in statuses if s not in allowed]:
+        raise invalid(field, why.format(", ".join(sorted(set(wrong)))))
+    if not statuses:  # "" or " , ": no status named, so any, as the listing reads it
+        filt["status"] = None
+    elif isinstance(raw, str):
+        filt["status"] = ",".join(statuses)
+    else:
+        filt["status"] = [s.value for s in statuses]
+
+
+def _task_filter(m: req.TaskFilter, path: str = "filter") -> TaskFilter:
+    """The plain filter of a decoded ``TaskFilter`` (``status`` in capitals, ``_statuses``);
+    ``since_ms`` and ``created_from_ms`` both bound the creation."""
+    raw = m.status.split(",") if isinstance(m.status, str) else m.status or ()
+    check_text(m.queue, join(path, "queue"))
+    check_text(m.task_type, join(path, "task_type"))
+    check_text(m.error_class, join(path, "error_class"))
+    if m.error_text is not None:
+        check_bytes(m.error_text, join(path, "error_text"), ERROR_TEXT_BYTES_MAX)
+    since, created_from = m.since_ms, m.created_from_ms
     return TaskFilter(
-        statuses=frozenset(statuses),
-        queue=flt.opt_str("queue"),
-        task_type=flt.opt_str("task_type"),
+        statuses=frozenset(TaskStatus(name.strip()) for name in raw if name.strip()),
+        queue=m.queue,
+        task_type=m.task_type,
         since_ms=max(since or 0, created_from or 0) if since or created_from else None,
-        error_class=flt.opt_str("error_class"),
-        error_text=flt.opt_text("error_text", bytes_max=256),
-        created_to_ms=flt.opt_int("created_to_ms", 0, INT_MAX),
-        finished_from_ms=flt.opt_int("finished_from_ms", 0, INT_MAX),
-        finished_to_ms=flt.opt_int("finished_to_ms", 0, INT_MAX),
+        error_class=m.error_class,
+        error_text=m.error_text,
+        created_to_ms=m.created_to_ms,
+        finished_from_ms=m.finished_from_ms,
+        finished_to_ms=m.finished_to_ms,
     )
 
 
+ERROR_TEXT_BYTES_MAX = 256
+_FAILED_ONLY = frozenset({TaskStatus.FAILED})
+_UNFINISHED = frozenset(TaskStatus) - TERMINAL
+
+
 def parse_retry(body: Any) -> RetryRequest:
-    f = Fields(body, "", {"task_ids", "filter", "limit"})
-    if f.has("task_ids") == f.has("filter"):
+    """``RetryRequest``: the model, then its rules (one of ``task_ids`` and ``filter``;
+    ``limit`` with a filter only)."""
+    _statuses(
+        body, "filter.status", _FAILED_ONLY, "a retry takes FAILED tasks only; leave status out"
+    )
+    m = decode.model(body, req.RetryRequest)
+    if (m.task_ids is None) == (m.filter is None):
         raise invalid("task_ids", 'send either "task_ids" or "filter", not both or neither')
-    if f.has("task_ids"):
-        if f.has("limit"):
+    if m.task_ids is not None:
+        if m.limit is not None:
             raise invalid("limit", 'applies to a "filter" only; send at most 1000 task_ids')
-        items = f.items("task_ids", 1, BATCH_MAX)
-        ids = [check_task_id(v, f"task_ids[{i}]") for i, v in enumerate(items)]
-        return RetryRequest(task_ids=ids, filter=None, limit=None)
-    flt = parse_filter(f)
-    if flt.statuses and flt.statuses != {TaskStatus.FAILED}:
-        raise invalid("filter.status", "a retry takes FAILED tasks only; leave status out")
-    return RetryRequest(task_ids=None, filter=flt, limit=f.opt_int("limit", 1, INT_MAX))
+        return RetryRequest(task_ids=m.task_ids, filter=None, limit=None)
+    assert m.filter is not None
+    return RetryRequest(task_ids=None, filter=_task_filter(m.filter), limit=m.limit)
 
 
 def parse_bulk_cancel(body: Any) -> BulkCancelRequest:
-    f = Fields(body, "", {"filter", "reason", "limit"})
-    flt = parse_filter(f)
-    if flt.statuses & TERMINAL:
-        finished = ", ".join(sorted(s.value for s in flt.statuses & TERMINAL))
-        raise invalid("filter.status", f"{finished}: finished tasks cannot be canceled")
+    _statuses(body, "filter.status", _UNFINISHED, "{}: finished tasks cannot be canceled")
+    m = decode.model(body, req.BulkCancelRequest)
     return BulkCancelRequest(
-        filter=flt,
-        reason=f.opt_text("reason", bytes_max=1024, nul_ok=False) or "canceled by request",
-        limit=f.opt_int("limit", 1, INT_MAX),
+        filter=_task_filter(m.filter), reason=_reason(m.reason, "reason"), limit=m.limit
     )
 
 
 def parse_cancel(body: Any) -> str:
     """The optional cancel reason (an empty body is a cancel without one)."""
     if body is None:
-        return "canceled by request"
-    f = Fields(body, "", {"reason"})
-    return f.opt_text("reason", bytes_max=1024, nul_ok=False) or "canceled by request"
+        return CANCEL_REASON
+    return _reason(decode.model(body, req.CancelRequest).reason, "reason")
+
+
+CANCEL_REASON = "canceled by request"
+
+
+def _reason(text: str | None, path: str) -> str:
+    if not text:
+        return CANCEL_REASON
+    check_bytes(text, path, req.REASON_BYTES_MAX)
+    return text
 
 
 __all__ = [  # the limits are defined in conveyor.contract.limits; read here too
@@ -479,7 +508,6 @@ __all__ = [  # the limits are defined in conveyor.contract.limits; read here too
     "parse_batch",
     "parse_bulk_cancel",
     "parse_cancel",
-    "parse_filter",
     "parse_list_query",
     "parse_retry",
     "parse_task",

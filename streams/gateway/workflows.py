@@ -52,13 +52,16 @@ from aiohttp import web
 
 from conveyor.errors import ContractError
 from conveyor.schemas import codec
-from conveyor.schemas.steps import STEP_BYTES_MAX, STEP_NAME_BYTES_MAX
+from conveyor.schemas.steps import STEP_BYTES_MAX
 from conveyor.schemas.types import TERMINAL, Barrier, StepRow, Task, TaskStatus
 from conveyor.store import keys
 from conveyor.store.postgres import StoreUnavailable, queries
 from conveyor.store.postgres import workflows as snapshot_workflows
 from conveyor.store.tables import Tables
 from conveyor.streams.gateway import render, routes, snapshot, validation
+from conveyor.streams.gateway.contract import decode
+from conveyor.streams.gateway.contract.decode import check_name
+from conveyor.streams.gateway.contract.requests import WorkflowEvent
 from conveyor.streams.gateway.fields import Fields, compact, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
 from conveyor.streams.gateway.refusals import refused
@@ -75,7 +78,6 @@ if TYPE_CHECKING:
 
 CHILDREN_SHOWN_MAX = 1_000
 EVENT_STEP_PREFIX = "event:"  # a wait is the step event:<name>#<n> (sdk/workflows.py rule 4)
-EVENT_NAME_BYTES_MAX = STEP_NAME_BYTES_MAX - len(EVENT_STEP_PREFIX)
 EVENT_PAYLOAD_BYTES_MAX = STEP_BYTES_MAX - len('{"payload":}')
 SNAPSHOT_WAIT_MS = 2_000  # how long a read of an ended workflow waits for the projection
 SNAPSHOT_POLL_MS = 20
@@ -205,17 +207,18 @@ async def send_event(request: web.Request) -> web.Response:
 
 
 def parse_event(body: Any) -> tuple[str, bytes]:
-    f = Fields(body, "", {"name", "payload"})
-    name = f.req_name("name", chars_max=EVENT_NAME_BYTES_MAX)
-    check_not_marker(f.raw("payload"), f.at("payload"))
-    payload = compact(f.raw("payload"))
+    """``WorkflowEvent``; its payload is no blob marker and fits in a step."""
+    m = decode.model(body, WorkflowEvent)
+    check_name(m.name, "name")
+    check_not_marker(m.payload, "payload")
+    payload = compact(m.payload)
     if len(payload) > EVENT_PAYLOAD_BYTES_MAX:
         raise invalid(
             "payload",
             f"{len(payload)} bytes of JSON; an event carries at most {EVENT_PAYLOAD_BYTES_MAX} "
             "(it is stored as a step): send a handle to bigger data",
         )
-    return name, payload
+    return m.name, payload
 
 
 # -- the workflow ---------------------------------------------------------------------------

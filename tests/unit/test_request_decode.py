@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from conveyor.errors import ContractError
+from conveyor.schemas.types import TaskStatus
+from conveyor.streams.gateway import reruns, schedules, validation, workflows
 from conveyor.streams.gateway import worker_requests as w
 
 LEASE = {"task_id": "c" * 32, "lease_id": 1}
@@ -95,3 +97,41 @@ def test_worker_bodies_decode_to_the_handlers_values() -> None:
     assert done.fan_out is not None and done.fan_out.children == [{"a": 1}]
     assert done.error_class is None and done.sleep is None and done.path == "completions[0]"
     assert w.parse_signals({"agent_id": "a", "app": "shop"}).wait_ms == 20_000
+
+
+def test_operator_bodies_decode_through_the_models_with_their_rules() -> None:
+    retry = validation.parse_retry({"filter": {"status": "failed", "queue": "q"}, "limit": 5})
+    assert retry.filter is not None and retry.filter.statuses == {TaskStatus.FAILED}
+    assert validation.parse_retry({"filter": {"status": ""}}).filter == validation.TaskFilter()
+    field, message = refusal(validation.parse_retry, {"filter": {"status": ["LEASED"]}})
+    assert field == "filter.status" and "FAILED tasks only" in message
+    field, message = refusal(validation.parse_retry, {"task_ids": [], "filter": {}})
+    assert field == "task_ids" and "1..1000 items, got 0 items" in message
+    field, message = refusal(validation.parse_bulk_cancel, {"filter": {"status": "done"}})
+    assert field == "filter.status" and "unknown status 'DONE'" in message
+    assert validation.parse_cancel({"reason": ""}) == "canceled by request"
+    field, message = refusal(validation.parse_cancel, {"reason": "x" * 1025})
+    assert field == "reason" and "got 1025 characters" in message
+    assert reruns.parse_run({"idempotency_key": "k-1"}) == "k-1"
+    field, message = refusal(reruns.parse_run, {"idempotency_key": "k\n"})
+    assert field == "idempotency_key" and "control characters" in message
+    name, payload = workflows.parse_event({"name": "approved", "payload": {"by": "ann"}})
+    assert (name, payload) == ("approved", b'{"by":"ann"}')
+    field, message = refusal(workflows.parse_event, {"name": "a" * 123})
+    assert field == "name" and "1..122 characters" in message
+
+
+def test_a_schedule_decodes_with_its_cron_checked_in_its_own_words() -> None:
+    task = {"task_type": "e", "app": "a"}
+    body: dict[str, Any] = {
+        "schedule_id": "s",
+        "cron": "@daily",
+        "overlap": "SKIP",
+        "task": task,
+    }
+    sched = schedules.parse_schedule(body)
+    assert (sched.overlap, sched.timezone, sched.task.path) == ("SKIP", "UTC", "task")
+    field, message = refusal(schedules.parse_schedule, {**body, "cron": "* * * * * *"})
+    assert field == "cron" and "expected 5 fields" in message
+    field, message = refusal(schedules.parse_schedule, {**body, "task": {**task, "run_at": "x"}})
+    assert field == "task.run_at"

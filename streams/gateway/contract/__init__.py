@@ -1,10 +1,10 @@
 """The HTTP contract: request and reply models, and the table of operations.
 
-One definition per shape. ``requests.py`` holds the request bodies as msgspec Structs: the
-enqueue bodies (``POST /v1/tasks``, ``:batch``, ``/v1/workflows``, a schedule's template) are
-decoded through them (``decode.model``, errors in the path form of ``fields.py``), the other
-bodies are checked by their parsers (``worker_requests.py``, ``validation.parse_retry``...)
-against the same limits. The reply bodies, the field types and the limits are
+One definition per shape. ``requests.py`` holds the request bodies as msgspec Structs, and
+every body is decoded through its model (``decode.model``, errors in the path form of
+``fields.py``): the enqueue bodies, schedules, retries, cancels, reruns, workflow events and the
+worker protocol (``worker_requests.py``); each parser then checks what no type states and
+hands its handler plain values. The reply bodies, the field types and the limits are
 ``conveyor.contract`` (``sdk/contract/``: ``replies.py``, ``shapes.py``, ``limits.py``), on the
 SDK's side, because the SDK decodes replies with the same models. ``operations.py`` is one row
 per route; ``openapi.py`` writes the documents from the rows and the models.

@@ -180,21 +180,6 @@ class RegistryQuery(Query):
     defaultToGlobal: bool | None = None
 
 
-class RunKey(req.Model):
-    idempotency_key: (
-        Annotated[
-            str,
-            Meta(
-                min_length=1,
-                max_length=256,
-                pattern="^[^\\x00-\\x1f\\x7f]+$",
-                description="a resent request with the same key answers the first one's task",
-            ),
-        ]
-        | None
-    ) = None
-
-
 class Rerun(out.Reply):
     task_id: TaskId
     new_task_id: TaskId
@@ -340,7 +325,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "tasks",
         "Enqueue a finished task again as a new task (same type, payload and options, fresh "
         "attempts and steps); 409 while it runs",
-        body=RunKey,
+        body=req.RunKey,
         replies={200: Rerun, 201: Rerun},
         body_optional=True,
     ),
@@ -487,7 +472,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "run_schedule",
         "schedules",
         "Run a schedule now: one firing of its task template, the schedule left as it is",
-        body=RunKey,
+        body=req.RunKey,
         replies={200: ScheduleRun, 201: ScheduleRun},
         body_optional=True,
     ),

@@ -18,6 +18,7 @@ from conveyor.contract import limits as v
 from conveyor.contract import limits as w
 from conveyor.contract.shapes import (
     INT_MAX,
+    NAME_PATTERN,
     TEXT_PATTERN,
     Json,
     Ms,
@@ -35,6 +36,7 @@ from conveyor.schemas.limits import (
     ERROR_STACK_BYTES_MAX,
     POLL_CAPACITY_MAX,
     WORKER_ITEMS_MAX,
+    name_rule,
 )
 from conveyor.schemas.resume import RESUME_POLICIES
 from conveyor.schemas.steps import PARALLEL_CHILDREN_MAX, STEP_NAME_BYTES_MAX, STEPS_MAX
@@ -323,18 +325,61 @@ class RetryRequest(Model):
     }
 
 
+REASON_BYTES_MAX = 1024
+Reason = Annotated[
+    str,
+    Meta(
+        max_length=REASON_BYTES_MAX,
+        pattern="^[^\\x00]*$",
+        description=f"at most {REASON_BYTES_MAX} bytes of UTF-8, no U+0000 (NUL): it is kept "
+        "in PostgreSQL text",
+    ),
+]
+
+
 class BulkCancelRequest(Model):
     filter: CancelFilter
-    reason: bounded_text(1024) | None = None  # type: ignore[valid-type]
+    reason: Reason | None = None
     limit: BulkLimit | None = None
 
 
 class CancelRequest(Model):
-    reason: bounded_text(1024) | None = None  # type: ignore[valid-type]
+    reason: Reason | None = None
+
+
+class RunKey(Model):
+    """A rerun's or a schedule's run's options (``reruns.py``)."""
+
+    idempotency_key: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=v.IDEMPOTENCY_KEY_BYTES_MAX,
+                pattern=TEXT_PATTERN,
+                description="a resent request with the same key answers the first one's task; "
+                f"1..{v.IDEMPOTENCY_KEY_BYTES_MAX} bytes of UTF-8, no control characters",
+            ),
+        ]
+        | None
+    ) = None
+
+
+EVENT_NAME_CHARS_MAX = STEP_NAME_BYTES_MAX - len("event:")  # a wait's step is event:<name>#<n>
+EventName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=EVENT_NAME_CHARS_MAX,
+        pattern=NAME_PATTERN,
+        description=name_rule(EVENT_NAME_CHARS_MAX),
+        examples=["approved"],
+    ),
+]
 
 
 class WorkflowEvent(Model):
-    name: Name
+    name: EventName
     payload: Json = None
 
 
