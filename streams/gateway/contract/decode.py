@@ -158,6 +158,8 @@ def _simple(info: mi.Type) -> str:
     if isinstance(info, mi.StrType):
         if info.pattern == NAME_PATTERN:
             return limits.name_rule(info.max_length or limits.NAME_CHARS_MAX)
+        if not info.min_length and info.max_length is None:
+            return "a string"
         return f"a string of {_span(info.min_length or 0, info.max_length, 'characters')}"
     if isinstance(info, mi.LiteralType):
         return "one of " + "|".join(str(v) for v in info.values)

@@ -331,8 +331,7 @@ Reason = Annotated[
     Meta(
         max_length=REASON_BYTES_MAX,
         pattern="^[^\\x00]*$",
-        description=f"at most {REASON_BYTES_MAX} bytes of UTF-8, no U+0000 (NUL): it is kept "
-        "in PostgreSQL text",
+        description=f"at most {REASON_BYTES_MAX} bytes of UTF-8, no U+0000 (NUL)",
     ),
 ]
 
@@ -357,8 +356,8 @@ class RunKey(Model):
                 min_length=1,
                 max_length=v.IDEMPOTENCY_KEY_BYTES_MAX,
                 pattern=TEXT_PATTERN,
-                description="a resent request with the same key answers the first one's task; "
-                f"1..{v.IDEMPOTENCY_KEY_BYTES_MAX} bytes of UTF-8, no control characters",
+                description=f"1..{v.IDEMPOTENCY_KEY_BYTES_MAX} bytes of UTF-8, no control "
+                "characters: a resent request with the same key answers the first one's task",
             ),
         ]
         | None
