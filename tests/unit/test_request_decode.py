@@ -135,3 +135,16 @@ def test_a_schedule_decodes_with_its_cron_checked_in_its_own_words() -> None:
     assert field == "cron" and "expected 5 fields" in message
     field, message = refusal(schedules.parse_schedule, {**body, "task": {**task, "run_at": "x"}})
     assert field == "task.run_at"
+
+
+def test_a_final_line_feed_is_refused_where_the_pattern_lets_it_through() -> None:
+    """Python's ``$`` matches before a final line feed, JSON Schema's does not: the node
+    refuses what the document does."""
+    ok = {"task_type": "echo", "app": "shop"}
+    for body, field in (
+        ({**ok, "task_type": "echo\n"}, "task_type"),
+        ({**ok, "queue": "q\n"}, "queue"),
+        ({**ok, "idempotency_key": "k\n"}, "idempotency_key"),
+    ):
+        at, message = refusal(validation.parse_task, body)
+        assert at == field and ("U+000A" in message or "control characters" in message), message
