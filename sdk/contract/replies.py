@@ -1,5 +1,7 @@
-"""Reply bodies, as msgspec Structs: the document's response schemas. ``render`` still builds
-the replies as dicts; the fuzz tests check every reply a real node sends against these.
+"""Reply bodies, as msgspec Structs: the document's response schemas. The node renders the task
+replies (a task, a listing, an enqueue) through them (``msgspec.json.encode`` of the Struct), the
+SDK decodes with them (``conveyor.wire``), and the fuzz tests check every reply a real node
+sends against them.
 
 A field the node always writes has no default (it is ``required`` in the document); ``null``
 is written out as ``X | None``. Reply models accept fields they do not name, so a field added
@@ -81,6 +83,14 @@ class AttemptRow(Reply):
     log_url: Annotated[str | None, Meta(description="where its captured output is")]
 
 
+class EventWaiting(Reply):
+    """The event a workflow waits for in ``ctx.wait_for_event``."""
+
+    name: str
+    step: Annotated[str, Meta(description="the identity of the wait's step")]
+    deadline_ms: Annotated[int | None, Meta(description="its timeout; null: none")]
+
+
 class Task(TaskSummary):
     payload: Json
     result: Json
@@ -96,12 +106,24 @@ class Task(TaskSummary):
     compensating: Annotated[
         bool, Meta(description="canceled: running its compensations before it ends")
     ] = False
+    waiting_for_event: Annotated[
+        EventWaiting | None, Meta(description="a WAITING workflow's event; null otherwise")
+    ] = None
+    unavailable: Annotated[
+        dict[str, str] | None,
+        Meta(description="payload, result or checkpoint whose blob could not be read, and why"),
+    ] = None
 
 
 class TaskPage(Reply):
     tasks: list[TaskSummary]
     next_cursor: Annotated[str | None, Meta(description="continue while set")] = None
-    count: Annotated[int, Meta(ge=0, description="null: counting needs the snapshot")] | None = None
+    count: (
+        Annotated[
+            int, Meta(ge=0, description="null: not asked for, or counting needs the snapshot")
+        ]
+        | None
+    ) = None
     count_exact: Annotated[bool, Meta(description="false: the planner's estimate")] = True
     may_trail: Annotated[
         bool, Meta(description="true: the snapshot may trail the node's latest writes")

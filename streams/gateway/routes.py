@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
+from msgspec import Struct
 
+from conveyor.contract import replies as out
 from conveyor.errors import ContractError
 from conveyor.streams.gateway import (
     events,
@@ -21,12 +24,21 @@ from conveyor.streams.gateway.fields import BODY_BYTES_MAX, describe, invalid, p
 from conveyor.streams.gateway.service import Gateway
 from conveyor.streams.webhooks import api as webhooks_api
 
+_encode = msgspec.json.Encoder().encode
 GATEWAY = web.AppKey("gateway", Gateway)
 TENANT = web.RequestKey("tenant", str)  # set by the auth middleware
 GRANT = web.RequestKey("grant", Grant)  # the key's grant: its tenant, roles and app
 
 
 def reply(body: Any, status: int = 200) -> web.Response:
+    """``body`` as JSON: a reply model (``conveyor.contract.replies``) as msgspec encodes it,
+    which is what the document states; a dict (the replies not yet rendered through their
+    models) as ``json`` does."""
+    if isinstance(body, Struct):
+        data = _encode(body)
+        return web.Response(
+            status=status, body=data, content_type="application/json", charset="utf-8"
+        )
     return web.Response(status=status, text=dumps(body), content_type="application/json")
 
 
@@ -104,7 +116,8 @@ async def enqueue_batch(request: web.Request) -> web.Response:
     reqs = validation.parse_batch(await read_body(request))
     replies = await gw.enqueue(tenant, reqs)
     created = any(r.created for r in replies)
-    return reply({"results": [render.enqueue_reply(r) for r in replies]}, 201 if created else 200)
+    results = [render.enqueue_reply(r) for r in replies]
+    return reply(out.EnqueueBatchReply(results=results), 201 if created else 200)
 
 
 async def get_task(request: web.Request) -> web.Response:

@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 
+from conveyor.contract import replies as out
 from conveyor.errors import Conflict, ContractError, Forbidden, NotFound, TransientError
 from conveyor.schemas import codec
 from conveyor.schemas.types import (
@@ -189,7 +190,7 @@ class Gateway:
             return partition_for_key(tenant, key, self.node.partitions)
         return self.node.partition_for_unkeyed(next(self._round_robin) // STICKY_TASKS)
 
-    async def task(self, tenant: str, task_id: str, wait_ms: int) -> dict[str, Any]:
+    async def task(self, tenant: str, task_id: str, wait_ms: int) -> out.Task:
         task = self.find(tenant, task_id)
         if wait_ms > 0 and task.finished_ms is None:
             task = await self.node.wait_finished(tenant, task_id, wait_ms)
@@ -204,13 +205,15 @@ class Gateway:
             logged=self.logs.leases(task_id) if self.logs is not None else set(),
         )
         if unavailable:
-            body["unavailable"] = unavailable
-        if task.status == TaskStatus.ENQUEUED and body["waiting_for"] is None:
-            body["waiting_for"] = self.registry.unserved(tenant, task.app, task.task_type)
-        waiting = task.status == TaskStatus.WAITING  # the wait rows are read for it only
-        wait = tables.event_wait(task_id) if waiting else None
-        open_fans = [b for b in tables.barriers(task_id) if not b.fired] if waiting else []
-        body.update(render.waiting_json(task, wait, open_fans))
+            body.unavailable = unavailable
+        if task.status == TaskStatus.ENQUEUED and body.waiting_for is None:
+            body.waiting_for = self.registry.unserved(tenant, task.app, task.task_type)
+        if task.status == TaskStatus.WAITING:  # the wait rows are read for it only
+            wait = tables.event_wait(task_id)
+            open_fans = [b for b in tables.barriers(task_id) if not b.fired]
+            why, body.waiting_for_event = render.waiting(task, wait, open_fans)
+            if why is not None:
+                body.waiting_for = why
         return body
 
     def attempt_log(self, tenant: str, task_id: str, lease_id: int) -> str:
@@ -247,7 +250,7 @@ class Gateway:
             unavailable[name] = str(exc)
             return None
 
-    async def list_tasks(self, tenant: str, query: ListQuery) -> dict[str, Any]:
+    async def list_tasks(self, tenant: str, query: ListQuery) -> out.TaskPage:
         if query.filter.payload_fields is not None:
             self._check_payload_search(tenant)
         if self.snapshot is not None:
@@ -255,16 +258,14 @@ class Gateway:
                 self.node, self.progress
             )
             page = await snapshot.list_tasks(self.snapshot, tenant, query)
-            return {**page, "may_trail": not fresh}
+            page.may_trail = not fresh
+            return page
         tasks, cursor = listing.list_tasks(
             self.node, tenant, query.filter, query.limit, query.cursor
         )
-        body: dict[str, Any] = {"tasks": [render.task_summary(t) for t in tasks]}
-        body["next_cursor"] = cursor
-        body["may_trail"] = False  # the processors' own state
-        if query.count:
-            body["count"] = None  # counting needs the snapshot; a scan cannot afford it
-        return body
+        # may_trail: false, the processors' own state; count: null, counting needs the
+        # snapshot (a scan cannot afford it)
+        return out.TaskPage(tasks=[render.task_summary(t) for t in tasks], next_cursor=cursor)
 
     def _check_payload_search(self, tenant: str) -> None:
         """A payload search needs the snapshot (only it keeps the fields), and is refused for

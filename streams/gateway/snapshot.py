@@ -28,10 +28,11 @@ from typing import Any
 
 import asyncpg
 
+from conveyor.contract import replies as out
 from conveyor.errors import ContractError
 from conveyor.store.postgres import StoreUnavailable, queries
 from conveyor.streams.gateway.fields import check_task_id
-from conveyor.streams.gateway.render import error_json
+from conveyor.streams.gateway.render import error_reply
 from conveyor.streams.gateway.validation import ListQuery, TaskFilter
 from conveyor.streams.node import Node
 from conveyor.streams.sinks.projector import Progress
@@ -73,28 +74,28 @@ def task_query(tenant: str, flt: TaskFilter) -> queries.TaskQuery:
     )
 
 
-def summary(row: dict[str, Any]) -> dict[str, Any]:
-    """A snapshot row in the shape of ``render.task_summary``. The events do not carry
+def summary(row: dict[str, Any]) -> out.TaskSummary:
+    """A snapshot row as ``render.task_summary`` renders a task. The events do not carry
     priority, run_at or the error stack, so those are null here; a pending cancel shows as
     the last event having been CancelRequested on a LEASED task."""
-    return {
-        "task_id": row["task_id"],
-        "app": row["app"],
-        "task_type": row["task_type"],
-        "queue": row["queue"],
-        "priority": None,
-        "status": row["status"],
-        "attempt": row["attempt"],
-        "created_ms": row["created_ms"],
-        "updated_ms": row["updated_ms"],
-        "run_at_ms": None,
-        "finished_ms": row["finished_ms"],
-        "error": error_json(row["error_class"], row["error_message"], None),
-        "cancel_requested": row["status"] == "LEASED" and row["last_event"] == "CancelRequested",
-    }
+    return out.TaskSummary(
+        task_id=row["task_id"],
+        app=row["app"],
+        task_type=row["task_type"],
+        queue=row["queue"],
+        priority=None,
+        status=row["status"],
+        attempt=row["attempt"],
+        created_ms=row["created_ms"],
+        updated_ms=row["updated_ms"],
+        run_at_ms=None,
+        finished_ms=row["finished_ms"],
+        error=error_reply(row["error_class"], row["error_message"], None),
+        cancel_requested=row["status"] == "LEASED" and row["last_event"] == "CancelRequested",
+    )
 
 
-async def list_tasks(pool: asyncpg.Pool, tenant: str, query: ListQuery) -> dict[str, Any]:
+async def list_tasks(pool: asyncpg.Pool, tenant: str, query: ListQuery) -> out.TaskPage:
     q = task_query(tenant, query.filter)
     after = decode_cursor(query.cursor) if query.cursor else None
     try:
@@ -105,13 +106,13 @@ async def list_tasks(pool: asyncpg.Pool, tenant: str, query: ListQuery) -> dict[
 
 async def _page(
     pool: asyncpg.Pool, q: queries.TaskQuery, query: ListQuery, after: tuple[int, str] | None
-) -> dict[str, Any]:
+) -> out.TaskPage:
     rows, resume = await queries.list_page(pool, q, query.limit, after)
     cursor = encode_cursor(*resume) if resume is not None else None
-    body: dict[str, Any] = {"tasks": [summary(r) for r in rows], "next_cursor": cursor}
+    page = out.TaskPage(tasks=[summary(r) for r in rows], next_cursor=cursor)
     if query.count:
-        body["count"], body["count_exact"] = await queries.count_or_estimate(pool, q)
-    return body
+        page.count, page.count_exact = await queries.count_or_estimate(pool, q)
+    return page
 
 
 async def wait_fresh(node: Node, progress: Progress, wait_ms: float = FRESH_WAIT_MS) -> bool:

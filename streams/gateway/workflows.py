@@ -139,7 +139,7 @@ def parse_list_query(query: Mapping[str, str]) -> tuple[ListQuery, str | None]:
 
 def _listed(row: dict[str, Any]) -> dict[str, Any]:
     return {
-        **snapshot.summary(row),
+        **render.as_json(snapshot.summary(row)),
         "steps": int(row["steps"]),
         "steps_committed": int(row["steps_committed"]),
         "last_step_ms": row["last_step_ms"],
@@ -263,7 +263,7 @@ def workflow_json(
                     "wake_at_ms": None,
                 }
             )
-    workflow = {**render.task_summary(task), **render.version_json(task)}
+    workflow = {**render.as_json(render.task_summary(task)), **render.version_json(task)}
     workflow.update(render.waiting_json(task, wait, [b for b in barriers.values() if not b.fired]))
     return {
         "workflow": workflow,

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 import conveyor
@@ -94,7 +95,8 @@ def echo(payload: Any) -> Any:
 
 def stored(engine: Engine, task_id: str) -> conveyor.TaskInfo:
     """The task as the gateway answers it: no codec between the test and the node's state."""
-    return conveyor.TaskInfo.from_json(engine.call(engine.gateway.task(engine.tenant, task_id, 0)))
+    reply = engine.call(engine.gateway.task(engine.tenant, task_id, 0))
+    return conveyor.TaskInfo.from_json(msgspec.to_builtins(reply))
 
 
 def stored_steps(engine: Engine, task_id: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -15,11 +16,12 @@ from openapi_spec_validator import validate
 from schemathesis.core import NotSet
 from schemathesis.generation.modes import GenerationMode
 
+from conveyor import wire
 from conveyor.contract import replies
 from conveyor.errors import ContractError
-from conveyor.schemas.types import TaskStatus
+from conveyor.schemas.types import Attempt, CancelCause, EventWait, Task, TaskStatus
 from conveyor.store.memory import MemoryKV
-from conveyor.streams.gateway import openapi, schedules, validation, worker_requests
+from conveyor.streams.gateway import openapi, render, schedules, validation, worker_requests
 from conveyor.streams.gateway.app import build_app
 from conveyor.streams.gateway.auth import KeyStore
 from conveyor.streams.gateway.contract import decode
@@ -209,3 +211,69 @@ def test_the_reply_models_name_every_task_status() -> None:
     """``replies.Status`` spells the machine's statuses out (the SDK imports the models, not
     the machine's types): the two lists are one."""
     assert list(replies.Status.__args__) == [s.value for s in TaskStatus]  # type: ignore[attr-defined]
+
+
+def machine_task(**fields: Any) -> Task:
+    base: dict[str, Any] = {
+        "task_id": "e" * 32,
+        "tenant": "default",
+        "app": "shop",
+        "task_type": "resize",
+        "queue": "images",
+        "priority": 4,
+        "status": TaskStatus.LEASED,
+        "attempt": 2,
+        "budget_base": 0,
+        "lease_id": 7,
+        "created_ms": 1_700_000_000_000,
+        "run_at_ms": 1_700_000_000_000,
+        "updated_ms": 1_700_000_003_000,
+        "ready_seq": 0,
+        "version": 12,
+        "cancel_grace_ms": 0,
+        "agent_id": "agent-2",
+        "leased_ms": 1_700_000_002_000,
+        "cancel_cause": CancelCause.CANCEL,
+        "resume": "pinned",
+        "app_version": "v3",
+    }
+    return Task(**{**base, **fields})
+
+
+def test_what_the_node_renders_is_what_the_models_state_and_the_sdk_reads() -> None:
+    """The task replies are rendered through the models; decoded strictly (every pattern and
+    bound of the document checked), they read back, and the SDK's views read them."""
+    failed = Attempt(
+        task_id="e" * 32,
+        attempt=1,
+        lease_id=6,
+        agent_id="agent-1",
+        started_ms=1_700_000_001_000,
+        finished_ms=1_700_000_001_500,
+        outcome="FAILED",
+        error_class="ValueError",
+        error_message="bad size",
+    )
+    task = machine_task()
+    detail = render.task_detail(
+        task, [failed], payload={"image": "a.png"}, result=None, checkpoint=None, logged={6}
+    )
+    sent = msgspec.json.encode(detail)
+    assert msgspec.json.decode(sent, type=replies.Task) == detail
+    info = wire.task_info(msgspec.json.decode(sent))
+    assert (info.status, info.priority, info.cancel_requested) == ("LEASED", 4, True)
+    assert [a.attempt for a in info.attempts] == [1, 2]  # the one under way from the task row
+    assert info.attempts[0].error is not None and info.attempts[0].log_url is not None
+    assert info.attempts[1].worker == "agent-2" and info.attempts[1].outcome is None
+
+    waiting = machine_task(status=TaskStatus.WAITING, cancel_cause=None)
+    wait = EventWait(identity="approve", position=0, name="approved")
+    why, event = render.waiting(waiting, wait, [])
+    assert why is not None and "approved" in why
+    assert event == replies.EventWaiting(name="approved", step="approve", deadline_ms=None)
+
+    summary = render.task_summary(machine_task(status=TaskStatus.ENQUEUED, run_at_ms=1))
+    page = msgspec.json.encode(replies.TaskPage(tasks=[summary], next_cursor=None))
+    [row] = msgspec.json.decode(page, type=replies.TaskPage).tasks
+    assert row.status == "ENQUEUED" and row.error is None
+    assert wire.TaskPage.from_json(msgspec.json.decode(page)).tasks[0].task_id == "e" * 32
