@@ -19,9 +19,11 @@ from msgspec import Meta
 from conveyor.contract.limits import DURATION_MS_MAX, INT_MAX, NAME_BYTES_MAX
 from conveyor.schemas import limits
 
-NAME_PATTERN = "^[A-Za-z0-9_.:\\-]+$"  # limits.NAME_CHARS, anchored
-TEXT_PATTERN = "^[^\\x00-\\x1f\\x7f]+$"  # no control characters
-TASK_ID_PATTERN = "^[0-9a-f]{32}$"
+# Anchored with ``(?!\n)$``: Python's ``$`` (msgspec's checks, Hypothesis' generators) also
+# matches before a final line feed, JSON Schema's does not; the lookahead makes them agree.
+NAME_PATTERN = "^[A-Za-z0-9_.:\\-]+(?!\n)$"  # limits.NAME_CHARS
+TEXT_PATTERN = "^[^\\x00-\\x1f\\x7f]+(?!\n)$"  # no control characters
+TASK_ID_PATTERN = "^[0-9a-f]{32}(?!\n)$"
 
 Name = Annotated[
     str,

@@ -34,23 +34,28 @@ def error_reply(cls: str | None, message: str | None, stack: str | None) -> out.
     return out.Error(class_=cls, message=message, stack=stack)
 
 
+def _summary_fields(task: Task) -> dict[str, Any]:
+    """The fields a listing's row and the task's detail share."""
+    return {
+        "task_id": task.task_id,
+        "app": task.app,
+        "task_type": task.task_type,
+        "queue": task.queue,
+        "priority": task.priority,
+        "status": STATUS[task.status],
+        "attempt": task.attempt,
+        "created_ms": task.created_ms,
+        "updated_ms": task.updated_ms,
+        "run_at_ms": task.run_at_ms,
+        "finished_ms": task.finished_ms,
+        "error": error_reply(task.error_class, task.error_message, task.error_stack),
+        "cancel_requested": task.cancel_cause == CancelCause.CANCEL,
+    }
+
+
 def task_summary(task: Task) -> out.TaskSummary:
     """What a listing shows: no payload, result, checkpoint or attempts (any can be large)."""
-    return out.TaskSummary(
-        task_id=task.task_id,
-        app=task.app,
-        task_type=task.task_type,
-        queue=task.queue,
-        priority=task.priority,
-        status=STATUS[task.status],
-        attempt=task.attempt,
-        created_ms=task.created_ms,
-        updated_ms=task.updated_ms,
-        run_at_ms=task.run_at_ms,
-        finished_ms=task.finished_ms,
-        error=error_reply(task.error_class, task.error_message, task.error_stack),
-        cancel_requested=task.cancel_cause == CancelCause.CANCEL,
-    )
+    return out.TaskSummary(**_summary_fields(task))
 
 
 def attempt_row(a: Attempt, logged: set[int]) -> out.AttemptRow:
@@ -97,19 +102,7 @@ def task_detail(
             )
         )
     return out.Task(
-        task_id=task.task_id,
-        app=task.app,
-        task_type=task.task_type,
-        queue=task.queue,
-        priority=task.priority,
-        status=STATUS[task.status],
-        attempt=task.attempt,
-        created_ms=task.created_ms,
-        updated_ms=task.updated_ms,
-        run_at_ms=task.run_at_ms,
-        finished_ms=task.finished_ms,
-        error=error_reply(task.error_class, task.error_message, task.error_stack),
-        cancel_requested=task.cancel_cause == CancelCause.CANCEL,
+        **_summary_fields(task),
         payload=payload,
         result=result,
         checkpoint=checkpoint,

@@ -36,7 +36,6 @@ from conveyor.schemas.types import TERMINAL, TaskSpec, TaskStatus
 from conveyor.streams.gateway.contract import decode
 from conveyor.streams.gateway.contract import requests as req
 from conveyor.streams.gateway.contract.decode import check_bytes, check_text
-from conveyor.streams.gateway.contract.decode import check_name as check_model_name
 from conveyor.streams.gateway.contract.requests import RetryPolicy, TaskBatch, TaskRequest, Timeouts
 from conveyor.streams.gateway.fields import (
     Fields,
@@ -115,16 +114,12 @@ _NO_TIMEOUTS = Timeouts()
 
 def task_request(task: TaskRequest, path: str) -> EnqueueRequest:
     """The rules of ``TaskRequest`` no type states: a payload is no blob marker, ``delay_ms``
-    and ``run_at`` are exclusive, byte limits (``conveyor.contract.shapes`` rule 2), no name
-    or key ending with a line feed (``decode.check_text``)."""
+    and ``run_at`` are exclusive, byte limits (``conveyor.contract.shapes`` rule 2)."""
     check_not_marker(task.payload, join(path, "payload"))
     if task.delay_ms is not None and task.run_at is not None:
         raise invalid(join(path, "run_at"), "delay_ms and run_at are exclusive; send one of them")
-    key = task.idempotency_key  # names and keys are at least 1 character: [-1] is there
-    if task.task_type[-1] == "\n" or task.app[-1] == "\n" or (task.queue or "-")[-1] == "\n":
-        for name in ("task_type", "app", "queue"):
-            check_model_name(getattr(task, name), join(path, name))
-    if key is not None and (key[-1] == "\n" or not key.isascii()):
+    key = task.idempotency_key
+    if key is not None and not key.isascii():
         check_text(key, join(path, "idempotency_key"), IDEMPOTENCY_KEY_BYTES_MAX)
     retry = task.retry or _NO_RETRY
     timeouts = task.timeouts or _NO_TIMEOUTS

@@ -47,8 +47,6 @@ from conveyor.streams.gateway.contract import decode
 from conveyor.streams.gateway.contract import requests as req
 from conveyor.streams.gateway.contract.decode import (
     check_bytes,
-    check_name,
-    check_names,
     check_text,
 )
 from conveyor.streams.gateway.fields import invalid, join
@@ -87,9 +85,6 @@ def parse_register(body: Any) -> Register:
     m = decode.model(body, req.Register)
     check_text(m.agent_id, "agent_id")
     check_text(m.version, "version")
-    check_name(m.app, "app")
-    check_names(m.task_types, "task_types")
-    check_names(m.pinned, "pinned")
     return Register(
         agent_id=m.agent_id,
         app=m.app,

@@ -60,7 +60,6 @@ from conveyor.store.postgres import workflows as snapshot_workflows
 from conveyor.store.tables import Tables
 from conveyor.streams.gateway import render, routes, snapshot, validation
 from conveyor.streams.gateway.contract import decode
-from conveyor.streams.gateway.contract.decode import check_name
 from conveyor.streams.gateway.contract.requests import WorkflowEvent
 from conveyor.streams.gateway.fields import Fields, compact, invalid
 from conveyor.streams.gateway.payloads import check_not_marker
@@ -209,7 +208,6 @@ async def send_event(request: web.Request) -> web.Response:
 def parse_event(body: Any) -> tuple[str, bytes]:
     """``WorkflowEvent``; its payload is no blob marker and fits in a step."""
     m = decode.model(body, WorkflowEvent)
-    check_name(m.name, "name")
     check_not_marker(m.payload, "payload")
     payload = compact(m.payload)
     if len(payload) > EVENT_PAYLOAD_BYTES_MAX:

@@ -3,10 +3,12 @@ names the field, what it takes and what was sent, and the checks no type states 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
+from conveyor.contract.shapes import NAME_PATTERN, TASK_ID_PATTERN, TEXT_PATTERN
 from conveyor.errors import ContractError
 from conveyor.schemas.types import TaskStatus
 from conveyor.streams.gateway import reruns, schedules, validation, workflows
@@ -137,9 +139,9 @@ def test_a_schedule_decodes_with_its_cron_checked_in_its_own_words() -> None:
     assert field == "task.run_at"
 
 
-def test_a_final_line_feed_is_refused_where_the_pattern_lets_it_through() -> None:
-    """Python's ``$`` matches before a final line feed, JSON Schema's does not: the node
-    refuses what the document does."""
+def test_a_final_line_feed_is_refused_as_the_document_refuses_it() -> None:
+    """Python's ``$`` matches before a final line feed, JSON Schema's does not; the shared
+    patterns are anchored so that both refuse it, wherever a model is decoded."""
     ok = {"task_type": "echo", "app": "shop"}
     for body, field in (
         ({**ok, "task_type": "echo\n"}, "task_type"),
@@ -148,3 +150,8 @@ def test_a_final_line_feed_is_refused_where_the_pattern_lets_it_through() -> Non
     ):
         at, message = refusal(validation.parse_task, body)
         assert at == field and ("U+000A" in message or "control characters" in message), message
+    register = {"agent_id": "a", "app": "shop", "version": "1", "task_types": ["echo\n"]}
+    at, _ = refusal(w.parse_register, register)
+    assert at == "task_types[0]"
+    for pattern in (NAME_PATTERN, TEXT_PATTERN, TASK_ID_PATTERN):
+        assert re.search(pattern, "0" * 32) and not re.search(pattern, "0" * 32 + "\n")

@@ -10,7 +10,6 @@ sent. The body was parsed by ``fields.parse_json`` first, so its rule 1 (duplica
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -44,25 +43,9 @@ def model(body: Any, kind: type[M], path: str = "") -> M:
 
 
 def check_text(text: str | None, path: str, bytes_max: int = NAME_BYTES_MAX) -> None:
-    """What a ``Text`` field's type cannot state: its byte limit (``check_bytes``), and no
-    line feed at its end (Python's ``$``, unlike JSON Schema's, matches before a final line
-    feed, so the pattern lets ``"a\\n"`` through)."""
-    if text is None or (text.isascii() and not text.endswith("\n")):
-        return
-    if text.endswith("\n"):
-        raise invalid(path, f"must not contain control characters, got {describe(text)}")
-    check_bytes(text, path, bytes_max)
-
-
-def check_name(name: str | None, path: str) -> None:
-    """A ``Name`` does not end with a line feed: its pattern lets that through (``check_text``)."""
-    if name is not None and name.endswith("\n"):
-        raise invalid(path, limits.name_fault(name, limits.NAME_CHARS_MAX) or "is not a name")
-
-
-def check_names(names: Iterable[str] | None, path: str) -> None:
-    for i, name in enumerate(names or ()):
-        check_name(name, f"{path}[{i}]")
+    """What a ``Text`` field's type cannot state: its byte limit (``check_bytes``)."""
+    if text is not None and not text.isascii():
+        check_bytes(text, path, bytes_max)
 
 
 def check_bytes(text: str, path: str, bytes_max: int) -> None:
