@@ -47,14 +47,20 @@ from conveyor.wire import (
     ScheduleOptions,
     TaskInfo,
     TaskPage,
+    canceled_status,
+    checked,
     chunks,
     enqueue_body,
     enqueued,
     enqueued_batch,
+    event_status,
     payload_search,
     query,
+    rerun_id,
+    retried,
     schedule_body,
     schedule_list,
+    schedule_run_id,
     task_info,
 )
 
@@ -231,24 +237,24 @@ class AsyncClient:
 
     async def cancel(self, task_id: str) -> str:
         """Cancel a task; returns its status after the request."""
-        return str((await self._send("POST", f"/v1/tasks/{task_id}/cancel"))["status"])
+        return canceled_status(await self._send("POST", f"/v1/tasks/{task_id}/cancel"))
 
     async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
         """Send event ``name`` to a workflow (see ``Client.send_event``)."""
         body = {"name": name, "payload": encode_value(self.codec, payload)}
         reply = await self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
-        return str(reply["status"])
+        return event_status(reply)
 
     async def rerun(self, task_id: str) -> str:
         """Enqueue a finished task again as a new task (see ``Client.rerun``)."""
         body = {"idempotency_key": os.urandom(16).hex()}
         path = f"/v1/tasks/{quote(task_id, safe='')}/rerun"
-        return str((await self._send("POST", path, body=body))["new_task_id"])
+        return rerun_id(await self._send("POST", path, body=body))
 
     async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}`` (see ``Client.get_workflow``)."""
         reply = await self._send("GET", f"/v1/workflows/{workflow_id}")
-        return dict(decode_tree(self.codec, reply))
+        return dict(decode_tree(self.codec, checked("Workflow", reply)))
 
     async def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
@@ -256,7 +262,8 @@ class AsyncClient:
         """One page of the workflow's step rows (see ``Client.workflow_history``)."""
         params = query(limit=limit, cursor=cursor)
         path = f"/v1/workflows/{workflow_id}/history"
-        return dict(decode_tree(self.codec, await self._send("GET", path, params=params)))
+        reply = await self._send("GET", path, params=params)
+        return dict(decode_tree(self.codec, checked("WorkflowHistory", reply)))
 
     async def list(
         self,
@@ -308,7 +315,7 @@ class AsyncClient:
         reply = await self._send(
             "POST", "/v1/tasks:retry", body={"task_ids": ids}, idempotent=False
         )
-        return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}
+        return retried(reply)
 
     async def retry_where(
         self, *, limit: int | None = None, **flt: Unpack[BulkFilter]
@@ -370,7 +377,7 @@ class AsyncClient:
         """Run a schedule's task now, once (see ``Client.run_schedule``)."""
         body = {"idempotency_key": os.urandom(16).hex()}
         path = f"/v1/schedules/{quote(schedule_id, safe='')}/run"
-        return str((await self._send("POST", path, body=body))["task_id"])
+        return schedule_run_id(await self._send("POST", path, body=body))
 
     # -- the events stream and webhooks -----------------------------------------------------
 
@@ -382,7 +389,8 @@ class AsyncClient:
         task_type, queue, type (comma-separated values)."""
         params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
         timeout = wait_s + self._http.timeout
-        return dict(await self._send("GET", "/v1/events", params=params, timeout=timeout))
+        reply = await self._send("GET", "/v1/events", params=params, timeout=timeout)
+        return dict(checked("Events", reply))
 
     async def create_webhook(
         self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
@@ -390,11 +398,12 @@ class AsyncClient:
         """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
         types = None if task_types is None else [*task_types]
         body = {"url": url, "events": [*events], "task_types": types}
-        return dict(await self._send("POST", "/v1/webhooks", body=body, idempotent=False))
+        reply = await self._send("POST", "/v1/webhooks", body=body, idempotent=False)
+        return dict(checked("NewWebhook", reply))
 
     async def webhooks(self) -> tuple[dict[str, Any], ...]:
         """The tenant's webhooks."""
-        return tuple((await self._send("GET", "/v1/webhooks"))["webhooks"])
+        return tuple(checked("Webhooks", await self._send("GET", "/v1/webhooks"))["webhooks"])
 
     async def delete_webhook(self, webhook_id: str) -> None:
         """Delete a webhook."""
@@ -406,7 +415,7 @@ class AsyncClient:
         """A webhook's deliveries, the most recently changed first."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
         reply = await self._send("GET", path, params=query(status=status, limit=limit))
-        return tuple(reply["deliveries"])
+        return tuple(checked("Deliveries", reply)["deliveries"])
 
     async def redeliver(self, webhook_id: str, delivery_id: str) -> None:
         """Send a delivery again, with the same webhook-id."""

@@ -42,15 +42,21 @@ from conveyor.wire import (
     ScheduleOptions,
     TaskInfo,
     TaskPage,
+    canceled_status,
+    checked,
     chunks,
     enqueue_body,
     enqueued,
     enqueued_batch,
     error_from_reply,
+    event_status,
     payload_search,
     query,
+    rerun_id,
+    retried,
     schedule_body,
     schedule_list,
+    schedule_run_id,
     task_info,
 )
 
@@ -306,14 +312,13 @@ class Client:
 
     def cancel(self, task_id: str) -> str:
         """Cancel a task (``NotFound`` if there is none); returns its status after the request."""
-        return str(self._send("POST", f"/v1/tasks/{task_id}/cancel")["status"])
+        return canceled_status(self._send("POST", f"/v1/tasks/{task_id}/cancel"))
 
     def send_event(self, workflow_id: str, name: str, payload: Any = None) -> str:
         """Send event ``name`` to a workflow: it wakes the workflow's ``ctx.wait_for_event
         (name)``, or is kept for its next such wait. Returns the workflow's status."""
         body = {"name": name, "payload": encode_value(self.codec, payload)}
-        reply = self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body)
-        return str(reply["status"])
+        return event_status(self._send("POST", f"/v1/workflows/{workflow_id}/events", body=body))
 
     def rerun(self, task_id: str) -> str:
         """Enqueue a finished task again as a new task: the same type, payload and options,
@@ -322,12 +327,13 @@ class Client:
         the same task. ``Conflict`` while the task still runs."""
         body = {"idempotency_key": os.urandom(16).hex()}
         reply = self._send("POST", f"/v1/tasks/{quote(task_id, safe='')}/rerun", body=body)
-        return str(reply["new_task_id"])
+        return rerun_id(reply)
 
     def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """``GET /v1/workflows/{id}``: the workflow, its steps with their states, and each
         parallel step with its children (a workflow is enqueued like any task)."""
-        return dict(decode_tree(self.codec, self._send("GET", f"/v1/workflows/{workflow_id}")))
+        reply = checked("Workflow", self._send("GET", f"/v1/workflows/{workflow_id}"))
+        return dict(decode_tree(self.codec, reply))
 
     def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
@@ -335,7 +341,7 @@ class Client:
         """One page of the workflow's step rows with their values; pass ``next_cursor`` on."""
         params = query(limit=limit, cursor=cursor)
         reply = self._send("GET", f"/v1/workflows/{workflow_id}/history", params=params)
-        return dict(decode_tree(self.codec, reply))
+        return dict(decode_tree(self.codec, checked("WorkflowHistory", reply)))
 
     def list(
         self,
@@ -390,7 +396,7 @@ class Client:
         if not ids:
             return {}
         reply = self._send("POST", "/v1/tasks:retry", body={"task_ids": ids}, idempotent=False)
-        return {r["task_id"]: r["new_task_id"] for r in reply.get("retried", [])}
+        return retried(reply)
 
     def retry_where(self, *, limit: int | None = None, **flt: Unpack[BulkFilter]) -> OperationInfo:
         """Start a bulk retry of every FAILED task matching ``flt`` on the server; it runs in
@@ -451,7 +457,7 @@ class Client:
         Returns the task's id; a resend of this call reuses its key and gets the same task."""
         body = {"idempotency_key": os.urandom(16).hex()}
         path = f"/v1/schedules/{quote(schedule_id, safe='')}/run"
-        return str(self._send("POST", path, body=body)["task_id"])
+        return schedule_run_id(self._send("POST", path, body=body))
 
     # -- the events stream and webhooks -----------------------------------------------------
 
@@ -463,7 +469,9 @@ class Client:
         task_type, queue, type (comma-separated values)."""
         params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
         timeout = wait_s + self._timeout
-        return dict(self._send("GET", "/v1/events", params=params, timeout=timeout))
+        return dict(
+            checked("Events", self._send("GET", "/v1/events", params=params, timeout=timeout))
+        )
 
     def create_webhook(
         self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
@@ -471,11 +479,13 @@ class Client:
         """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
         types = None if task_types is None else [*task_types]
         body = {"url": url, "events": [*events], "task_types": types}
-        return dict(self._send("POST", "/v1/webhooks", body=body, idempotent=False))
+        return dict(
+            checked("NewWebhook", self._send("POST", "/v1/webhooks", body=body, idempotent=False))
+        )
 
     def webhooks(self) -> tuple[dict[str, Any], ...]:
         """The tenant's webhooks (their secrets are shown only when created)."""
-        return tuple((self._send("GET", "/v1/webhooks"))["webhooks"])
+        return tuple(checked("Webhooks", self._send("GET", "/v1/webhooks"))["webhooks"])
 
     def delete_webhook(self, webhook_id: str) -> None:
         """Delete a webhook; its pending deliveries are not made."""
@@ -487,7 +497,7 @@ class Client:
         """A webhook's deliveries, the most recently changed first."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
         reply = self._send("GET", path, params=query(status=status, limit=limit))
-        return tuple(reply["deliveries"])
+        return tuple(checked("Deliveries", reply)["deliveries"])
 
     def redeliver(self, webhook_id: str, delivery_id: str) -> None:
         """Send a delivery again, with the same webhook-id."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, field
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, Required, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, Required, TypedDict, TypeVar
 
 import msgspec
 
@@ -604,3 +604,52 @@ def schedule_list(reply: Any) -> list[ScheduleInfo]:
 
 
 ScheduleList = list[ScheduleInfo]  # for clients whose own ``list`` method shadows the builtin
+
+
+# The replies the SDK hands on as JSON (a workflow, its history, events, webhooks): checked
+# against their model, so a reply the contract refuses is a ContractError naming the field, and
+# returned as parsed, which is what these methods have always returned.
+Checked = Literal["Workflow", "WorkflowHistory", "Events", "NewWebhook", "Webhooks", "Deliveries"]
+
+
+def checked(model: Checked, reply: Any) -> Any:
+    """``reply`` once ``model`` (of ``conveyor.contract.replies``) takes it."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    decode_reply(getattr(contract, model), reply)
+    return reply
+
+
+def canceled_status(reply: Any) -> str:
+    """The status of ``POST /v1/tasks/{id}/cancel``'s reply."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.Canceled, reply).status
+
+
+def event_status(reply: Any) -> str:
+    """The workflow's status in ``POST /v1/workflows/{id}/events``'s reply."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.EventSent, reply).status
+
+
+def rerun_id(reply: Any) -> str:
+    """The new task's id in ``POST /v1/tasks/{id}/rerun``'s reply."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.Rerun, reply).new_task_id
+
+
+def schedule_run_id(reply: Any) -> str:
+    """The task's id in ``POST /v1/schedules/{id}/run``'s reply."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.ScheduleRun, reply).task_id
+
+
+def retried(reply: Any) -> dict[str, str]:
+    """{old task id: new task id} of ``POST /v1/tasks:retry`` with task ids."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return {r.task_id: r.new_task_id for r in decode_reply(contract.RetriedList, reply).retried}

@@ -32,6 +32,8 @@ Status = Literal[
     "SLEEPING",
     "WAITING",
 ]
+Overlap = Literal["allow", "skip", "cancel_previous"]
+CatchUpMode = Literal["once", "none"]
 OperationId = Annotated[str, Meta(pattern="^[0-9a-f]{32}$")]
 
 
@@ -173,6 +175,12 @@ class Retried(Reply):
     new_task_id: TaskId
 
 
+class Rerun(Reply):
+    task_id: TaskId
+    new_task_id: TaskId
+    created: bool
+
+
 class RetriedList(Reply):
     retried: list[Retried]
 
@@ -213,8 +221,8 @@ class Schedule(Reply):
     schedule_id: str
     cron: str
     timezone: str
-    overlap: Literal["allow", "skip", "cancel_previous"]
-    catch_up: Literal["once", "none"]
+    overlap: Overlap
+    catch_up: CatchUpMode
     task: ScheduledTask
     next_fire_ms: int | None
     last_fire_ms: int | None
@@ -224,6 +232,12 @@ class Schedule(Reply):
     paused: bool
     created_ms: EpochMs
     updated_ms: EpochMs
+
+
+class ScheduleRun(Reply):
+    schedule_id: str
+    task_id: TaskId
+    created: bool
 
 
 class Schedules(Reply):
@@ -337,12 +351,17 @@ class WorkflowStep(Reply):
     state: Literal["CLAIMED", "COMMITTED", "SLEEPING", "WAITING", "ENDED"]
     claims: Count
     wake_at_ms: int | None = None
+    started_ms: Annotated[int | None, Meta(description="its first claim; null: not known")] = None
+    ended_ms: Annotated[int | None, Meta(description="its commit; null: not known")] = None
 
 
 class ParallelChild(Reply):
     index: Count
     task_id: TaskId
-    status: str
+    status: Annotated[str, Meta(description="a task status, or UNKNOWN")]
+    created_ms: int | None = None
+    started_ms: Annotated[int | None, Meta(description="its last lease")] = None
+    finished_ms: int | None = None
 
 
 class ParallelStep(Reply):
@@ -357,8 +376,34 @@ class ParallelStep(Reply):
     children_truncated: bool
 
 
+class WorkflowTask(TaskSummary):
+    """The workflow's task, as a listing shows it, with how it resumes and what it waits for."""
+
+    resume: Literal["latest", "pinned"]
+    app_version: str | None = None
+    waiting_for: str | None = None
+    compensating: bool = False
+    waiting_for_event: EventWaiting | None = None
+
+
+class WorkflowSummary(TaskSummary):
+    """A row of ``GET /v1/workflows``: the task's row and its step counts."""
+
+    steps: Count
+    steps_committed: Count
+    last_step_ms: int | None
+
+
+class Workflows(Reply):
+    workflows: list[WorkflowSummary]
+    next_cursor: Annotated[str | None, Meta(description="continue while set")]
+    may_trail: Annotated[
+        bool, Meta(description="true: the snapshot may trail the node's latest writes")
+    ]
+
+
 class Workflow(Reply):
-    workflow: dict[str, Any]
+    workflow: WorkflowTask
     steps: list[WorkflowStep]
     parallel: list[ParallelStep]
 
@@ -374,7 +419,9 @@ class EventSent(Reply):
     status: str
 
 
-class Usage(Reply):
+class Usage(Reply, omit_defaults=True):
+    """``dispatch`` is left out where the node keeps no metrics."""
+
     tenant: str
     source: Literal["snapshot", "scan"]
     complete: bool
@@ -488,6 +535,61 @@ class QueuePaused(Reply):
     paused: bool
 
 
+class RunningTask(Reply):
+    """A task an agent holds a lease on, from the snapshot."""
+
+    task_id: TaskId
+    app: str
+    task_type: str
+    queue: str
+    attempt: Count
+    leased_ms: int | None
+
+
+class Agent(Reply):
+    agent_id: str
+    app: str
+    version: str | None
+    queues: list[str]
+    task_types: Annotated[list[str] | None, Meta(description="null: every type of its app")]
+    connected: Annotated[bool, Meta(description="polled within its wait and a grace")]
+    last_poll_ms: Annotated[int | None, Meta(description="null: it never polled this node")]
+    last_poll_age_ms: int | None
+    polls: Count
+    slots_asked: Annotated[int | None, Meta(description="free slots its last poll asked for")]
+    slots_used: Annotated[int | None, Meta(description="its running tasks; null: not known")]
+    running: Annotated[
+        list[RunningTask] | None,
+        Meta(description="longest running first; null: no snapshot to say"),
+    ]
+
+
 class Agents(Reply):
-    agents: list[dict[str, Any]]
+    agents: list[Agent]
     now_ms: EpochMs
+
+
+class TypeOrigin(Reply):
+    """The registration that last defined a task type."""
+
+    version: str | None = None
+    deploy: int | None = None
+    registered_ms: int | None = None
+
+
+class TaskType(Reply):
+    app: str
+    task_type: str
+    defaults: Annotated[
+        dict[str, Any], Meta(description="the task options its registration declared")
+    ]
+    payload_schema_id: int | None
+    result_schema_id: int | None
+    removed_by: Annotated[str | None, Meta(description="the version whose deploy dropped it")]
+    origin: TypeOrigin | None
+    app_version: str | None
+    deploy: Annotated[int | None, Meta(description="the deploy that registered its app")]
+
+
+class TaskTypes(Reply):
+    task_types: list[TaskType]

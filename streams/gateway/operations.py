@@ -37,7 +37,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import asyncpg
+import msgspec
 
+from conveyor.contract import replies as out
 from conveyor.errors import FencedError, NotFound, TransientError
 from conveyor.schemas.types import TERMINAL, TaskStatus
 from conveyor.store.postgres import StoreUnavailable
@@ -108,7 +110,7 @@ class BulkOperations:
 
     async def start(
         self, kind: str, query: TaskQuery, *, reason: str | None, limit: int | None
-    ) -> dict[str, Any]:
+    ) -> out.Operation:
         query = retry_query(query) if kind == RETRY else cancel_query(query)
         try:
             op = await rows.create(
@@ -123,9 +125,9 @@ class BulkOperations:
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
         self._spawn(op)
-        return rows.as_json(op)
+        return reply(op)
 
-    async def get(self, tenant: str, operation_id: str) -> dict[str, Any]:
+    async def get(self, tenant: str, operation_id: str) -> out.Operation:
         op = None
         if _ID.match(operation_id):
             try:
@@ -134,7 +136,7 @@ class BulkOperations:
                 raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
         if op is None:
             raise NotFound(f"no operation {operation_id}", field="operation_id")
-        return rows.as_json(op)
+        return reply(op)
 
     async def resume(self) -> int:
         """Continue every operation a previous run left running; how many (rule 3)."""
@@ -217,6 +219,12 @@ class BulkOperations:
             )
             took = clock.monotonic_ms() - started
             await clock.sleep_ms(max(PAUSE_MS_MIN, took * (1 - DUTY) / DUTY))
+
+
+def reply(op: Operation) -> out.Operation:
+    """The operation as ``GET /v1/operations/{id}`` answers it: the row's JSON, checked by its
+    model (its ``filter`` is the stored query, a dict the model leaves free-form)."""
+    return msgspec.convert(rows.as_json(op), out.Operation)
 
 
 async def _reload(pool: asyncpg.Pool, op: Operation) -> Operation | None:

@@ -9,10 +9,11 @@ Parsing follows validation.py: one small function per request, every error namin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from conveyor.contract import replies as out
 from conveyor.errors import ContractError
 from conveyor.store.postgres import history, queries
 from conveyor.streams.gateway import routes
@@ -33,23 +34,27 @@ def parse_history(tenant: str, query: Mapping[str, str]) -> history.HistoryQuery
     )
 
 
-async def queue_history(gw: Gateway, q: history.HistoryQuery) -> dict[str, Any]:
+async def queue_history(gw: Gateway, q: history.HistoryQuery) -> out.QueueHistory:
     if gw.snapshot is None:
         raise ContractError(
             "queue history needs the Postgres snapshot; run the node without --no-projection",
             field=None,
         )
-    return await history.read(gw.snapshot, q, gw.node.clock.now_ms())
+    # The snapshot's history is a dict; converting checks it against the model.
+    return msgspec.convert(
+        await history.read(gw.snapshot, q, gw.node.clock.now_ms()), out.QueueHistory
+    )
 
 
-async def agents(gw: Gateway, tenant: str) -> dict[str, Any]:
+async def agents(gw: Gateway, tenant: str) -> out.Agents:
     """The agents polling this node for ``tenant``, with their running tasks when the snapshot
     can say (seen_agents.py)."""
     running = None
     if gw.snapshot is not None:
         running = await queries.running_by_agent(gw.snapshot, tenant)
     now_ms = gw.node.clock.now_ms()
-    return {"agents": gw.agents.of_tenant(tenant, now_ms, running), "now_ms": now_ms}
+    listed = gw.agents.of_tenant(tenant, now_ms, running)  # dicts, with the snapshot's rows
+    return msgspec.convert({"agents": listed, "now_ms": now_ms}, out.Agents)
 
 
 def parse_queue(text: str) -> str:
@@ -59,10 +64,10 @@ def parse_queue(text: str) -> str:
     return check_client_name(text, "queue")
 
 
-async def pause_queue(gw: Gateway, tenant: str, queue: str, *, paused: bool) -> dict[str, Any]:
+async def pause_queue(gw: Gateway, tenant: str, queue: str, *, paused: bool) -> out.QueuePaused:
     """Pause or resume ``queue`` on every partition (``machine/handlers/queues.py``)."""
     await gw.node.pause_queue(tenant, queue, paused=paused)
-    return {"queue": queue, "paused": paused}
+    return out.QueuePaused(queue=queue, paused=paused)
 
 
 async def stats_history(request: web.Request) -> web.Response:

@@ -44,6 +44,7 @@ import difflib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.contract import replies as out
 from conveyor.errors import ContractError
 from conveyor.schemas.resume import RESUME_LATEST, RESUME_PINNED
 from conveyor.schemas.types import RegisterTypes, TypeDefinition
@@ -164,7 +165,7 @@ class Registry:
             view.definitions[key] = catalog.definition(tenant, app, task_type) if catalog else None
         return view.definitions[key]
 
-    def described(self, tenant: str) -> list[dict[str, Any]]:
+    def described(self, tenant: str) -> list[out.TaskType]:
         """Every task type of the tenant: app, name, its definition and where it came from."""
         catalog = self._catalog(tenant)
         out = []
@@ -174,7 +175,7 @@ class Registry:
                 out.append(self._describe(tenant, app, task_type, entry, docs.get(task_type)))
         return out
 
-    def describe(self, tenant: str, app: str, task_type: str) -> dict[str, Any] | None:
+    def describe(self, tenant: str, app: str, task_type: str) -> out.TaskType | None:
         entry = self._entry(tenant, app)
         if task_type not in entry.get("task_types", []):
             return None
@@ -188,23 +189,23 @@ class Registry:
         task_type: str,
         entry: dict[str, Any],
         doc: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+    ) -> out.TaskType:
         doc = dict(doc or {})
         origin = doc.pop("origin", None)
         defaults = {k: v for k, v in doc.items() if not k.endswith("_schema_id")}
         if task_type in entry.get("pinned", []):
             defaults["resume"] = RESUME_PINNED
-        return {
-            "app": app,
-            "task_type": task_type,
-            "defaults": defaults,
-            "payload_schema_id": doc.get("payload_schema_id"),
-            "result_schema_id": doc.get("result_schema_id"),
-            "removed_by": entry.get("removed", {}).get(task_type),
-            "origin": origin,
-            "app_version": entry.get("version"),
-            "deploy": entry.get("deploy"),
-        }
+        return out.TaskType(
+            app=app,
+            task_type=task_type,
+            defaults=defaults,  # a dict: the options a registration may declare are open-ended
+            payload_schema_id=doc.get("payload_schema_id"),
+            result_schema_id=doc.get("result_schema_id"),
+            removed_by=entry.get("removed", {}).get(task_type),
+            origin=None if origin is None else out.TypeOrigin(**origin),
+            app_version=entry.get("version"),
+            deploy=deploy if isinstance(deploy := entry.get("deploy"), int) else None,
+        )
 
     def removed_by(self, tenant: str, app: str, task_type: str) -> str | None:
         """The version whose deploy removed ``task_type``, if one did."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from conveyor.contract.replies import Rerun, ScheduleRun
 from conveyor.errors import Conflict, InvariantError
 from conveyor.schemas import codec
 from conveyor.schemas.types import TERMINAL, Schedule, Task, TaskSpec
@@ -64,7 +65,7 @@ async def rerun(request: web.Request) -> web.Response:
     partition = gw.node.partition_of(task_id)
     spec = rerun_spec(task, gw.node.tables(partition).spec(task_id), partition, key)
     reply = await gw.enqueue_spec(tenant, spec)
-    body = {"task_id": task_id, "new_task_id": reply.task_id, "created": reply.created}
+    body = Rerun(task_id=task_id, new_task_id=reply.task_id, created=reply.created)
     return routes.reply(body, 201 if reply.created else 200)
 
 
@@ -76,7 +77,7 @@ async def run_schedule(request: web.Request) -> web.Response:
     row = gw.node.get_schedule(tenant, schedule_id)
     spec = run_spec(row, gw.node.partition_of_schedule(tenant, schedule_id), key)
     reply = await gw.enqueue_spec(tenant, spec)
-    body = {"schedule_id": schedule_id, "task_id": reply.task_id, "created": reply.created}
+    body = ScheduleRun(schedule_id=schedule_id, task_id=reply.task_id, created=reply.created)
     return routes.reply(body, 201 if reply.created else 200)
 
 

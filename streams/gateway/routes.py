@@ -131,7 +131,7 @@ async def attempt_log(request: web.Request) -> web.Response:
     task_id = request.match_info["task_id"]
     lease_id = validation.parse_lease_id(request.match_info["lease_id"])
     log = gw.attempt_log(tenant, task_id, lease_id)
-    return reply({"task_id": task_id, "lease_id": lease_id, "log": log})
+    return reply(out.AttemptLog(task_id=task_id, lease_id=lease_id, log=log))
 
 
 async def list_tasks(request: web.Request) -> web.Response:
@@ -156,7 +156,7 @@ async def retry(request: web.Request) -> web.Response:
     if req.filter is not None:
         return reply(await gw.bulk_retry(tenant, req.filter, req.limit), 202)
     assert req.task_ids is not None
-    return reply({"retried": await gw.retry(tenant, req.task_ids)})
+    return reply(out.RetriedList(retried=await gw.retry(tenant, req.task_ids)))
 
 
 async def bulk_cancel(request: web.Request) -> web.Response:
@@ -215,7 +215,7 @@ async def resume_schedule(request: web.Request) -> web.Response:
 async def register(request: web.Request) -> web.Response:
     gw, key = worker_context(request)
     warnings = await gw.register(key, worker_requests.parse_register(await read_body(request)))
-    return reply({"warnings": warnings})
+    return reply(out.Warnings(warnings=warnings))
 
 
 async def poll(request: web.Request) -> web.Response:

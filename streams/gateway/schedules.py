@@ -8,8 +8,10 @@ fields a firing sets itself: ``delay_ms``/``run_at`` (the firing time is the sch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from conveyor.contract import replies as out
+from conveyor.contract.replies import CatchUpMode, Overlap
 from conveyor.errors import ContractError
 from conveyor.frozen import frozen
 from conveyor.schemas import codec
@@ -83,27 +85,27 @@ def to_record(req: ScheduleRequest, *, tenant: str, template: bytes) -> UpsertSc
     )
 
 
-def schedule_json(row: Schedule, *, payload: Any) -> dict[str, Any]:
+def schedule_json(row: Schedule, *, payload: Any) -> out.Schedule:
     spec = codec.TASK_SPEC.decode(row.template)
-    return {
-        "schedule_id": row.schedule_id,
-        "cron": row.cron,
-        "timezone": row.timezone,
-        "overlap": row.overlap.lower(),
-        "catch_up": row.catch_up.lower(),
-        "task": {
-            "task_type": spec.task_type,
-            "app": spec.app,
-            "queue": spec.queue,
-            "priority": spec.priority,
-            "payload": payload,
-        },
-        "next_fire_ms": row.next_fire_ms,
-        "last_fire_ms": row.last_fire_ms,
-        "last_task_id": row.last_task_id,
-        "fired": row.fired,
-        "skipped": row.skipped,
-        "paused": row.paused,
-        "created_ms": row.created_ms,
-        "updated_ms": row.updated_ms,
-    }
+    return out.Schedule(
+        schedule_id=row.schedule_id,
+        cron=row.cron,
+        timezone=row.timezone,
+        overlap=cast("Overlap", row.overlap.lower()),
+        catch_up=cast("CatchUpMode", row.catch_up.lower()),
+        task=out.ScheduledTask(
+            task_type=spec.task_type,
+            app=spec.app,
+            queue=spec.queue,
+            priority=spec.priority,
+            payload=payload,  # free-form JSON: the model's Json (Any)
+        ),
+        next_fire_ms=row.next_fire_ms,
+        last_fire_ms=row.last_fire_ms,
+        last_task_id=row.last_task_id,
+        fired=row.fired,
+        skipped=row.skipped,
+        paused=row.paused,
+        created_ms=row.created_ms,
+        updated_ms=row.updated_ms,
+    )

@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 
+import msgspec
 from conveyor.contract import replies as out
 from conveyor.errors import Conflict, ContractError, Forbidden, NotFound, TransientError
 from conveyor.schemas import codec
@@ -283,41 +284,43 @@ class Gateway:
                 field="payload",
             )
 
-    async def queues(self, tenant: str) -> dict[str, Any]:
+    async def queues(self, tenant: str) -> out.Queues:
         if self.snapshot is None:
             raise ContractError(
                 "queue statistics need the Postgres snapshot; run the node without --no-projection",
                 field=None,
             )
         listed = await queries.queues(self.snapshot, tenant, self.node.clock.now_ms())
-        return {
+        # The snapshot's rows are dicts; converting checks them against the model.
+        body = {
             "queues": queries.with_paused(listed, self.node.paused_queues(tenant)),
             "breakers": self.breakers.of_tenant(tenant, self.node.clock.monotonic_ms()),
         }
 
-    async def cancel(self, tenant: str, task_id: str, reason: str) -> dict[str, Any]:
+    async def cancel(self, tenant: str, task_id: str, reason: str) -> out.Canceled:
         self.find(tenant, task_id)
         reply = await self.node.cancel(tenant, task_id, reason)
         if not reply.ok or reply.status is None:
             raise refused(reply, "task_id")
-        return {"task_id": task_id, "status": reply.status.value}
+        return out.Canceled(task_id=task_id, status=render.STATUS[reply.status])
+        return msgspec.convert(body, out.Queues)
 
-    async def retry(self, tenant: str, task_ids: list[str]) -> list[dict[str, str]]:
+    async def retry(self, tenant: str, task_ids: list[str]) -> list[out.Retried]:
         """Retry the listed tasks now (at most ``BATCH_MAX``); a filter is a bulk operation."""
         ids = [i for i in dict.fromkeys(task_ids) if self.owns(tenant, i)]
         by_prefix: dict[str, list[str]] = defaultdict(list)
         for task_id in ids:
             by_prefix[task_id[:4]].append(task_id)
-        out = []
+        retried = []
         for reply in await self.node.retry_failed(tenant, ids):
             if not reply.created:
                 continue
             # The machine derives the new id from (old id, offset): find which old id it was.
             for old in by_prefix[reply.task_id[:4]]:
                 if retry_id(old, reply.offset) == reply.task_id:
-                    out.append({"task_id": old, "new_task_id": reply.task_id})
+                    retried.append(out.Retried(task_id=old, new_task_id=reply.task_id))
                     break
-        return out
+        return retried
 
     # -- bulk operations (operations.py) ------------------------------------------------------
 
@@ -330,24 +333,22 @@ class Gateway:
             )
         return self.operations
 
-    async def bulk_retry(self, tenant: str, flt: TaskFilter, limit: int | None) -> dict[str, Any]:
+    async def bulk_retry(self, tenant: str, flt: TaskFilter, limit: int | None) -> out.Operation:
         query = snapshot.task_query(tenant, flt)
         return await self._bulk().start(RETRY, query, reason=None, limit=limit)
 
-    async def bulk_cancel(self, tenant: str, req: BulkCancelRequest) -> dict[str, Any]:
+    async def bulk_cancel(self, tenant: str, req: BulkCancelRequest) -> out.Operation:
         query = snapshot.task_query(tenant, req.filter)
         return await self._bulk().start(CANCEL, query, reason=req.reason, limit=req.limit)
 
-    async def operation(self, tenant: str, operation_id: str) -> dict[str, Any]:
+    async def operation(self, tenant: str, operation_id: str) -> out.Operation:
         if self.operations is None:
             raise NotFound(f"no operation {operation_id}", field="operation_id")
         return await self.operations.get(tenant, operation_id)
 
     # -- schedules ----------------------------------------------------------------------------
 
-    async def upsert_schedule(
-        self, tenant: str, req: ScheduleRequest
-    ) -> tuple[bool, dict[str, Any]]:
+    async def upsert_schedule(self, tenant: str, req: ScheduleRequest) -> tuple[bool, out.Schedule]:
         """Create or replace a schedule; (created, the schedule as stored)."""
         await self.registry.ready(tenant)
         task = self.registry.resolve(tenant, req.task)
@@ -370,27 +371,25 @@ class Gateway:
             raise refused(reply, "cron")
         return reply.created, await self.schedule(tenant, req.schedule_id)
 
-    async def schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+    async def schedule(self, tenant: str, schedule_id: str) -> out.Schedule:
         row = self.node.get_schedule(tenant, schedule_id)
         payload = await self._visible(tenant, codec.TASK_SPEC.decode(row.template).payload)
         return schedule_json(row, payload=payload)
 
-    async def schedules(self, tenant: str) -> dict[str, Any]:
-        out = []
+    async def schedules(self, tenant: str) -> out.Schedules:
+        listed = []
         for row in self.node.list_schedules(tenant):
             payload = await self._visible(tenant, codec.TASK_SPEC.decode(row.template).payload)
-            out.append(schedule_json(row, payload=payload))
-        return {"schedules": out}
+            listed.append(schedule_json(row, payload=payload))
+        return out.Schedules(schedules=listed)
 
-    async def delete_schedule(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+    async def delete_schedule(self, tenant: str, schedule_id: str) -> out.ScheduleDeleted:
         reply = await self.node.delete_schedule(tenant, schedule_id)
         if not reply.ok:
             raise refused(reply, "schedule_id")
-        return {"schedule_id": schedule_id, "deleted": True}
+        return out.ScheduleDeleted(schedule_id=schedule_id, deleted=True)
 
-    async def pause_schedule(
-        self, tenant: str, schedule_id: str, *, paused: bool
-    ) -> dict[str, Any]:
+    async def pause_schedule(self, tenant: str, schedule_id: str, *, paused: bool) -> out.Schedule:
         """Pause or resume; the schedule as stored after it."""
         reply = await self.node.pause_schedule(tenant, schedule_id, paused=paused)
         if not reply.ok:

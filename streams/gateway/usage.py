@@ -14,11 +14,12 @@ with or without the projector.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 from aiohttp import web
 
+from conveyor.contract import replies as out
 from conveyor.schemas.types import TaskStatus
 from conveyor.store.postgres import StoreUnavailable
 from conveyor.streams.gateway import listing, routes
@@ -55,31 +56,33 @@ async def scan_counts(gw: Gateway, tenant: str) -> tuple[dict[str, int], bool]:
     return counts, False
 
 
-async def usage(gw: Gateway, metrics: Metrics | None, tenant: str) -> dict[str, Any]:
+async def usage(gw: Gateway, metrics: Metrics | None, tenant: str) -> out.Usage:
+    source: Literal["snapshot", "scan"]
     if gw.snapshot is not None:
         counts, source, complete = await snapshot_counts(gw.snapshot, tenant), "snapshot", True
     else:
         (counts, complete), source = await scan_counts(gw, tenant), "scan"
     tasks = {s.value: counts.get(s.value, 0) for s in TaskStatus}
-    body: dict[str, Any] = {
-        "tenant": tenant,
-        "source": source,
-        "complete": complete,
-        "tasks": tasks,
-        "total": sum(tasks.values()),
-        "running": tasks[TaskStatus.LEASED.value],
-    }
+    dispatch: dict[str, Any] | None = None
     if metrics is not None:
         window = metrics.dispatch_window
         recent = window.counts(gw.node.clock.now_ms())
         mine, everyone = recent.get(tenant, 0), sum(recent.values())
-        body["dispatch"] = {
+        dispatch = {
             "window_s": window.window_ms // 1000,
             "dispatched": mine,
             "dispatched_all_tenants": everyone,
             "share": round(mine / everyone, 4) if everyone else None,
         }
-    return body
+    return out.Usage(
+        tenant=tenant,
+        source=source,
+        complete=complete,
+        tasks=tasks,
+        total=sum(tasks.values()),
+        running=tasks[TaskStatus.LEASED.value],
+        dispatch=dispatch,  # a dict: the model leaves its fields free-form
+    )
 
 
 def add_route(app: web.Application, metrics: Metrics | None) -> None:

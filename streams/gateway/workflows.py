@@ -48,8 +48,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import msgspec
 from aiohttp import web
 
+from conveyor.contract import replies as out
 from conveyor.errors import ContractError
 from conveyor.schemas import codec
 from conveyor.schemas.steps import STEP_BYTES_MAX
@@ -119,8 +121,8 @@ async def list_workflows(request: web.Request) -> web.Response:
     except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         raise StoreUnavailable(f"the query snapshot is unavailable: {exc}") from exc
     cursor = snapshot.encode_cursor(*resume) if resume is not None else None
-    body = {"workflows": [_listed(r) for r in rows], "next_cursor": cursor, "may_trail": not fresh}
-    return routes.reply(body)
+    listed = [_listed(r) for r in rows]
+    return routes.reply(out.Workflows(workflows=listed, next_cursor=cursor, may_trail=not fresh))
 
 
 def parse_list_query(query: Mapping[str, str]) -> tuple[ListQuery, str | None]:
@@ -136,13 +138,13 @@ def parse_list_query(query: Mapping[str, str]) -> tuple[ListQuery, str | None]:
     return validation.parse_list_query(fields), prefix
 
 
-def _listed(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **render.as_json(snapshot.summary(row)),
-        "steps": int(row["steps"]),
-        "steps_committed": int(row["steps_committed"]),
-        "last_step_ms": row["last_step_ms"],
-    }
+def _listed(row: dict[str, Any]) -> out.WorkflowSummary:
+    return out.WorkflowSummary(
+        **msgspec.structs.asdict(snapshot.summary(row)),
+        steps=int(row["steps"]),
+        steps_committed=int(row["steps_committed"]),
+        last_step_ms=row["last_step_ms"],
+    )
 
 
 def _workflow(request: web.Request) -> tuple[Task, Tables, int]:
@@ -166,7 +168,8 @@ async def get_workflow(request: web.Request) -> web.Response:
         step["started_ms"], step["ended_ms"] = times.get(step["identity"], (None, None))
         if step["identity"] in fanned:  # its row is written when it fires: it began earlier
             step["started_ms"] = fanned[step["identity"]]
-    return routes.reply(body)
+    # Built as dicts (the times above are set on them); converting checks them against the model.
+    return routes.reply(msgspec.convert(body, out.Workflow))
 
 
 async def get_history(request: web.Request) -> web.Response:
@@ -202,7 +205,7 @@ async def send_event(request: web.Request) -> web.Response:
     reply = await gw.node.send_event(tenant, task_id, name, payload)
     if not reply.ok or reply.status is None:
         raise refused(reply, "task_id")
-    return routes.reply({"workflow_id": task_id, "name": name, "status": reply.status.value})
+    return routes.reply(out.EventSent(workflow_id=task_id, name=name, status=reply.status.value))
 
 
 def parse_event(body: Any) -> tuple[str, bytes]:
@@ -352,7 +355,9 @@ def parse_history_query(query: Mapping[str, str]) -> tuple[int, str | None]:
     return limit, after
 
 
-def history_page(tables: Tables, task_id: str, limit: int, after: str | None) -> dict[str, Any]:
+def history_page(
+    tables: Tables, task_id: str, limit: int, after: str | None
+) -> out.WorkflowHistory:
     prefix = keys.steps_of(task_id) + b"/"
     start = None if after is None else keys.step(task_id, after) + b"\x00"
     rows: list[StepRow] = []
@@ -363,10 +368,11 @@ def history_page(tables: Tables, task_id: str, limit: int, after: str | None) ->
     return _page(rows, limit)
 
 
-def _page(rows: list[StepRow], limit: int) -> dict[str, Any]:
+def _page(rows: list[StepRow], limit: int) -> out.WorkflowHistory:
     """A page of at most ``limit`` rows; ``rows`` holds one more when another page follows."""
     page = rows[:limit]
     cursor = None
     if len(rows) > limit:
         cursor = base64.urlsafe_b64encode(page[-1].identity.encode()).decode()
-    return {"steps": [render.step_json(row) for row in page], "next_cursor": cursor}
+    steps = [out.StepRow(**render.step_json(row)) for row in page]
+    return out.WorkflowHistory(steps=steps, next_cursor=cursor)

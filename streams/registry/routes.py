@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from conveyor.contract import replies as out
 from conveyor.errors import ConveyorError, NotFound
 from conveyor.streams.gateway import routes
 from conveyor.streams.registry.service import RegistryError, SchemaRegistry
@@ -208,7 +209,7 @@ def add_routes(app: web.Application) -> None:
 async def task_types(request: web.Request) -> web.Response:
     gateway, tenant = routes.context(request)
     await gateway.registry.ready(tenant)
-    return routes.reply({"task_types": gateway.registry.described(tenant)})
+    return routes.reply(out.TaskTypes(task_types=gateway.registry.described(tenant)))
 
 
 async def task_type(request: web.Request) -> web.Response:

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from conveyor.contract import replies as out
 from conveyor.errors import Conflict, ContractError, NotFound
 from conveyor.streams.clock import Clock
 from conveyor.streams.gateway import routes
@@ -92,19 +93,20 @@ async def create(request: web.Request) -> web.Response:
             f"tenant has {WEBHOOKS_PER_TENANT_MAX} webhooks, the most it may; delete one first"
         )
     hook = await service.create(tenant, url, events, task_types)
-    return routes.reply({**hook.public(), "secret": hook.secret}, 201)
+    return routes.reply(out.NewWebhook(**hook.public(), secret=hook.secret), 201)
 
 
 async def list_webhooks(request: web.Request) -> web.Response:
     service, tenant = _service(request)
-    return routes.reply({"webhooks": [h.public() for h in service.of_tenant(tenant)]})
+    hooks = [out.Webhook(**h.public()) for h in service.of_tenant(tenant)]
+    return routes.reply(out.Webhooks(webhooks=hooks))
 
 
 async def delete(request: web.Request) -> web.Response:
     service, tenant = _service(request)
     webhook_id = request.match_info["webhook_id"]
     await service.delete(tenant, webhook_id)
-    return routes.reply({"webhook_id": webhook_id, "deleted": True})
+    return routes.reply(out.WebhookDeleted(webhook_id=webhook_id, deleted=True))
 
 
 async def deliveries(request: web.Request) -> web.Response:
@@ -121,7 +123,8 @@ async def deliveries(request: web.Request) -> web.Response:
         )
     webhook_id = request.match_info["webhook_id"]
     found = await service.deliveries(tenant, webhook_id, status, limit)
-    return routes.reply({"webhook_id": webhook_id, "deliveries": [d.public() for d in found]})
+    listed = [out.Delivery(**d.public()) for d in found]
+    return routes.reply(out.Deliveries(webhook_id=webhook_id, deliveries=listed))
 
 
 async def redeliver(request: web.Request) -> web.Response:
@@ -129,7 +132,7 @@ async def redeliver(request: web.Request) -> web.Response:
     webhook_id, delivery_id = request.match_info["webhook_id"], request.match_info["delivery_id"]
     await routes.no_body(request)
     await service.redeliver(tenant, webhook_id, delivery_id)
-    return routes.reply({"delivery_id": delivery_id, "status": PENDING})
+    return routes.reply(out.Redelivered(delivery_id=delivery_id, status="pending"))
 
 
 def add_routes(app: web.Application) -> None:

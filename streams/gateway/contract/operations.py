@@ -38,7 +38,6 @@ from conveyor.contract.shapes import (
     NAME_PATTERN,
     TASK_ID_PATTERN,
     NonNegative,
-    TaskId,
 )
 from conveyor.frozen import frozen
 from conveyor.schemas.limits import POLL_CAPACITY_MAX  # noqa: F401  (the poll's reply bound)
@@ -180,18 +179,6 @@ class RegistryQuery(Query):
     defaultToGlobal: bool | None = None
 
 
-class Rerun(out.Reply):
-    task_id: TaskId
-    new_task_id: TaskId
-    created: bool
-
-
-class ScheduleRun(out.Reply):
-    schedule_id: str
-    task_id: TaskId
-    created: bool
-
-
 EventType = Annotated[str, Meta(extra_json_schema={"enum": sorted(EVENT_TYPES)})]
 
 
@@ -326,7 +313,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Enqueue a finished task again as a new task (same type, payload and options, fresh "
         "attempts and steps); 409 while it runs",
         body=req.RunKey,
-        replies={200: Rerun, 201: Rerun},
+        replies={200: out.Rerun, 201: out.Rerun},
         body_optional=True,
     ),
     _op(
@@ -473,7 +460,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "schedules",
         "Run a schedule now: one firing of its task template, the schedule left as it is",
         body=req.RunKey,
-        replies={200: ScheduleRun, 201: ScheduleRun},
+        replies={200: out.ScheduleRun, 201: out.ScheduleRun},
         body_optional=True,
     ),
     # -- workflows
@@ -494,6 +481,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "The tenant's workflows (tasks that recorded a step), newest first, from the snapshot; "
         "a page may be short while next_cursor is set",
         query=WorkflowsQuery,
+        replies={200: out.Workflows},
     ),
     _op(
         "get",
@@ -585,6 +573,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "list_task_types",
         "types",
         "The task types registered for the tenant, with their definitions",
+        replies={200: out.TaskTypes},
     ),
     _op(
         "get",
@@ -592,6 +581,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "get_task_type",
         "types",
         "A task type: its definition and which registration defined it",
+        replies={200: out.TaskType},
     ),
     # -- worker API (agents)
     _op(
