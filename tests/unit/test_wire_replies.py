@@ -173,3 +173,54 @@ def test_operations_and_schedules_decode_through_their_models() -> None:
     with pytest.raises(conveyor.ContractError) as err:
         wire.schedule_list({"schedules": [{**schedule, "fired": -1}]})
     assert err.value.field == "schedules[0].fired"
+
+
+def test_the_operator_replies_decode_through_their_models() -> None:
+    """Cancel, event, rerun, schedule run and retry replies give the values the client always
+    returned; one the contract refuses names its field."""
+    old, new = "b" * 32, "c" * 32
+    assert wire.canceled_status({"task_id": old, "status": "CANCELED"}) == "CANCELED"
+    assert wire.event_status({"workflow_id": old, "name": "paid", "status": "WAITING"}) == (
+        "WAITING"
+    )
+    assert wire.rerun_id({"task_id": old, "new_task_id": new, "created": True}) == new
+    assert wire.schedule_run_id({"schedule_id": "n", "task_id": new, "created": False}) == new
+    assert wire.retried({"retried": [{"task_id": old, "new_task_id": new}]}) == {old: new}
+    with pytest.raises(conveyor.ContractError) as err:
+        wire.canceled_status({"task_id": old, "status": "GONE"})
+    assert err.value.field == "status"
+    with pytest.raises(conveyor.ContractError) as err:
+        wire.retried({"retried": [{"task_id": old}]})
+    assert err.value.field == "retried[0].new_task_id"
+
+
+def test_the_client_checks_workflow_and_webhook_replies_and_returns_them_as_sent() -> None:
+    hook = {
+        "webhook_id": "w1",
+        "url": "https://example.com/hook",
+        "events": ["task.failed"],
+        "task_types": None,
+        "created_ms": 1_700_000_000_000,
+        "note": "a field this client does not know",
+    }
+    history = {
+        "steps": [
+            {"identity": "a", "position": 0, "claims": 1, "committed": True, "value": {"n": 1}}
+        ],
+        "next_cursor": None,
+    }
+
+    def gateway(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/webhooks":
+            return httpx.Response(200, json={"webhooks": [hook]})
+        if request.url.path.endswith("/history"):
+            return httpx.Response(200, json=history)
+        workflow = row(resume="latest")
+        return httpx.Response(200, json={"workflow": workflow, "steps": [], "parallel": None})
+
+    with conveyor.Client("http://gw", "k", transport=httpx.MockTransport(gateway)) as client:
+        assert client.webhooks() == (hook,)
+        assert client.workflow_history("b" * 32)["steps"][0]["value"] == {"n": 1}
+        with pytest.raises(conveyor.ContractError) as err:
+            client.get_workflow("b" * 32)
+        assert err.value.field == "parallel"
