@@ -53,7 +53,12 @@ The rules:
    partitions' state, so each node answers for the partitions it leads (asked with
    ``Conveyor-Forwarded``, it leaves out the rest: its copy of them may be stale) and the
    node asked merges the answers by id. A partition that no node leads now makes it a 503
-   (``retry_after_ms``), never a list silently short of it.
+   (``retry_after_ms``), never a list silently short of it. A deploy's warning about the
+   unfinished tasks of the types it removes (rule 6's registration) is gathered the same way
+   (``gather``), by calls between nodes (rule 9) to ``POST /internal/tasks:unfinished``:
+   each node counts the partitions it leads and names them, and a partition that no node
+   counted (no leader now, its node did not answer) is named in the warning, which says its
+   count leaves them out.
 8. The other routes are served where they arrive: a listing and the queues read this node's
    query snapshot, which every node feeds from every partition of the events topic;
    ``GET /v1/events`` reads that topic, the same for every node; a poll and a signals wait
@@ -70,7 +75,9 @@ The rules:
    accepted within ``NODE_CALL_SKEW_MS`` of its time, and opens that route only, for that
    tenant only. A replayed call within the window retries or cancels the same tasks again,
    which changes nothing. A part that cannot be done now (no owner, owner unreachable, a
-   503) fails the batch, which the runner redoes (``operations.py`` rule 3).
+   503) fails the batch, which the runner redoes (``operations.py`` rule 3). The count of
+   rule 7 (``POST /internal/tasks:unfinished``) is signed the same way; it reads and
+   changes nothing.
 """
 
 from __future__ import annotations
@@ -111,6 +118,8 @@ NODE_CALL = "Conveyor-Node-Call"  # rule 9
 NODE_TENANT = "Conveyor-Node-Tenant"
 NODE_CALL_SKEW_MS = 30_000
 SUBMIT_PATH = "/internal/tasks:submit"
+UNFINISHED_PATH = "/internal/tasks:unfinished"  # rule 7: a deploy's warning
+_NODE_PATHS = frozenset({SUBMIT_PATH, UNFINISHED_PATH})  # the routes calls of rule 9 open
 NODE_CALLED = web.RequestKey("node_called", bool)
 
 # POST path -> (the body's list of items, the reply's list: one entry per item, in order)
@@ -334,7 +343,6 @@ async def _gathered(
     if own.status != 200 or not isinstance(own, web.Response) or own.text is None:
         return own
     tenant = request[routes.TENANT]
-    partitions = range(fw.node.partitions)
 
     def led_here(row: dict[str, Any]) -> bool:
         return fw.here(partition_for_schedule(tenant, row["schedule_id"], fw.node.partitions))
@@ -342,18 +350,56 @@ async def _gathered(
     rows = {r["schedule_id"]: r for r in json.loads(own.text)["schedules"] if led_here(r)}
     if FORWARDED in request.headers:
         return routes.reply({"schedules": list(rows.values())})
-    unled = [p for p in partitions if not fw.here(p) and fw.owner(p) is None]
+    unled, replies = await gather(
+        fw, lambda url: _send(fw, request, [], b"", FORWARD_TIMEOUT_S, url), whole=True
+    )
     if unled:
         return _response(_unavailable(f"partition {unled[0]} has no leader now; try again"))
-    urls = sorted({url for p in partitions if (url := fw.owner(p)) is not None})
-    replies = await asyncio.gather(
-        *(_send(fw, request, [], b"", FORWARD_TIMEOUT_S, url) for url in urls)
-    )
     for reply in replies:
         if reply.status != 200:
             return _response(reply)
         rows.update((r["schedule_id"], r) for r in json.loads(reply.body)["schedules"])
     return routes.reply({"schedules": [rows[k] for k in sorted(rows)]})
+
+
+async def gather(
+    fw: Forwarder, ask: Callable[[str], Awaitable[_Reply]], *, whole: bool
+) -> tuple[list[int], list[_Reply]]:
+    """Rule 7: the partitions no node leads now, and the replies of ``ask`` (concurrent) to
+    each other node that leads partitions, in the order of their urls. ``whole``: an answer
+    short of a partition is no answer, so a partition without a leader asks no node."""
+    partitions = range(fw.node.partitions)
+    unled = [p for p in partitions if not fw.here(p) and fw.owner(p) is None]
+    if unled and whole:
+        return unled, []
+    urls = sorted({url for p in partitions if (url := fw.owner(p)) is not None})
+    return unled, list(await asyncio.gather(*(ask(url) for url in urls)))
+
+
+async def count_unfinished(
+    fw: Forwarder, tenant: str, app: str, task_types: list[str]
+) -> tuple[dict[str, int], set[int]]:
+    """Rule 7 for a deploy's warning: the unfinished tasks of ``app`` of each of
+    ``task_types`` in the partitions the other nodes lead, and the partitions counted. A
+    node that does not answer counts nothing: its partitions are left out, not guessed."""
+    body = dumps({"app": app, "task_types": task_types}).encode()
+    _, replies = await gather(
+        fw, lambda url: _call(fw, url, UNFINISHED_PATH, tenant, body), whole=False
+    )
+    counts = dict.fromkeys(task_types, 0)
+    counted: set[int] = set()
+    for reply in replies:
+        if reply.status != 200:
+            log.warning("a deploy's count: a node answered %s: %r", reply.status, reply.body[:300])
+            continue
+        got = json.loads(reply.body)
+        fresh = set(got["partitions"]) - counted  # a partition moving: count it once
+        if fresh != set(got["partitions"]):
+            continue
+        counted |= fresh
+        for task_type, n in got["unfinished"].items():
+            counts[task_type] += n
+    return counts, counted
 
 
 def _not_owner(p: int | None) -> web.Response:
@@ -475,7 +521,7 @@ def _call_mac(key: bytes, ts_ms: str, method: str, path: str, tenant: str, body:
 
 async def node_grant(request: web.Request) -> Grant:
     """The grant of a call from another node of the cluster: its tenant's client grant, for
-    ``SUBMIT_PATH`` only; Unauthorized unless it checks. Called by the auth middleware in
+    ``_NODE_PATHS`` only; Unauthorized unless it checks. Called by the auth middleware in
     place of the key check when the call carries ``NODE_CALL``."""
     fw = request.app[FORWARDER]
     tenant = request.headers.get(NODE_TENANT, "")
@@ -486,7 +532,7 @@ async def node_grant(request: web.Request) -> Grant:
         fw.call_key is not None
         and fresh
         and bool(tenant)
-        and request.path == SUBMIT_PATH
+        and request.path in _NODE_PATHS
         and hmac.compare_digest(
             mac, _call_mac(fw.call_key, ts_ms, request.method, request.path, tenant, body)
         )
@@ -495,7 +541,8 @@ async def node_grant(request: web.Request) -> Grant:
         raise Unauthorized(
             f"{NODE_CALL}: not a call of a node of this cluster (a bad signature, a time more "
             f"than {NODE_CALL_SKEW_MS} ms off this node's clock, or another route than "
-            f"{SUBMIT_PATH}); the nodes of a cluster must share CONVEYOR_CLUSTER_SECRET"
+            f"{', '.join(sorted(_NODE_PATHS))}); the nodes of a cluster must share "
+            "CONVEYOR_CLUSTER_SECRET"
         )
     request[NODE_CALLED] = True
     return client_grant(tenant)
@@ -517,6 +564,40 @@ async def submit_route(request: web.Request) -> web.Response:
     else:
         replies = await fw.node.cancel_many(tenant, ids, str(body.get("reason") or ""))
     return routes.reply({"replies": [_reply_json(r) for r in replies]})
+
+
+async def unfinished_route(request: web.Request) -> web.Response:
+    """``POST /internal/tasks:unfinished {app, task_types}``: the unfinished tasks of each
+    type in the partitions led here, and those partitions (rule 7)."""
+    if not request.get(NODE_CALLED):
+        raise Forbidden(f"{UNFINISHED_PATH} is called by the nodes of a cluster only")
+    body = json.loads(await request.read())
+    gw = request.app[routes.GATEWAY]
+    counts, led = gw.unfinished(request[routes.TENANT], str(body["app"]), body["task_types"])
+    return routes.reply({"unfinished": counts, "partitions": sorted(led)})
+
+
+async def _call(fw: Forwarder, url: str, path: str, tenant: str, body: bytes) -> _Reply:
+    """A call of rule 9 to the node at ``url``; a 503 when it cannot be made."""
+    assert fw.call_key is not None  # set with the owners (``attach``)
+    ts_ms = str(int(time.time() * 1000))
+    mac = _call_mac(fw.call_key, ts_ms, "POST", path, tenant, body)
+    headers = {
+        NODE_CALL: f"{ts_ms}.{mac}",
+        NODE_TENANT: tenant,
+        FORWARDED: fw.node.node_id,
+        "Content-Type": "application/json",
+    }
+    try:
+        async with fw.http().post(
+            url + path,
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S),
+        ) as response:
+            return _Reply(response.status, await response.read(), {})
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return _unavailable(f"the node at {url} did not answer ({exc!r})")
 
 
 def _reply_json(r: Reply) -> dict[str, Any]:
@@ -574,45 +655,26 @@ class ClusterSubmitter:
             if what["kind"] == "retry":
                 return await fw.node.retry_failed(tenant, ids)
             return await fw.node.cancel_many(tenant, ids, str(what["reason"]))
-        assert fw.call_key is not None  # set with the owners (``attach``)
         body = dumps({**what, "task_ids": ids}).encode()
-        ts_ms = str(int(time.time() * 1000))
-        mac = _call_mac(fw.call_key, ts_ms, "POST", SUBMIT_PATH, tenant, body)
-        headers = {
-            NODE_CALL: f"{ts_ms}.{mac}",
-            NODE_TENANT: tenant,
-            FORWARDED: fw.node.node_id,
-            "Content-Type": "application/json",
-        }
-        try:
-            async with fw.http().post(
-                url + SUBMIT_PATH,
-                data=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S),
-            ) as response:
-                got = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        reply = await _call(fw, url, SUBMIT_PATH, tenant, body)
+        if reply.status != 200:
             raise TransientError(
-                f"the owner at {url} did not take a batch ({exc!r}); it is done again later",
-                retry_after_ms=RETRY_AFTER_MS,
-            ) from exc
-        if status != 200:
-            raise TransientError(
-                f"the owner at {url} answered {status} to a batch: {got[:300]!r}; it is done "
-                "again later",
+                f"the owner at {url} did not take a batch (it answered {reply.status}: "
+                f"{reply.body[:300]!r}); it is done again later",
                 retry_after_ms=RETRY_AFTER_MS,
             )
-        return [_reply_of(item) for item in json.loads(got)["replies"]]
+        return [_reply_of(item) for item in json.loads(reply.body)["replies"]]
 
 
 def join_cluster(app: web.Application, owners: Owners, url: str, call_key: bytes) -> None:
-    """From now on ``app`` forwards by ``owners`` (rules 1-7), and its bulk operations send
-    each batch's ids to their owners, signing the calls with ``call_key`` (rule 9)."""
+    """From now on ``app`` forwards by ``owners`` (rules 1-7), a deploy's warning counts the
+    other nodes' partitions (rule 7), and its bulk operations send each batch's ids to their
+    owners, signing the calls with ``call_key`` (rule 9)."""
     fw = app[FORWARDER]
     fw.attach(owners, url, call_key)
-    operations = app[routes.GATEWAY].operations
+    gw = app[routes.GATEWAY]
+    gw.unfinished_elsewhere = lambda tenant, app_, types: count_unfinished(fw, tenant, app_, types)
+    operations = gw.operations
     if operations is not None:
         operations.submitter = ClusterSubmitter(fw)
 
@@ -624,6 +686,7 @@ def add_to(app: web.Application, node: Node) -> None:
     app[FORWARDER] = fw
     app.router.add_get(NODES_PATH, nodes_route, allow_head=False)
     app.router.add_post(SUBMIT_PATH, submit_route)
+    app.router.add_post(UNFINISHED_PATH, unfinished_route)
 
     async def close(_: web.Application) -> None:
         await fw.close()

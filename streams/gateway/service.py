@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import asyncpg
@@ -96,6 +97,9 @@ from conveyor.streams.sinks.projector import Progress
 log = logging.getLogger("conveyor.gateway")
 
 UNKNOWN_TASK = "unknown task"
+# (tenant, app, task types) -> the unfinished tasks of each type in the partitions other nodes
+# lead, and the partitions counted
+CountElsewhere = Callable[[str, str, list[str]], Awaitable[tuple[dict[str, int], set[int]]]]
 STICKY_TASKS = 256  # unkeyed enqueues in a row that go to one partition (rule 3)
 
 
@@ -126,6 +130,9 @@ class Gateway:
         self.breakers = OpenBreakers()  # what the agents' polls say their breakers hold back
         self.agents = SeenAgents()  # the agents that poll this node, for operators
         self._round_robin = itertools.count()
+        # The unfinished tasks of the partitions other nodes lead, for a deploy's warning;
+        # None: one node, every partition is here (set by ``forward.join_cluster``).
+        self.unfinished_elsewhere: CountElsewhere | None = None
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -445,29 +452,51 @@ class Gateway:
             deploy=req.deploy,
             definitions=definitions,
         )
+        if not removed:
+            return []
+        counts, counted = self.unfinished(tenant, req.app, removed)
+        if self.unfinished_elsewhere is not None:
+            more, also = await self.unfinished_elsewhere(tenant, req.app, removed)
+            if not also & counted:  # else a partition moved meanwhile: not counted twice
+                for task_type, n in more.items():
+                    counts[task_type] += n
+                counted |= also
+        missing = sorted(set(range(self.node.partitions)) - counted)
+        short = (
+            ""
+            if not missing
+            else f" on the partitions counted (partition(s) {', '.join(map(str, missing))} "
+            "have no leader now or their node did not answer: their tasks are not counted)"
+        )
         return [
             f"deploy {req.deploy} (version {req.version!r}) of app {req.app!r} removes the "
-            f"handler of task type {task_type!r}, referenced by "
-            f"{self.unfinished(tenant, req.app, task_type)} unfinished task(s): they stay "
-            "queued, dealt to no agent of this deploy (an agent of an older one still running "
-            "takes them); deploy a version with the handler, or cancel them"
+            f"handler of task type {task_type!r}, referenced by {counts[task_type]} "
+            f"unfinished task(s){short}: they stay queued, dealt to no agent of this deploy "
+            "(an agent of an older one still running takes them); deploy a version with the "
+            "handler, or cancel them"
             for task_type in removed
         ]
 
-    def unfinished(self, tenant: str, app: str, task_type: str) -> int:
-        """How many of the tenant's tasks of ``app`` and ``task_type`` are not finished, from
-        the partitions' state: the snapshot trails it, and a deploy's warning must count the
-        tasks enqueued a moment ago. A scan of every partition's tasks, run only when a deploy
-        removes a type."""
-        return sum(
-            1
-            for p in range(self.node.partitions)
-            for t in self.node.tables(p).tasks()
-            if t.tenant == tenant
-            and t.app == app
-            and t.task_type == task_type
-            and t.finished_ms is None
-        )
+    def unfinished(
+        self, tenant: str, app: str, task_types: Collection[str]
+    ) -> tuple[dict[str, int], set[int]]:
+        """How many of the tenant's tasks of ``app`` and each of ``task_types`` are not
+        finished in the partitions led here, and those partitions (on a cluster, the others
+        are counted by their leaders: ``unfinished_elsewhere``). From the partitions' state:
+        the snapshot trails it, and a deploy's warning must count the tasks enqueued a moment
+        ago. A scan of the partitions' tasks, run only when a deploy removes a type."""
+        counts = dict.fromkeys(task_types, 0)
+        led = {p for p in range(self.node.partitions) if self.node.is_open(p)}
+        for p in sorted(led):
+            for t in self.node.tables(p).tasks():
+                if (
+                    t.tenant == tenant
+                    and t.app == app
+                    and t.task_type in counts
+                    and t.finished_ms is None
+                ):
+                    counts[t.task_type] += 1
+        return counts, led
 
     async def poll(self, key: Grant, req: Poll) -> list[dict[str, Any]]:
         key.check_app(req.app, req.version)

@@ -19,6 +19,7 @@ from test_kafka_node import AGENT, CLIENT, kafka_node
 
 from conveyor.streams.log.kafka_broker import KafkaCluster
 from conveyor.streams.registry.catalog import registry_partition
+from conveyor.streams.routing import partition_for_key
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,6 +88,52 @@ def test_both_nodes_read_the_types_registered_through_either(
         by_id = f"/registry/schemas/ids/{made['id']}"
         got = until_ok(other.base, "GET", by_id, None, CLIENT, meanwhile=(503, 404))
         assert json.loads(str(got["schema"]))["name"] == "Other"
+    finally:
+        for node in (n1, n2):
+            if node.proc is not None:
+                node.stop()
+
+
+def test_a_deploys_warning_counts_the_unfinished_tasks_of_both_nodes_partitions(
+    kafka_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    """A deploy that removes a type warns of its unfinished tasks in every partition: those
+    of the node that leads the registry partition and those of the other (asked by a signed
+    call between nodes), whichever node the agent registers through."""
+    cluster = f"w{uuid.uuid4().hex[:8]}"
+    n1, n2 = (kafka_node(tmp_path, kafka_cluster.bootstrap, f"n{i}", cluster) for i in (1, 2))
+    try:
+        n1.start()
+        wait_for("n1 to lead every partition", lambda: settled([n1]))
+        n2.start()
+        wait_for("the partitions to be shared", lambda: settled([n1, n2]) and bool(leading(n2)))
+        by_node = {n1.base: set(leading(n1)), n2.base: set(leading(n2))}
+
+        def deploy(via: str, number: int, types: list[str]) -> list[str]:
+            body = {"agent_id": "setup", "app": "shop", "version": str(number)}
+            reply = until_ok(
+                via,
+                "POST",
+                "/worker/register",
+                {**body, "task_types": types, "deploy": number},
+                AGENT,
+            )
+            return list(reply["warnings"])  # type: ignore[call-overload]
+
+        assert deploy(n1.base, 1, ["pack_item", "ship"]) == []
+        keys = iter(f"k{i}" for i in range(10_000))
+        enqueued = {n1.base: 0, n2.base: 0}
+        for base, wanted in ((n1.base, 3), (n2.base, 2)):  # 3 in n1's partitions, 2 in n2's
+            while enqueued[base] < wanted:
+                key = next(keys)
+                if partition_for_key("default", key, PARTITIONS) in by_node[base]:
+                    body = {"task_type": "pack_item", "app": "shop", "payload": {"sku": key}}
+                    until_ok(n1.base, "POST", "/v1/tasks", {**body, "idempotency_key": key}, CLIENT)
+                    enqueued[base] += 1
+        for via, number in ((n1.base, 2), (n2.base, 4)):  # through either node
+            (warning,) = deploy(via, number, ["ship"])
+            assert "task type 'pack_item', referenced by 5 unfinished task(s): " in warning, warning
+            assert deploy(via, number + 1, ["pack_item", "ship"]) == []
     finally:
         for node in (n1, n2):
             if node.proc is not None:

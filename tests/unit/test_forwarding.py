@@ -23,10 +23,12 @@ from conveyor.streams.gateway.forward import (
     NODE_TENANT,
     NOT_OWNER,
     SUBMIT_PATH,
+    UNFINISHED_PATH,
     ClusterSubmitter,
     Forwarder,
     _call_mac,
     forwarder,
+    join_cluster,
 )
 from conveyor.streams.log.memory import MemoryLog
 from conveyor.streams.node import Node
@@ -62,7 +64,7 @@ class Directory:
 async def serving(node: Node, directory: Directory) -> AsyncIterator[str]:
     app = build_app(node, KeyStore({KEY: TENANT}), Registry())
     runner, url = await start(app, "127.0.0.1", 0)
-    forwarder(app).attach(directory, url, CALL_KEY)
+    join_cluster(app, directory, url, CALL_KEY)
     FORWARDERS[url] = forwarder(app)
     try:
         yield url
@@ -305,6 +307,39 @@ def test_the_list_of_schedules_gathers_every_owners_part_once() -> None:
             directory.urls[1] = None  # nobody leads 1 now: no list short of its schedules
             status, listed, headers = await request("GET", a, "/v1/schedules")
             assert status == 503 and "Retry-After" in headers, listed
+
+    run(main())
+
+
+def test_a_deploys_warning_counts_the_unfinished_tasks_of_every_owner() -> None:
+    async def main() -> None:
+        async with two_nodes() as (a, b, directory, _):
+            p = registry_partition(TENANT, 2)
+            for partition, n in ((0, 3), (1, 2)):  # 3 on a's partition, 2 on b's
+                for i in range(n):
+                    status, created = await post(a, "/v1/tasks", task(key_on(partition, i)))
+                    assert status == 201, created
+
+            async def deploy(via: str, deploy: int, types: list[str]) -> list[str]:
+                body = {**REGISTER, "task_types": types, "deploy": deploy}
+                status, reply = await post(via, "/worker/register", body)
+                assert status == 200, reply
+                return list(reply["warnings"])
+
+            assert await deploy(a, 1, ["echo", "other"]) == []
+            for via, number in ((a, 2), (b, 4)):  # each node, the owner of p or not
+                (warning,) = await deploy(via, number, ["other"])
+                assert "task type 'echo', referenced by 5 unfinished task(s): " in warning
+                assert await deploy(via, number + 1, ["echo", "other"]) == []
+            directory.urls[1 - p] = None  # nobody leads the other partition now: said so
+            (warning,) = await deploy(a, 6, ["other"])
+            counted = 3 if p == 0 else 2
+            assert (
+                f"referenced by {counted} unfinished task(s) on the partitions counted "
+                f"(partition(s) {1 - p} have no leader now" in warning
+            ), warning
+            status, reply = await post(b, UNFINISHED_PATH, {"app": "app", "task_types": []})
+            assert status == 403, reply  # a user's key does not open the count
 
     run(main())
 

@@ -792,4 +792,5 @@ NOT_OPERATIONS = {
     "/ui/{path}": "the dashboard's files (HTML, scripts, styles)",
     "/registry/config/": "/registry/config with the slash some registry clients send",
     "/internal/tasks:submit": "node to node, signed with the cluster's key (forward.py rule 9)",
+    "/internal/tasks:unfinished": "node to node, signed with the cluster's key (forward.py rule 9)",
 }
