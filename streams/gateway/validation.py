@@ -9,7 +9,7 @@ Defaults come from ``TaskSpec`` itself, so the wire and the record never disagre
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -312,9 +312,10 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
     rest = {k: query[k] for k in query if not k.startswith(SEARCH_PREFIX)}
     q = Fields(rest, "", set(_LIST_FIELDS))
     statuses: set[TaskStatus] = set()
-    for name in filter(None, (q.raw("status") or "").split(",")):
+    # Read as a filter's status is (``_statuses``): any case, spaces around, empty ones none.
+    for name in filter(None, (n.strip(" ") for n in (q.raw("status") or "").split(","))):
         try:
-            statuses.add(TaskStatus(name.strip().upper()))
+            statuses.add(TaskStatus(name.upper()))
         except ValueError:
             known = ", ".join(s.value for s in TaskStatus)
             raise invalid("status", f"unknown status {name!r}; expected {known}") from None
@@ -398,7 +399,7 @@ def _statuses(body: Any, field: str, allowed: frozenset[TaskStatus], why: str) -
     if not names or not all(isinstance(n, str) for n in names):
         return  # absent, or not strings: the model says what it takes
     statuses = []
-    for name in (n.strip().upper() for n in names):
+    for name in (n.strip(" ").upper() for n in names):
         if name:
             try:
                 statuses.append(TaskStatus(name))
@@ -417,7 +418,7 @@ def _statuses(body: Any, field: str, allowed: frozenset[TaskStatus], why: str) -
 def _task_filter(m: req.TaskFilter, path: str = "filter") -> TaskFilter:
     """The plain filter of a decoded ``TaskFilter`` (``status`` in capitals, ``_statuses``);
     ``since_ms`` and ``created_from_ms`` both bound the creation."""
-    raw = m.status.split(",") if isinstance(m.status, str) else m.status or ()
+    raw: Sequence[str] = m.status.split(",") if isinstance(m.status, str) else m.status or ()
     check_text(m.queue, join(path, "queue"))
     check_text(m.task_type, join(path, "task_type"))
     check_text(m.error_class, join(path, "error_class"))

@@ -3,15 +3,17 @@ names the field, what it takes and what was sent, and the checks no type states 
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
+import jsonschema
 import pytest
 
 from conveyor.contract.shapes import NAME_PATTERN, TASK_ID_PATTERN, TEXT_PATTERN
 from conveyor.errors import ContractError
 from conveyor.schemas.types import TaskStatus
-from conveyor.streams.gateway import reruns, schedules, validation, workflows
+from conveyor.streams.gateway import openapi, reruns, schedules, validation, workflows
 from conveyor.streams.gateway import worker_requests as w
 
 LEASE = {"task_id": "c" * 32, "lease_id": 1}
@@ -155,3 +157,84 @@ def test_a_final_line_feed_is_refused_as_the_document_refuses_it() -> None:
     assert at == "task_types[0]"
     for pattern in (NAME_PATTERN, TEXT_PATTERN, TASK_ID_PATTERN):
         assert re.search(pattern, "0" * 32) and not re.search(pattern, "0" * 32 + "\n")
+
+
+DOCUMENT = openapi.document()
+SCHEDULE = {"schedule_id": "s", "cron": "@daily", "task": {"task_type": "e", "app": "a"}}
+
+
+def _document_takes(component: str, body: Any) -> bool:
+    schema = {"$ref": f"#/components/schemas/{component}", "components": DOCUMENT["components"]}
+    return bool(jsonschema.Draft202012Validator(schema).is_valid(body))
+
+
+def _node_takes(parse: Any, body: Any) -> bool:
+    try:
+        parse(copy.deepcopy(body))  # the parsers write the normalised names into the body
+    except ContractError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("component", "parse", "body", "taken"),
+    [
+        *(
+            ("RetryRequest", validation.parse_retry, {"filter": {"status": status}}, taken)
+            for status, taken in (
+                (["failed"], True),
+                (["Failed", " FAILED "], True),
+                ("failed , FAILED", True),
+                ("", True),  # no status named: any, as a listing reads it
+                (["", "failed"], True),
+                (["leased"], False),
+                ("fail", False),
+                ("failed\n", False),
+                (["\tfailed"], False),
+            )
+        ),
+        *(
+            ("BulkCancelRequest", validation.parse_bulk_cancel, {"filter": {"status": s}}, t)
+            for s, t in ((["enqueued", "Leased"], True), ("sleeping,waiting", True))
+        ),
+        (
+            "BulkCancelRequest",
+            validation.parse_bulk_cancel,
+            {"filter": {"status": "failed"}},
+            False,
+        ),
+        *(
+            ("ScheduleRequest", schedules.parse_schedule, {**SCHEDULE, name: value}, taken)
+            for name, value, taken in (
+                ("overlap", "skip", True),
+                ("overlap", "SKIP", True),
+                ("overlap", "Cancel_Previous", True),
+                ("catch_up", "NONE", True),
+                ("overlap", "later", False),
+                ("overlap", "skip\n", False),
+                ("catch_up", " once", False),
+            )
+        ),
+    ],
+)
+def test_statuses_and_schedule_policies_are_taken_in_any_case_as_the_document_says(
+    component: str, parse: Any, body: Any, taken: bool
+) -> None:
+    """The node reads a filter's statuses and a schedule's policies in any case (callers
+    send failed and FAILED alike); the document says so, so neither refuses what the other
+    takes."""
+    assert _node_takes(parse, body) is taken
+    assert _document_takes(component, body) is taken
+
+
+@pytest.mark.parametrize(
+    ("status", "taken"),
+    [("failed,Leased", True), (" enqueued ", True), ("", True), ("failed,,x", False)],
+)
+def test_the_listings_status_query_is_read_in_any_case_as_the_document_says(
+    status: str, taken: bool
+) -> None:
+    assert _node_takes(validation.parse_list_query, {"status": status}) is taken
+    pattern = DOCUMENT["paths"]["/v1/tasks"]["get"]["parameters"]
+    (param,) = [p for p in pattern if p["name"] == "status"]
+    assert bool(re.search(param["schema"]["pattern"], status)) is taken

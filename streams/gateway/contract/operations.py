@@ -73,7 +73,7 @@ def _limit(hi: int) -> Any:
     return Annotated[int, Meta(ge=1, le=hi, description=f"at most {hi}")]
 
 
-Statuses = req.StatusList
+Statuses = req.AnyCaseStatusList  # the node reads them in capitals (validation.py)
 PAYLOAD_SEARCH = (
     "payload[<field>]=<value>, or payload.<field>=<value>, one per field (at most 16): tasks "
     "whose payload has every such top-level field with that value, compared as a JSON scalar "

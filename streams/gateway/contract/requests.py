@@ -223,6 +223,24 @@ class TaskTemplate(TaskRequest):
     }
 
 
+def _any_case(word: str) -> str:
+    """A pattern of ``word`` in any case: a JSON Schema pattern takes no flags, so each
+    letter is a class of both (FAILED, failed and Failed alike)."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+def _any_case_of(words: tuple[str, ...], description: str) -> Any:
+    one = "|".join(_any_case(w) for w in words)
+    return Annotated[str, Meta(pattern=f"^({one})(?!\n)$", description=description)]
+
+
+Overlap = _any_case_of(
+    ("allow", "skip", "cancel_previous"),
+    "allow (the default), skip or cancel_previous; case is ignored",
+)
+CatchUp = _any_case_of(("once", "none"), "once (the default) or none; case is ignored")
+
+
 class ScheduleRequest(Model):
     schedule_id: Name
     cron: Cron
@@ -237,16 +255,17 @@ class ScheduleRequest(Model):
         ]
         | None
     ) = None
-    overlap: Literal["allow", "skip", "cancel_previous"] | None = None
-    catch_up: Literal["once", "none"] | None = None
+    overlap: Overlap | None = None  # type: ignore[valid-type]
+    catch_up: CatchUp | None = None  # type: ignore[valid-type]
 
 
-from conveyor.contract.replies import Status  # noqa: E402
-
-_STATUS = "(ENQUEUED|LEASED|RETRY_WAIT|SUCCEEDED|FAILED|CANCELED|EXPIRED|SLEEPING|WAITING)"
-_UNFINISHED = "(ENQUEUED|LEASED|RETRY_WAIT|SLEEPING|WAITING)"
-Unfinished = Literal["ENQUEUED", "LEASED", "RETRY_WAIT", "SLEEPING", "WAITING"]
-assert set(Unfinished.__args__) == {s.value for s in TaskStatus} - TERMINAL  # type: ignore[attr-defined]
+_STATUSES = (
+    *("ENQUEUED", "LEASED", "RETRY_WAIT", "SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"),
+    *("SLEEPING", "WAITING"),
+)
+assert set(_STATUSES) == {s.value for s in TaskStatus}
+_STATUS = f"({'|'.join(_STATUSES)})"  # in capitals: the events' state
+_UNFINISHED = tuple(s for s in _STATUSES if TaskStatus(s) not in TERMINAL)
 
 
 StatusList = Annotated[
@@ -255,23 +274,49 @@ StatusList = Annotated[
 ]
 
 
-def _listed(one: str) -> Any:
-    return Annotated[
+def _any_case_item(names: tuple[str, ...]) -> str:
+    """A pattern of one status of ``names`` in any case with spaces around it, or spaces
+    alone (no status; written so that a long run of spaces is matched in linear time)."""
+    return f"( *({'|'.join(_any_case(n) for n in names)}))? *"
+
+
+def _status_list(names: tuple[str, ...]) -> Meta:
+    """Statuses separated by commas, read as ``_statuses`` reads them."""
+    one = _any_case_item(names)
+    return Meta(
+        pattern=f"^{one}(,{one})*(?!\n)$",
+        description=f"comma-separated statuses, each one of {', '.join(names)}; case is "
+        "ignored (failed is FAILED), spaces around a status are not part of it and an "
+        "empty one is none; none at all: any status",
+    )
+
+
+def _statuses(names: tuple[str, ...]) -> Any:
+    """A filter's ``status``: a list of ``names`` or one string of them separated by commas,
+    in any case (``failed`` is FAILED, as a listing's query has always read it), spaces
+    around each and an empty one not counted; the node reads them in capitals before the
+    model decodes them (``validation.py``)."""
+    item = Annotated[
         str,
         Meta(
-            pattern=f"^ *{one}( *, *{one})* *$",
-            description="comma-separated statuses",
+            pattern=f"^{_any_case_item(names)}(?!\n)$",
+            description=f"one of {', '.join(names)}; case is ignored, spaces around it are "
+            "not part of it and an empty one is none",
         ),
     ]
+    listed = Annotated[str, _status_list(names)]
+    return Annotated[list[item], Meta(max_length=len(TaskStatus))] | listed
+
+
+AnyCaseStatuses = _statuses(_STATUSES)
+AnyCaseStatusList = Annotated[str, _status_list(_STATUSES)]  # the listings' query
 
 
 class TaskFilter(Model):
     """The list API's filters as a JSON object; ``since_ms`` and ``created_from_ms`` both bound
     the creation."""
 
-    status: (
-        Annotated[list[Status], Meta(max_length=len(TaskStatus))] | _listed(_STATUS) | None  # type: ignore[valid-type]
-    ) = None
+    status: AnyCaseStatuses | None = None  # type: ignore[valid-type]
     queue: Text | None = None
     task_type: Text | None = None
     since_ms: NonNegative | None = None
@@ -289,21 +334,13 @@ BulkLimit = Annotated[int, Meta(ge=1, le=INT_MAX, description="stop after this m
 class RetryFilter(TaskFilter):
     """A retry's filter: it takes FAILED tasks only, so ``status`` may only say FAILED."""
 
-    status: (
-        Annotated[list[Literal["FAILED"]], Meta(max_length=len(TaskStatus))]
-        | _listed("FAILED")  # type: ignore[valid-type]
-        | None
-    ) = None
+    status: _statuses(("FAILED",)) | None = None  # type: ignore[valid-type]
 
 
 class CancelFilter(TaskFilter):
     """A bulk cancel's filter: finished tasks cannot be canceled."""
 
-    status: (
-        Annotated[list[Unfinished], Meta(max_length=len(TaskStatus))]
-        | _listed(_UNFINISHED)  # type: ignore[valid-type]
-        | None
-    ) = None
+    status: _statuses(_UNFINISHED) | None = None  # type: ignore[valid-type]
 
 
 class RetryRequest(Model):
