@@ -311,6 +311,17 @@ class ItemResult(Reply):
     task_id: str
     ok: bool
     reason: str | None = None
+    retry_after_ms: (
+        Annotated[
+            int,
+            Meta(
+                ge=0,
+                description="refused for now (its partition could not take it): send it again "
+                "after this long",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ItemResults(Reply):
@@ -329,12 +340,23 @@ class ErrorReply(Reply):
     error: ErrorDetail
 
 
-class Health(Reply):
+class Leading(Reply):
+    """A partition this node leads."""
+
+    epoch: Count
+    lag_records: Annotated[int, Meta(ge=0, description="records its log holds not applied yet")]
+    lag_s: float
+    caught_up: bool
+
+
+class Health(Reply, omit_defaults=True):
+    """``halted`` is left out while every partition applies records."""
+
     ok: bool
     partitions: Annotated[int, Meta(ge=1)]
-    node: str | None = None
-    leading: dict[str, Any] = {}
-    halted: dict[str, str] = {}
+    node: str
+    leading: Annotated[dict[str, Leading], Meta(description="by partition")]
+    halted: Annotated[dict[str, str], Meta(description="by partition: why it stopped")] = {}
 
 
 class Document(Reply):
@@ -431,7 +453,9 @@ class Usage(Reply, omit_defaults=True):
     dispatch: dict[str, Any] | None = None
 
 
-class Event(Reply):
+class Event(Reply, omit_defaults=True):
+    """``agent_id`` and ``error`` are left out when the event has none."""
+
     id: Annotated[str, Meta(description="the event's id, stable across re-reads")]
     type: str
     task_id: TaskId

@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+import msgspec
 from aiohttp import web
 
+from conveyor.contract import replies as out
 from conveyor.errors import Unauthorized
 from conveyor.store.attempt_logs import AttemptLogs
 from conveyor.store.blobs import Blobs
@@ -116,14 +118,15 @@ async def healthz(request: web.Request) -> web.Response:
     balancer sees a node that can only serve part of its tasks."""
     node = request.app[routes.GATEWAY].node
     halted = {str(p.partition): repr(p.halted) for p in node.processors if p.halted is not None}
-    body: dict[str, Any] = {"ok": not halted, "partitions": node.partitions}
-    body.update(health.leadership(node))
+    body = {"ok": not halted, "partitions": node.partitions, **health.leadership(node)}
     if halted:
         body["halted"] = halted
-    return routes.reply(body, 503 if halted else 200)
+    # health.leadership's rows are dicts; converting checks them against the model.
+    return routes.reply(msgspec.convert(body, out.Health), 503 if halted else 200)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
+    # A dict: the document is free-form JSON (its model, Document, names two keys only).
     return routes.reply(openapi.document())
 
 

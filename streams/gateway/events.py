@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
 
 from aiohttp import web
 from multidict import MultiMapping
 
+from conveyor.contract import replies as out
 from conveyor.errors import ContractError, TransientError
 from conveyor.frozen import frozen
 from conveyor.schemas.types import TaskStatus
@@ -157,13 +157,13 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 async def _long_poll(
     request: web.Request, wanted: EventFilter, start: list[Position], wait_ms: int, limit: int
-) -> dict[str, Any]:
+) -> out.Events:
     """Up to ``limit`` events: those already in the log at once, else the first that come
     within ``wait_ms``."""
     log = request.app[routes.GATEWAY].node.events
     ends = [log.end_offset(p) for p in range(log.partitions)]  # what is there already
     deadline = time.monotonic() + wait_ms / 1000
-    found: list[dict[str, Any]] = []
+    found: list[out.Event] = []
     async with Tail(log, start) as tail:
         while len(found) < limit:
             left = deadline - time.monotonic()
@@ -177,8 +177,8 @@ async def _long_poll(
                     break
                 continue
             if wanted.matches(item):
-                found.append(item.body())
-        return {"events": found, "cursor": tail.cursor()}
+                found.append(out.Event(**item.body()))
+        return out.Events(events=found, cursor=tail.cursor())
 
 
 def _frame(cursor: str, item: Event) -> bytes:

@@ -1,6 +1,6 @@
 """Rows and leases as the JSON shapes of PROTOCOL.md. Pure: values in, replies out: the task
-replies as the contract's models (``conveyor.contract.replies``, encoded by ``routes.reply``),
-the others still as dicts."""
+replies as the contract's models (``conveyor.contract.replies``, encoded by ``routes.reply``);
+a lease and its step rows as dicts, which the worker protocol's replies still are."""
 
 from __future__ import annotations
 

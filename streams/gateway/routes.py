@@ -32,8 +32,8 @@ GRANT = web.RequestKey("grant", Grant)  # the key's grant: its tenant, roles and
 
 def reply(body: Any, status: int = 200) -> web.Response:
     """``body`` as JSON: a reply model (``conveyor.contract.replies``) as msgspec encodes it,
-    which is what the document states; a dict (the replies not yet rendered through their
-    models) as ``json`` does."""
+    which is what the document states; a dict as ``json`` does: the OpenAPI documents, the
+    worker protocol's replies, and a cluster's merge of the replies of other nodes."""
     if isinstance(body, Struct):
         data = _encode(body)
         return web.Response(
