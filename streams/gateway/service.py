@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import asyncpg
-
 import msgspec
+
 from conveyor.contract import replies as out
 from conveyor.errors import Conflict, ContractError, Forbidden, NotFound, TransientError
 from conveyor.schemas import codec
@@ -303,6 +303,7 @@ class Gateway:
             "queues": queries.with_paused(listed, self.node.paused_queues(tenant)),
             "breakers": self.breakers.of_tenant(tenant, self.node.clock.monotonic_ms()),
         }
+        return msgspec.convert(body, out.Queues)
 
     async def cancel(self, tenant: str, task_id: str, reason: str) -> out.Canceled:
         self.find(tenant, task_id)
@@ -310,7 +311,6 @@ class Gateway:
         if not reply.ok or reply.status is None:
             raise refused(reply, "task_id")
         return out.Canceled(task_id=task_id, status=render.STATUS[reply.status])
-        return msgspec.convert(body, out.Queues)
 
     async def retry(self, tenant: str, task_ids: list[str]) -> list[out.Retried]:
         """Retry the listed tasks now (at most ``BATCH_MAX``); a filter is a bulk operation."""
