@@ -1018,7 +1018,11 @@ def test_schedules_crud_is_tenant_scoped_and_validated(node: NodeProcess) -> Non
         ({"cron": "* * * * * *"}, "cron", "expected 5 fields"),
         ({"cron": "0 0 30 2 *"}, "cron", "never fires"),
         ({"timezone": "Mars/Olympus"}, "timezone", "unknown timezone 'Mars/Olympus'"),
-        ({"overlap": "sometimes"}, "overlap", "one of allow|cancel_previous|skip"),
+        (
+            {"overlap": "sometimes"},
+            "overlap",
+            "must be allow (the default), skip or cancel_previous",
+        ),
         ({"task": {"task_type": "echo", "app": "shop", "delay_ms": 5}}, "task.delay_ms", "firing"),
     ],
 )
