@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from test_cluster import enqueue_delayed, leading, settled, wait_for
-from test_gateway import NodeProcess, call
+from test_gateway import NodeProcess, call, stop_orphaned_postgres
 from test_kafka_node import CLIENT, kafka_node, start_agent, stop, wait_registered
 
 from conveyor.streams.log.kafka_broker import KafkaCluster
@@ -104,3 +104,4 @@ def test_every_node_lists_every_partition_and_a_move_loses_or_repeats_nothing(
         for node in made:
             if node.proc is not None and node.proc.poll() is None:
                 node.stop()
+            stop_orphaned_postgres(node.home)  # n2's, killed with -9, outlives it
