@@ -193,7 +193,10 @@ def test_kill9_after_messages_were_appended_ships_them_again_and_lands_nothing_t
 ) -> None:
     home_with_app(tmp_path)
     proc = dev_process(tmp_path)
-    monkeypatch.setenv("CONVEYOR_FAILPOINTS", "message-shipped=0.2")
+    # Every shipping round crashes until the last start: a round ships up to 256 rows, so the
+    # whole fan-out may go in a handful of rounds, and a chance per round (0.2 before) now and
+    # then let every round pass and the test prove nothing.
+    monkeypatch.setenv("CONVEYOR_FAILPOINTS", "message-shipped=1")
     proc.start(cwd=tmp_path)  # nothing to ship yet: no crash before the workflow starts
     workflow_id = start(proc.base, CHILDREN)
     crashes = 0
