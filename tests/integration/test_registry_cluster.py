@@ -72,7 +72,9 @@ def test_both_nodes_read_the_types_registered_through_either(
         }
         until_ok(other.base, "POST", "/worker/register", body, AGENT)
         for node in (owner, other):
-            one = until_ok(node.base, "GET", "/v1/task-types/shop/pack_item", None, CLIENT)
+            # Read through another node than the write's: 404 until its catalog has read it.
+            path = "/v1/task-types/shop/pack_item"
+            one = until_ok(node.base, "GET", path, None, CLIENT, meanwhile=(503, 404))
             defaults = one["defaults"]
             assert isinstance(defaults, dict) and defaults["queue"] == "packing", one
             enqueue = {"task_type": "pack_item", "app": "shop", "payload": {"sku": "MUG"}}
