@@ -98,3 +98,34 @@ def test_the_state_machine_loads_only_the_shared_base_of_the_sdk() -> None:
     )
     assert sdk_side == [], "the state machine loads the SDK's side"
     assert top_levels(found) & HTTP_CLIENTS == set()
+
+
+def test_the_extras_modules_are_the_ones_pyproject_installs() -> None:
+    """``conveyor.extras.MODULES`` names what the server, s3 and kafka extras install, to say
+    which extra a missing module needs; it must match pyproject.toml's lists (read here), each
+    distribution mapped to its top-level modules by the installed metadata."""
+    import importlib.metadata
+    import re
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    by_dist: dict[str, set[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            by_dist.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), set()).add(module)
+    for extra, names in MODULES.items():
+        dists = [re.split(r"[\[<>=!~ ;]", spec, maxsplit=1)[0].lower() for spec in extras[extra]]
+        # what the extra installs: its distributions and the ones they require (botocore)
+        required = [
+            re.split(r"[\[<>=!~ ;(]", spec, maxsplit=1)[0].lower()
+            for d in dists
+            for spec in importlib.metadata.requires(d) or []
+            if "extra ==" not in spec
+        ]
+        installed = set().union(*(by_dist.get(d, set()) for d in dists + required))
+        # every listed module comes from the extra, and every distribution has one listed
+        assert set(names) <= installed, (extra, set(names) - installed)
+        for dist in dists:
+            assert by_dist[dist] & set(names), f"{extra}: no module of {dist} in MODULES"
