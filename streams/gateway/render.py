@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypedDict, cast
 
 import msgspec
 
@@ -34,8 +34,26 @@ def error_reply(cls: str | None, message: str | None, stack: str | None) -> out.
     return out.Error(class_=cls, message=message, stack=stack)
 
 
-def _summary_fields(task: Task) -> dict[str, Any]:
-    """The fields a listing's row and the task's detail share."""
+class _SummaryFields(TypedDict):
+    """The fields a listing's row and the task's detail share (a TypedDict, so mypy checks
+    them against both models' fields where they are unpacked)."""
+
+    task_id: str
+    app: str
+    task_type: str
+    queue: str
+    priority: int | None
+    status: out.Status
+    attempt: int
+    created_ms: int
+    updated_ms: int
+    run_at_ms: int | None
+    finished_ms: int | None
+    error: out.Error | None
+    cancel_requested: bool
+
+
+def _summary_fields(task: Task) -> _SummaryFields:
     return {
         "task_id": task.task_id,
         "app": task.app,
