@@ -14,7 +14,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conveyor import codecs, testing
+    from conveyor import codecs
+    from conveyor import testing as testing  # an attribute, not in __all__
     from conveyor.aclient import AsyncClient, AsyncTaskHandle
     from conveyor.app import App, Retry, TaskOptions, TaskType
     from conveyor.client import Client, TaskHandle, set_default_client
@@ -74,8 +75,7 @@ __all__ = [
     "codecs",
     "current_task",
     "set_default_client",
-    "testing",
-]
+]  # not ``testing``: ``from conveyor import *`` must not load the node (the server extra)
 
 # Every name is imported on first use (PEP 562), so that ``import conveyor`` imports nothing
 # but this file. The package is shared: the node's state machine imports its leaf modules

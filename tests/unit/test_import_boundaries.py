@@ -75,8 +75,18 @@ def test_import_conveyor_loads_only_the_package() -> None:
         "import conveyor.contract.replies, conveyor.contract.shapes, conveyor.contract.limits",
         "import conveyor.agents.host, conveyor.agents.guest",  # conveyor agent and its guests
         "import conveyor.cli",  # the client commands; node and dev check their extra when run
+        "from conveyor import *",  # every exported name (conveyor.testing is not one)
     ],
-    ids=["names", "app-and-client", "async-client", "sdk-modules", "contract", "agent", "cli"],
+    ids=[
+        "names",
+        "app-and-client",
+        "async-client",
+        "sdk-modules",
+        "contract",
+        "agent",
+        "cli",
+        "star",
+    ],
 )
 def test_the_sdk_side_loads_nothing_of_the_node(code: str) -> None:
     assert node_side(loaded(code)) == []
