@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Unpack, overload
 from urllib.parse import quote
 
 from conveyor.ahttp import NotSent, Session, TransportError
@@ -29,7 +29,6 @@ from conveyor.client import (
 )
 from conveyor.codecs import (
     PayloadCodec,
-    decode_tree,
     decoded_info,
     encode_bodies,
     encode_schedule,
@@ -48,12 +47,14 @@ from conveyor.wire import (
     TaskInfo,
     TaskPage,
     canceled_status,
-    checked,
     chunks,
+    delivery_list,
     enqueue_body,
     enqueued,
     enqueued_batch,
     event_status,
+    events_page,
+    new_webhook,
     payload_search,
     query,
     rerun_id,
@@ -62,7 +63,20 @@ from conveyor.wire import (
     schedule_list,
     schedule_run_id,
     task_info,
+    webhook_list,
+    workflow_history_page,
+    workflow_reply,
 )
+
+if TYPE_CHECKING:  # the models load with the first reply, not with ``import conveyor``
+    from conveyor.contract.replies import (
+        Delivery,
+        Events,
+        NewWebhook,
+        Webhook,
+        Workflow,
+        WorkflowHistory,
+    )
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -251,19 +265,20 @@ class AsyncClient:
         path = f"/v1/tasks/{quote(task_id, safe='')}/rerun"
         return rerun_id(await self._send("POST", path, body=body))
 
-    async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
-        """``GET /v1/workflows/{id}`` (see ``Client.get_workflow``)."""
+    async def get_workflow(self, workflow_id: str) -> Workflow:
+        """``GET /v1/workflows/{id}`` as ``conveyor.contract.replies.Workflow`` (see
+        ``Client.get_workflow``)."""
         reply = await self._send("GET", f"/v1/workflows/{workflow_id}")
-        return dict(decode_tree(self.codec, checked("Workflow", reply)))
+        return workflow_reply(self.codec, reply)
 
     async def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> dict[str, Any]:
-        """One page of the workflow's step rows (see ``Client.workflow_history``)."""
+    ) -> WorkflowHistory:
+        """One page of the workflow's step rows as ``conveyor.contract.replies.WorkflowHistory``
+        (see ``Client.workflow_history``)."""
         params = query(limit=limit, cursor=cursor)
         path = f"/v1/workflows/{workflow_id}/history"
-        reply = await self._send("GET", path, params=params)
-        return dict(decode_tree(self.codec, checked("WorkflowHistory", reply)))
+        return workflow_history_page(self.codec, await self._send("GET", path, params=params))
 
     async def list(
         self,
@@ -383,27 +398,25 @@ class AsyncClient:
 
     async def events(
         self, after: str | None = None, *, wait_s: float = 0.0, limit: int = 100, **filters: str
-    ) -> dict[str, Any]:
-        """``GET /v1/events`` as a long poll: ``{"events", "cursor"}``, the tenant's task events
-        after ``after`` (none: from the newest on); pass ``cursor`` on. ``filters``: state,
-        task_type, queue, type (comma-separated values)."""
+    ) -> Events:
+        """``GET /v1/events`` as a long poll, as ``conveyor.contract.replies.Events`` (see
+        ``Client.events``)."""
         params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
         timeout = wait_s + self._http.timeout
-        reply = await self._send("GET", "/v1/events", params=params, timeout=timeout)
-        return dict(checked("Events", reply))
+        return events_page(await self._send("GET", "/v1/events", params=params, timeout=timeout))
 
     async def create_webhook(
         self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
-    ) -> dict[str, Any]:
-        """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
+    ) -> NewWebhook:
+        """Register a webhook, as ``conveyor.contract.replies.NewWebhook``: its ``.secret``
+        (shown once) verifies its signatures."""
         types = None if task_types is None else [*task_types]
         body = {"url": url, "events": [*events], "task_types": types}
-        reply = await self._send("POST", "/v1/webhooks", body=body, idempotent=False)
-        return dict(checked("NewWebhook", reply))
+        return new_webhook(await self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
-    async def webhooks(self) -> tuple[dict[str, Any], ...]:
-        """The tenant's webhooks."""
-        return tuple(checked("Webhooks", await self._send("GET", "/v1/webhooks"))["webhooks"])
+    async def webhooks(self) -> tuple[Webhook, ...]:
+        """The tenant's webhooks, as ``conveyor.contract.replies.Webhook``."""
+        return webhook_list(await self._send("GET", "/v1/webhooks"))
 
     async def delete_webhook(self, webhook_id: str) -> None:
         """Delete a webhook."""
@@ -411,11 +424,12 @@ class AsyncClient:
 
     async def webhook_deliveries(
         self, webhook_id: str, *, status: str | None = None, limit: int = 50
-    ) -> tuple[dict[str, Any], ...]:
-        """A webhook's deliveries, the most recently changed first."""
+    ) -> tuple[Delivery, ...]:
+        """A webhook's deliveries, the most recently changed first, as
+        ``conveyor.contract.replies.Delivery``."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
         reply = await self._send("GET", path, params=query(status=status, limit=limit))
-        return tuple(checked("Deliveries", reply)["deliveries"])
+        return delivery_list(reply)
 
     async def redeliver(self, webhook_id: str, delivery_id: str) -> None:
         """Send a delivery again, with the same webhook-id."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, Unpack, overload
 from urllib.parse import quote
 
 import httpx
@@ -24,7 +24,6 @@ import httpx
 from conveyor.app import TaskType
 from conveyor.codecs import (
     PayloadCodec,
-    decode_tree,
     decoded_info,
     encode_bodies,
     encode_schedule,
@@ -43,13 +42,15 @@ from conveyor.wire import (
     TaskInfo,
     TaskPage,
     canceled_status,
-    checked,
     chunks,
+    delivery_list,
     enqueue_body,
     enqueued,
     enqueued_batch,
     error_from_reply,
     event_status,
+    events_page,
+    new_webhook,
     payload_search,
     query,
     rerun_id,
@@ -58,7 +59,20 @@ from conveyor.wire import (
     schedule_list,
     schedule_run_id,
     task_info,
+    webhook_list,
+    workflow_history_page,
+    workflow_reply,
 )
+
+if TYPE_CHECKING:  # the models load with the first reply, not with ``import conveyor``
+    from conveyor.contract.replies import (
+        Delivery,
+        Events,
+        NewWebhook,
+        Webhook,
+        Workflow,
+        WorkflowHistory,
+    )
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -329,19 +343,22 @@ class Client:
         reply = self._send("POST", f"/v1/tasks/{quote(task_id, safe='')}/rerun", body=body)
         return rerun_id(reply)
 
-    def get_workflow(self, workflow_id: str) -> dict[str, Any]:
-        """``GET /v1/workflows/{id}``: the workflow, its steps with their states, and each
-        parallel step with its children (a workflow is enqueued like any task)."""
-        reply = checked("Workflow", self._send("GET", f"/v1/workflows/{workflow_id}"))
-        return dict(decode_tree(self.codec, reply))
+    def get_workflow(self, workflow_id: str) -> Workflow:
+        """``GET /v1/workflows/{id}`` as ``conveyor.contract.replies.Workflow``: the workflow
+        (``.workflow``, its task), its steps with their states (``.steps``), and each parallel
+        step with its children (``.parallel[0].counts``: children by status). A workflow is
+        enqueued like any task."""
+        return workflow_reply(self.codec, self._send("GET", f"/v1/workflows/{workflow_id}"))
 
     def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> dict[str, Any]:
-        """One page of the workflow's step rows with their values; pass ``next_cursor`` on."""
+    ) -> WorkflowHistory:
+        """One page of the workflow's step rows with their values, decoded by the client's
+        codec chain, as ``conveyor.contract.replies.WorkflowHistory`` (``.steps[0].value``);
+        pass ``.next_cursor`` on."""
         params = query(limit=limit, cursor=cursor)
         reply = self._send("GET", f"/v1/workflows/{workflow_id}/history", params=params)
-        return dict(decode_tree(self.codec, checked("WorkflowHistory", reply)))
+        return workflow_history_page(self.codec, reply)
 
     def list(
         self,
@@ -463,29 +480,27 @@ class Client:
 
     def events(
         self, after: str | None = None, *, wait_s: float = 0.0, limit: int = 100, **filters: str
-    ) -> dict[str, Any]:
-        """``GET /v1/events`` as a long poll: ``{"events", "cursor"}``, the tenant's task events
-        after ``after`` (none: from the newest on); pass ``cursor`` on. ``filters``: state,
-        task_type, queue, type (comma-separated values)."""
+    ) -> Events:
+        """``GET /v1/events`` as a long poll, as ``conveyor.contract.replies.Events``: the
+        tenant's task events after ``after`` (none: from the newest on) in ``.events``; pass
+        ``.cursor`` on. ``filters``: state, task_type, queue, type (comma-separated values)."""
         params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
         timeout = wait_s + self._timeout
-        return dict(
-            checked("Events", self._send("GET", "/v1/events", params=params, timeout=timeout))
-        )
+        return events_page(self._send("GET", "/v1/events", params=params, timeout=timeout))
 
     def create_webhook(
         self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
-    ) -> dict[str, Any]:
-        """Register a webhook; the answer's ``secret`` (shown once) verifies its signatures."""
+    ) -> NewWebhook:
+        """Register a webhook, as ``conveyor.contract.replies.NewWebhook``: its ``.secret``
+        (shown once) verifies its signatures."""
         types = None if task_types is None else [*task_types]
         body = {"url": url, "events": [*events], "task_types": types}
-        return dict(
-            checked("NewWebhook", self._send("POST", "/v1/webhooks", body=body, idempotent=False))
-        )
+        return new_webhook(self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
-    def webhooks(self) -> tuple[dict[str, Any], ...]:
-        """The tenant's webhooks (their secrets are shown only when created)."""
-        return tuple(checked("Webhooks", self._send("GET", "/v1/webhooks"))["webhooks"])
+    def webhooks(self) -> tuple[Webhook, ...]:
+        """The tenant's webhooks, as ``conveyor.contract.replies.Webhook`` (their secrets are
+        shown only when created)."""
+        return webhook_list(self._send("GET", "/v1/webhooks"))
 
     def delete_webhook(self, webhook_id: str) -> None:
         """Delete a webhook; its pending deliveries are not made."""
@@ -493,11 +508,11 @@ class Client:
 
     def webhook_deliveries(
         self, webhook_id: str, *, status: str | None = None, limit: int = 50
-    ) -> tuple[dict[str, Any], ...]:
-        """A webhook's deliveries, the most recently changed first."""
+    ) -> tuple[Delivery, ...]:
+        """A webhook's deliveries, the most recently changed first, as
+        ``conveyor.contract.replies.Delivery``."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
-        reply = self._send("GET", path, params=query(status=status, limit=limit))
-        return tuple(checked("Deliveries", reply)["deliveries"])
+        return delivery_list(self._send("GET", path, params=query(status=status, limit=limit)))
 
     def redeliver(self, webhook_id: str, delivery_id: str) -> None:
         """Send a delivery again, with the same webhook-id."""

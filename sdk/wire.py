@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, field
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, Literal, Required, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Required, TypedDict, TypeVar
 
 import msgspec
 
@@ -37,6 +37,7 @@ from conveyor.frozen import frozen
 from conveyor.typed import encode
 
 if TYPE_CHECKING:
+    from conveyor.codecs import PayloadCodec
     from conveyor.contract import replies as contract
 
 TERMINAL: Final = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "EXPIRED"})
@@ -606,18 +607,56 @@ def schedule_list(reply: Any) -> list[ScheduleInfo]:
 ScheduleList = list[ScheduleInfo]  # for clients whose own ``list`` method shadows the builtin
 
 
-# The replies the SDK hands on as JSON (a workflow, its history, events, webhooks): checked
-# against their model, so a reply the contract refuses is a ContractError naming the field, and
-# returned as parsed, which is what these methods have always returned.
-Checked = Literal["Workflow", "WorkflowHistory", "Events", "NewWebhook", "Webhooks", "Deliveries"]
+# The workflow, events and webhook replies are handed on as the contract's models themselves
+# (``conveyor.contract.replies``): no SDK view, the attribute names are the document's. The
+# payload-carrying fields (``Json``: a history row's value, which is a step's return, a parallel
+# step's results or an event's payload) are decoded through the client's codec chain before the
+# model takes the reply, so they hold what the code sent; a workflow's reply goes through the
+# chain alike, so a payload field it gains is decoded too.
 
 
-def checked(model: Checked, reply: Any) -> Any:
-    """``reply`` once ``model`` (of ``conveyor.contract.replies``) takes it."""
+def workflow_reply(codec: PayloadCodec | None, reply: Any) -> contract.Workflow:
+    """The reply of ``GET /v1/workflows/{id}``, its payloads decoded by ``codec``."""
+    from conveyor.codecs import decode_tree  # conveyor.codecs imports this module
     from conveyor.contract import replies as contract  # loaded by the first reply
 
-    decode_reply(getattr(contract, model), reply)
-    return reply
+    return decode_reply(contract.Workflow, decode_tree(codec, reply))
+
+
+def workflow_history_page(codec: PayloadCodec | None, reply: Any) -> contract.WorkflowHistory:
+    """A page of ``GET /v1/workflows/{id}/history``, its step values decoded by ``codec``."""
+    from conveyor.codecs import decode_tree  # conveyor.codecs imports this module
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.WorkflowHistory, decode_tree(codec, reply))
+
+
+def events_page(reply: Any) -> contract.Events:
+    """A page of ``GET /v1/events``."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.Events, reply)
+
+
+def new_webhook(reply: Any) -> contract.NewWebhook:
+    """The reply of ``POST /v1/webhooks``: the webhook and its signing secret."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return decode_reply(contract.NewWebhook, reply)
+
+
+def webhook_list(reply: Any) -> tuple[contract.Webhook, ...]:
+    """The webhooks of ``GET /v1/webhooks``."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return tuple(decode_reply(contract.Webhooks, reply).webhooks)
+
+
+def delivery_list(reply: Any) -> tuple[contract.Delivery, ...]:
+    """The deliveries of ``GET /v1/webhooks/{id}/deliveries``."""
+    from conveyor.contract import replies as contract  # loaded by the first reply
+
+    return tuple(decode_reply(contract.Deliveries, reply).deliveries)
 
 
 def canceled_status(reply: Any) -> str:

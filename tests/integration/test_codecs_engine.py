@@ -149,7 +149,7 @@ def test_children_and_events_cross_encoded_too(engine: Engine) -> None:
     assert engine.client.get(child.task_id).payload == 2
     # The event is kept encoded until the workflow's next attempt takes it.
     workflow = engine.client.get_workflow(handle.id)
-    assert [s["identity"] for s in workflow["steps"]][:1] == ["squares#0"]
+    assert [s.identity for s in workflow.steps][:1] == ["squares#0"]
     engine.client.send_event(handle.id, "approved", {"by": "secret-approver"})
     engine.run_until_idle()
     assert handle.result() == {"squares": [4, 9], "decision": {"by": "secret-approver"}}

@@ -23,6 +23,7 @@ import conveyor
 from conveyor.agents.host import HostAgent
 from conveyor.agents.worker_api import HttpWorkerAPI
 from conveyor.codecs import describe
+from conveyor.contract.replies import WorkflowHistory
 from conveyor.schemas.envelope import is_envelope
 
 pytestmark = pytest.mark.timeout(180)
@@ -113,12 +114,16 @@ def test_the_node_holds_only_envelopes_of_an_encrypted_app(
     }
     assert results["approval"] == {"decision": {"by": SECRET + "-approver"}}
     assert results["shout"] == (SECRET + "-async").upper()
-    (quote,) = [s for s in results["history"]["steps"] if s["identity"] == "quote#0"]  # type: ignore[index]
-    assert quote["value"] == SECRET + "-quote"
+    history = results["history"]
+    assert isinstance(history, WorkflowHistory)
+    (quote,) = [s for s in history.steps if s.identity == "quote#0"]
+    assert quote.value == SECRET + "-quote"
 
     # The API without the key: envelopes only.
-    (raw_quote,) = [s for s in results["raw_history"]["steps"] if s["identity"] == "quote#0"]  # type: ignore[index]
-    assert is_envelope(raw_quote["value"])
+    raw_history = results["raw_history"]
+    assert isinstance(raw_history, WorkflowHistory)
+    (raw_quote,) = [s for s in raw_history.steps if s.identity == "quote#0"]
+    assert is_envelope(raw_quote.value)
     for task_id in (results["seal_id"], results["approval_id"], results["shout_id"]):
         status, task = call(node.base, "GET", f"/v1/tasks/{task_id}")
         assert status == 200 and task["status"] == "SUCCEEDED"

@@ -20,6 +20,7 @@ import pytest
 
 from conveyor.aclient import AsyncClient
 from conveyor.client import Client
+from conveyor.contract.replies import Events
 from conveyor.errors import ContractError
 from tests.integration.test_gateway import (
     KEY_A,
@@ -239,24 +240,25 @@ def test_the_clients_read_events_and_manage_webhooks(node: NodeProcess) -> None:
     (task_id,) = enqueue(node.base, KEY_A, 1)
     with Client(node.base, KEY_A) as client:
         page = client.events(start, wait_s=5, type="task.enqueued")
-        assert [e["task_id"] for e in page["events"]] == [task_id]
+        assert [e.task_id for e in page.events] == [task_id]
         with pytest.raises(ContractError):
             client.events("c1.bogus")
         # This node sends to public addresses only; a literal one is never resolved.
         hook = client.create_webhook("http://93.184.215.14/hook", ["task.failed"])
-        assert hook["secret"].startswith("whsec_")
-        assert [h["webhook_id"] for h in client.webhooks()] == [hook["webhook_id"]]
-        assert all("secret" not in h for h in client.webhooks())
+        assert hook.secret.startswith("whsec_")
+        assert [h.webhook_id for h in client.webhooks()] == [hook.webhook_id]
+        status, listed = call(node.base, "GET", "/v1/webhooks")  # what the node sends
+        assert status == 200 and all("secret" not in h for h in listed["webhooks"]), listed
         assert Client(node.base, KEY_B).webhooks() == ()
-        assert client.webhook_deliveries(hook["webhook_id"]) == ()
-        client.delete_webhook(hook["webhook_id"])
+        assert client.webhook_deliveries(hook.webhook_id) == ()
+        client.delete_webhook(hook.webhook_id)
         assert client.webhooks() == ()
 
-    async def read() -> dict[str, Any]:
+    async def read() -> Events:
         async with AsyncClient(node.base, KEY_A) as aclient:
-            return await aclient.events(page["cursor"], wait_s=0)
+            return await aclient.events(page.cursor, wait_s=0)
 
-    assert asyncio.run(read())["events"] == []
+    assert asyncio.run(read()).events == []
 
 
 def test_a_stream_that_is_not_read_holds_back_no_one_and_loses_nothing(node: NodeProcess) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import parity_app
 import pytest
 from test_gateway import NodeProcess, call
@@ -100,8 +101,8 @@ def scenario(client: conveyor.Client) -> Transcript:
 
 
 def normalized(transcript: Transcript) -> list[tuple[str, Any]]:
-    """Ids named in order of first appearance, times dropped, handles and dataclasses as
-    plain data: what is left must be the same on both sides."""
+    """Ids named in order of first appearance, times dropped, handles, dataclasses and reply
+    models as plain data: what is left must be the same on both sides."""
     names: dict[str, str] = {}
 
     def name(match: re.Match[str]) -> str:
@@ -110,6 +111,8 @@ def normalized(transcript: Transcript) -> list[tuple[str, Any]]:
     def plain(value: Any) -> Any:
         if isinstance(value, conveyor.TaskHandle):
             return plain({"handle": value.id, "created": value.created})
+        if isinstance(value, msgspec.Struct):  # a reply model (a workflow, its history)
+            return plain(msgspec.to_builtins(value))
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return plain(dataclasses.asdict(value))
         if isinstance(value, dict):

@@ -193,12 +193,12 @@ def test_history_pages_through_every_step(dev: NodeProcess) -> None:
     assert pages == 3 and sorted(seen) == sorted([*(f"s{i}#0" for i in range(25)), "nap#0"])
     with conveyor.Client(dev.base, KEY_A) as client:
         wf = client.get_workflow(workflow_id)
-        assert wf["workflow"]["status"] == "SLEEPING"
-        assert wf["steps"][-1]["kind"] == "sleep" and wf["steps"][-1]["state"] == "SLEEPING"
+        assert wf.workflow.status == "SLEEPING"
+        assert wf.steps[-1].kind == "sleep" and wf.steps[-1].state == "SLEEPING"
         page = client.workflow_history(workflow_id, limit=20)
-        assert len(page["steps"]) == 20
-        rest = client.workflow_history(workflow_id, cursor=page["next_cursor"])
-        assert len(rest["steps"]) == 6 and rest["next_cursor"] is None
+        assert len(page.steps) == 20
+        rest = client.workflow_history(workflow_id, cursor=page.next_cursor)
+        assert len(rest.steps) == 6 and rest.next_cursor is None
         client.cancel(workflow_id)
     status, bad = call(dev.base, "GET", f"/v1/workflows/{workflow_id}/history?cursor=%%%")
     assert status == 400 and bad["error"]["field"] == "cursor"

@@ -155,8 +155,8 @@ def test_a_fan_out_past_1000_children_spills_to_the_other_partition(engine: Engi
     engine.run_until_idle()
     assert handle.result() == [i * i for i in range(1_050)]
     assert [a.outcome for a in handle.get().attempts] == ["FANNED_OUT", "SUCCEEDED"]
-    (parallel,) = engine.client.get_workflow(handle.id)["parallel"]
-    assert parallel["counts"] == {"SUCCEEDED": 1_050}
+    (parallel,) = engine.client.get_workflow(handle.id).parallel
+    assert parallel.counts == {"SUCCEEDED": 1_050}
     for index in (0, 999, 1_000, 1_049):  # the engine's node has two partitions
         task = engine.client.get(child_id(handle.id, "wide#0", index, 2))
         assert task.status == "SUCCEEDED"
@@ -227,12 +227,12 @@ def test_the_engine_client_reads_workflows_like_the_http_client(engine: Engine) 
     handle = engine.client.enqueue(waits_on_sleepers, 2)
     engine.run_until_idle()
     wf = engine.client.get_workflow(handle.id)
-    assert wf["workflow"]["status"] == "WAITING"
-    assert [(s["identity"], s["state"]) for s in wf["steps"]] == [("park#0", "WAITING")]
-    assert [c["status"] for c in wf["parallel"][0]["children"]] == ["SLEEPING", "SLEEPING"]
-    child = wf["parallel"][0]["children"][0]["task_id"]
+    assert wf.workflow.status == "WAITING"
+    assert [(s.identity, s.state) for s in wf.steps] == [("park#0", "WAITING")]
+    assert [c.status for c in wf.parallel[0].children] == ["SLEEPING", "SLEEPING"]
+    child = wf.parallel[0].children[0].task_id
     page = engine.client.workflow_history(child, limit=1)
-    assert [s["identity"] for s in page["steps"]] == ["sleep#0"] and page["next_cursor"] is None
+    assert [s.identity for s in page.steps] == ["sleep#0"] and page.next_cursor is None
 
 
 @app.workflow(retry=conveyor.Retry(attempts=3, base="1s"))
@@ -252,8 +252,8 @@ def test_a_refused_fan_out_fails_the_workflow_without_retries(engine: Engine) ->
 def test_the_engine_client_reruns_a_finished_workflow_afresh(engine: Engine) -> None:
     handle = engine.client.enqueue(approval, None)
     engine.run_until_idle()
-    wait = engine.client.get_workflow(handle.id)["workflow"]["waiting_for_event"]
-    assert wait["name"] == "approved" and wait["deadline_ms"] is not None, wait
+    wait = engine.client.get_workflow(handle.id).workflow.waiting_for_event
+    assert wait is not None and wait.name == "approved" and wait.deadline_ms is not None, wait
     with pytest.raises(conveyor.ContractError, match="only a finished task can be re-run"):
         engine.client.rerun(handle.id)
     engine.client.send_event(handle.id, "approved", "yes")

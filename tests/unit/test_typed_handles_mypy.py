@@ -1,5 +1,6 @@
 """mypy sees a handle's result type: ``enqueue`` of a typed task is a ``TaskHandle[R]`` of
-the handler's return type (for ``async def``: what it awaits), and misuse is a type error."""
+the handler's return type (for ``async def``: what it awaits), and misuse is a type error.
+The workflow and webhook replies are typed too (the contract's reply models)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ async def main(client: conveyor.Client, aclient: conveyor.AsyncClient) -> None:
     reveal_type(client.enqueue("add", (1, 2)).result())
     reveal_type(await (await aclient.enqueue(pay, 5)).result())
     wrong: str = client.enqueue(add, (1, 2)).result()
+    reveal_type(client.get_workflow("w").parallel[0].counts)
+    reveal_type((await aclient.workflow_history("w")).steps[0].value)
+    reveal_type(client.webhooks())
+    client.get_workflow("w").parallels
 """
 
 
@@ -65,8 +70,17 @@ def test_mypy_types_the_result_of_a_handle_by_its_task(tmp_path: Path) -> None:
     revealed = [
         line.split("Revealed type is ")[1] for line in out.splitlines() if "Revealed" in line
     ]
-    assert revealed == ['"int"', '"snippet.Receipt"', '"Any"', '"snippet.Receipt"'], out
+    assert revealed == [
+        '"int"',
+        '"snippet.Receipt"',
+        '"Any"',
+        '"snippet.Receipt"',
+        '"dict[str, int]"',
+        '"Any"',
+        '"tuple[conveyor.contract.replies.Webhook, ...]"',
+    ], out
     assert (
         'Incompatible types in assignment (expression has type "int", variable has type "str")'
         in out
     ), out
+    assert '"Workflow" has no attribute "parallels"' in out, out

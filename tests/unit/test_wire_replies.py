@@ -7,6 +7,8 @@ the field at fault, never a TypeError or KeyError from inside the client.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -14,6 +16,9 @@ import pytest
 
 import conveyor
 from conveyor import wire
+from conveyor.codecs import Compression, encode_value
+from conveyor.contract import replies as contract
+from conveyor.schemas.envelope import is_envelope
 
 ERROR = {"class": "ValueError", "message": "bad size", "stack": "Traceback ..."}
 
@@ -194,33 +199,210 @@ def test_the_operator_replies_decode_through_their_models() -> None:
     assert err.value.field == "retried[0].new_task_id"
 
 
-def test_the_client_checks_workflow_and_webhook_replies_and_returns_them_as_sent() -> None:
-    hook = {
-        "webhook_id": "w1",
-        "url": "https://example.com/hook",
-        "events": ["task.failed"],
-        "task_types": None,
-        "created_ms": 1_700_000_000_000,
-        "note": "a field this client does not know",
+HOOK = {
+    "webhook_id": "w1",
+    "url": "https://example.com/hook",
+    "events": ["task.failed"],
+    "task_types": None,
+    "created_ms": 1_700_000_000_000,
+    "note": "a field this client does not know",
+}
+CHILD = {"index": 0, "task_id": "c" * 32, "status": "SUCCEEDED", "created_ms": None}
+PARALLEL = {
+    "identity": "squares#0",
+    "position": 0,
+    "mode": "COLLECT",
+    "total": 2,
+    "fired": True,
+    "created_ms": 1_700_000_000_000,
+    "counts": {"SUCCEEDED": 2},
+    "children": [CHILD, {**CHILD, "index": 1, "task_id": "d" * 32}],
+    "children_truncated": False,
+}
+STEP = {"identity": "squares#0", "position": 0, "kind": "parallel", "state": "COMMITTED"}
+
+
+def workflow_reply(**fields: Any) -> dict[str, Any]:
+    """A ``GET /v1/workflows/{id}`` reply (``Workflow``), ``fields`` changed."""
+    base = {
+        "workflow": row(status="WAITING", error=None, resume="latest"),
+        "steps": [{**STEP, "claims": 1}],
+        "parallel": [PARALLEL],
     }
-    history = {
-        "steps": [
-            {"identity": "a", "position": 0, "claims": 1, "committed": True, "value": {"n": 1}}
-        ],
-        "next_cursor": None,
+    return {**base, **fields}
+
+
+def history_reply(*values: Any) -> dict[str, Any]:
+    """A ``GET /v1/workflows/{id}/history`` page whose step rows hold ``values``."""
+    steps = [
+        {"identity": f"s{i}#0", "position": i, "claims": 1, "committed": True, "value": value}
+        for i, value in enumerate(values)
+    ]
+    return {"steps": steps, "next_cursor": None}
+
+
+def replies(workflow: Any, history: Any) -> dict[str, Any]:
+    """What a node answers, by path: a workflow, its history, events and webhooks."""
+    event = {
+        "id": "e1",
+        "type": "task.failed",
+        "task_id": "b" * 32,
+        "app": "shop",
+        "task_type": "resize",
+        "queue": "images",
+        "status": "FAILED",
+        "attempt": 2,
+        "ts_ms": 1_700_000_005_000,
+        "error": ERROR,
+    }
+    delivery = {"delivery_id": "e1", "event_type": "task.failed", "status": "failed"}
+    return {
+        f"/v1/workflows/{'b' * 32}": workflow,
+        f"/v1/workflows/{'b' * 32}/history": history,
+        "/v1/events": {"events": [event], "cursor": "c1.x"},
+        "/v1/webhooks": {"webhooks": [HOOK]},
+        "/v1/webhooks/w1/deliveries": {
+            "webhook_id": "w1",
+            "deliveries": [{**delivery, "attempts": 3, "last_status": 500}],
+        },
     }
 
+
+def client_of(answers: dict[str, Any], codec: Any = None) -> conveyor.Client:
     def gateway(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/webhooks":
-            return httpx.Response(200, json={"webhooks": [hook]})
-        if request.url.path.endswith("/history"):
-            return httpx.Response(200, json=history)
-        workflow = row(resume="latest")
-        return httpx.Response(200, json={"workflow": workflow, "steps": [], "parallel": None})
+        if request.method == "POST":
+            return httpx.Response(200, json={**HOOK, "secret": "whsec_x"})
+        return httpx.Response(200, json=answers[request.url.path])
 
-    with conveyor.Client("http://gw", "k", transport=httpx.MockTransport(gateway)) as client:
-        assert client.webhooks() == (hook,)
-        assert client.workflow_history("b" * 32)["steps"][0]["value"] == {"n": 1}
-        with pytest.raises(conveyor.ContractError) as err:
-            client.get_workflow("b" * 32)
-        assert err.value.field == "parallel"
+    return conveyor.Client("http://gw", "k", codec=codec, transport=httpx.MockTransport(gateway))
+
+
+def test_workflow_event_and_webhook_replies_are_the_contracts_models() -> None:
+    with client_of(replies(workflow_reply(), history_reply({"n": 1}))) as client:
+        wf = client.get_workflow("b" * 32)
+        assert isinstance(wf, contract.Workflow)
+        assert wf.workflow.status == "WAITING" and wf.workflow.resume == "latest"
+        assert wf.steps[0].kind == "parallel" and wf.steps[0].started_ms is None
+        assert wf.parallel[0].counts == {"SUCCEEDED": 2}
+        assert [c.task_id for c in wf.parallel[0].children] == ["c" * 32, "d" * 32]
+        page = client.workflow_history("b" * 32)
+        assert isinstance(page, contract.WorkflowHistory)
+        assert page.steps[0].value == {"n": 1} and page.next_cursor is None
+        events = client.events("c0.x")
+        assert isinstance(events, contract.Events) and events.cursor == "c1.x"
+        assert events.events[0].error == ERROR and events.events[0].agent_id is None
+        hook = client.create_webhook("https://example.com/hook", ["task.failed"])
+        assert isinstance(hook, contract.NewWebhook) and hook.secret == "whsec_x"
+        (listed,) = client.webhooks()
+        assert type(listed) is contract.Webhook and listed.webhook_id == "w1"
+        assert listed.task_types is None and not hasattr(listed, "note")  # unknown: left out
+        (delivery,) = client.webhook_deliveries("w1")
+        assert isinstance(delivery, contract.Delivery)
+        assert (delivery.status, delivery.attempts, delivery.last_status) == ("failed", 3, 500)
+        assert delivery.next_attempt_ms is None  # optional, left out
+
+
+def test_the_async_client_decodes_the_same_replies_to_the_same_models() -> None:
+    answers = replies(workflow_reply(), history_reply({"n": 1}))
+    with client_of(answers) as client:
+        expected = (
+            client.get_workflow("b" * 32),
+            client.workflow_history("b" * 32),
+            client.events(),
+            client.create_webhook("https://example.com/hook", ["task.failed"]),
+            client.webhooks(),
+            client.webhook_deliveries("w1"),
+        )
+
+    async def read() -> tuple[Any, ...]:
+        aclient = conveyor.AsyncClient("http://127.0.0.1:1", "k")
+
+        async def send(method: str, path: str, **_: Any) -> Any:
+            return {**HOOK, "secret": "whsec_x"} if method == "POST" else answers[path]
+
+        aclient._send = send  # type: ignore[method-assign]
+        return (
+            await aclient.get_workflow("b" * 32),
+            await aclient.workflow_history("b" * 32),
+            await aclient.events(),
+            await aclient.create_webhook("https://example.com/hook", ["task.failed"]),
+            await aclient.webhooks(),
+            await aclient.webhook_deliveries("w1"),
+        )
+
+    assert asyncio.run(read()) == expected
+
+
+def test_payload_envelopes_in_a_workflow_reply_are_decoded_by_the_clients_codec() -> None:
+    """A step's value, and each result of a parallel step, reach the caller as the code sent
+    them; a client without the codec sees the envelopes the node holds."""
+    codec = Compression(threshold_bytes=1)
+    quote, square = "a quote " * 20, [4] * 50
+    sealed = [encode_value(codec, v) for v in (quote, square)]
+    assert all(is_envelope(v) for v in sealed)
+    history = history_reply(sealed[0], {"results": [sealed[1], None]})
+    with client_of(replies(workflow_reply(), history), codec=codec) as client:
+        page = client.workflow_history("b" * 32)
+        assert [s.value for s in page.steps] == [quote, {"results": [square, None]}]
+        assert client.get_workflow("b" * 32).parallel[0].counts == {"SUCCEEDED": 2}
+    with client_of(replies(workflow_reply(), history)) as plain:
+        assert plain.workflow_history("b" * 32).steps[0].value == sealed[0]
+    assert wire.workflow_history_page(codec, history) == page  # the decode both clients call
+
+
+@pytest.mark.parametrize(
+    ("path", "reply", "field", "model"),
+    [
+        ("/v1/workflows/" + "b" * 32, workflow_reply(parallel=None), "parallel", "Workflow"),
+        (
+            "/v1/workflows/" + "b" * 32,
+            workflow_reply(parallel=[{**PARALLEL, "mode": "ANY"}]),
+            "parallel[0].mode",
+            "Workflow",
+        ),
+        (
+            "/v1/workflows/" + "b" * 32,
+            workflow_reply(steps=[{**STEP, "state": "CLAIMED"}]),
+            "steps[0].claims",
+            "Workflow",
+        ),
+        (f"/v1/workflows/{'b' * 32}/history", {"steps": []}, "next_cursor", "WorkflowHistory"),
+        ("/v1/events", {"events": [], "cursor": None}, "cursor", "Events"),
+        (
+            "/v1/webhooks",
+            {"webhooks": [{**HOOK, "events": "task.failed"}]},
+            "webhooks[0].events",
+            "Webhooks",
+        ),
+        (
+            "/v1/webhooks/w1/deliveries",
+            {"webhook_id": "w1", "deliveries": [{"delivery_id": "e1", "status": "failed"}]},
+            "deliveries[0].event_type",
+            "Deliveries",
+        ),
+    ],
+    ids=[
+        "null-list",
+        "unknown-mode",
+        "missing-claims",
+        "missing-cursor",
+        "null-cursor",
+        "string-for-list",
+        "missing-event-type",
+    ],
+)
+def test_a_malformed_workflow_or_webhook_reply_is_a_contract_error_naming_the_field(
+    path: str, reply: Any, field: str, model: str
+) -> None:
+    calls: dict[str, Callable[[conveyor.Client], object]] = {
+        "/v1/workflows/" + "b" * 32: lambda c: c.get_workflow("b" * 32),
+        f"/v1/workflows/{'b' * 32}/history": lambda c: c.workflow_history("b" * 32),
+        "/v1/events": lambda c: c.events(),
+        "/v1/webhooks": lambda c: c.webhooks(),
+        "/v1/webhooks/w1/deliveries": lambda c: c.webhook_deliveries("w1"),
+    }
+    with client_of({path: reply}) as client, pytest.raises(conveyor.ContractError) as err:
+        calls[path](client)
+    assert err.value.field == field
+    assert f"({model} at {field}:" in str(err.value), err.value
+    assert "upgrade the older of the two" in str(err.value)
