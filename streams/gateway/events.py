@@ -87,8 +87,11 @@ class EventFilter:
 
 
 def _values(query: MultiMapping[str], name: str) -> frozenset[str]:
-    # Spaces around a comma-separated value are not part of it (the document allows them).
-    values = [v.strip() for raw in query.getall(name, []) for v in raw.split(",") if v.strip()]
+    # Spaces around a comma-separated value are not part of it (the document allows them);
+    # any other whitespace is, so a tab around a state is refused, as the document refuses it.
+    values = [
+        v.strip(" ") for raw in query.getall(name, []) for v in raw.split(",") if v.strip(" ")
+    ]
     if len(values) > FILTER_VALUES_MAX:
         raise ContractError(
             f"{name}: {len(values)} values, over the limit of {FILTER_VALUES_MAX}", field=name

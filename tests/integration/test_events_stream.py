@@ -221,6 +221,11 @@ def test_a_bad_cursor_is_a_400_naming_it(node: NodeProcess, cursor: str) -> None
 def test_a_bad_filter_is_a_400(node: NodeProcess) -> None:
     status, reply = call(node.base, "GET", "/v1/events?state=DONE")
     assert (status, reply["error"]["field"]) == (400, "state")
+    # spaces around a value are allowed, as the document's pattern says; a tab is not
+    status, reply = call(node.base, "GET", "/v1/events?state=%20FAILED%20,CANCELED")
+    assert status == 200, reply
+    status, reply = call(node.base, "GET", "/v1/events?state=%09FAILED")
+    assert (status, reply["error"]["field"]) == (400, "state")
     status, reply = call(node.base, "GET", "/v1/events?tenant=beta")
     assert (status, reply["error"]["field"]) == (400, "tenant")
     for bad in ("wait_ms=%C2%B2", "wait_ms=-1", "limit=0", "limit=1e3", "wait_ms=99999999"):
