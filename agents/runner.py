@@ -212,7 +212,7 @@ def succeeded(ctx: Context | None, value: Any) -> AttemptResult:
     if ctx is not None:
         ctx.step.finished()
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)  # NaN and the infinities are not JSON
     except (TypeError, ValueError) as exc:
         return AttemptResult(
             outcome="FATAL",

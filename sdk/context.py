@@ -138,7 +138,7 @@ class Context:
         encoded, and the cap applies to what is stored."""
         try:
             stored = encode_value(self.codec, value)
-            size = len(json.dumps(stored, separators=(",", ":")).encode())
+            size = len(json.dumps(stored, separators=(",", ":"), allow_nan=False).encode())
         except (TypeError, ValueError) as exc:
             raise ContractError(f"a checkpoint must be JSON-serializable: {exc}") from exc
         if size > CHECKPOINT_BYTES_MAX:
