@@ -1,5 +1,5 @@
 """The public SDK documents itself: every name in ``conveyor.__all__``, and in the ``__all__`` of
-the modules it lists (``conveyor.testing``, ``conveyor.codecs``), has a docstring, and so does
+the public modules (``conveyor.testing``, ``conveyor.codecs``), has a docstring, and so does
 every public method and property those classes define. The API reference (``make docs``) is
 built from these docstrings, so a missing one is a hole in the docs."""
 
@@ -12,9 +12,13 @@ from typing import Any
 
 import conveyor
 
+# Public modules that ``conveyor.__all__`` leaves out so that ``from conveyor import *`` does
+# not load them (``conveyor.testing`` is the whole platform, the server extra).
+PUBLIC_MODULES_OUTSIDE_ALL = ("testing",)
+
 
 def public_objects() -> Iterator[tuple[str, Any]]:
-    for name in conveyor.__all__:
+    for name in (*conveyor.__all__, *PUBLIC_MODULES_OUTSIDE_ALL):
         obj = getattr(conveyor, name)
         yield f"conveyor.{name}", obj
         if isinstance(obj, types.ModuleType):
