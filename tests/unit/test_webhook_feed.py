@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from standardwebhooks import Webhook as Verifier
 
 from conveyor.schemas.codec import EVENT_BATCH
 from conveyor.schemas.types import EventBatch, EventKind, TaskEvent
 from conveyor.streams.clock import FakeClock
 from conveyor.streams.log.memory import MemoryLog
+from conveyor.streams.webhooks import deliver
 from conveyor.streams.webhooks.deliver import Webhooks, sign
 from conveyor.streams.webhooks.store import Store
 
@@ -81,5 +85,100 @@ def test_deliveries_follow_tenant_type_and_registration_time(tmp_path: Path) -> 
         body = Verifier(other.secret).verify(d.body, headers)
         assert body["type"] == "task.failed" and body["data"]["task_id"] == "task3"
         store.close()
+
+    asyncio.run(run())
+
+
+def test_with_no_webhook_the_events_are_skipped_and_a_new_one_gets_what_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tails: list[object] = []
+
+    class CountedTail(deliver.Tail):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            tails.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(deliver, "Tail", CountedTail)
+
+    async def until(check: Callable[[], Awaitable[bool]]) -> None:
+        deadline = time.monotonic() + 10
+        while not await check():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.02)
+
+    async def run() -> None:
+        clock = FakeClock(start_ms=int(time.time() * 1000))
+        log = MemoryLog(2)
+        store = Store(tmp_path / "webhooks.sqlite3")
+        service = Webhooks(store, log, clock=clock)
+        feeding = asyncio.create_task(service.feed())
+        failed = frozenset({"task.failed"})
+
+        async def append(version: int) -> None:
+            batch = EventBatch(
+                partition=0,
+                offset=version,
+                events=[event(version, EventKind.TaskFailed, "t", ts_ms=clock.now_ms())],
+            )
+            await log.append(0, [EVENT_BATCH.encode(batch)])
+
+        async def skipped_to_the_end() -> bool:
+            return service.needed == {0: log.end_offset(0), 1: log.end_offset(1)}
+
+        for version in range(3):  # no webhook: nothing reads them, the cursor moves past them
+            await append(version)
+        await until(skipped_to_the_end)
+        assert tails == [] and service.needed[0] == 3
+        clock.advance(1)
+        hook = await service.create("t", "http://93.184.215.14/", failed, None)
+        await append(3)  # after the registration: delivered
+
+        async def delivered() -> bool:
+            return len(await store.deliveries(hook.id, None, 10)) == 1
+
+        await until(delivered)
+        assert len(tails) == 1  # read from the skipped-to position, once a webhook was there
+        (d,) = await store.deliveries(hook.id, None, 10)
+        assert d.event_id == "evt_0_3_0"
+        await service.delete("t", hook.id)  # none left: skipping again
+        for version in range(4, 6):
+            await append(version)
+        await until(skipped_to_the_end)
+        assert len(tails) == 1 and service.needed[0] == 6
+        feeding.cancel()
+        await asyncio.gather(feeding, return_exceptions=True)
+        store.close()
+
+    asyncio.run(run())
+
+
+def test_a_registration_under_way_keeps_the_feed_from_skipping(tmp_path: Path) -> None:
+    """The ends of the log are taken only when no registration began meanwhile: a webhook
+    whose row is still being written must get the events after its created_ms."""
+
+    async def run() -> None:
+        clock = FakeClock(start_ms=int(time.time() * 1000))
+        service = Webhooks(Store(tmp_path / "webhooks.sqlite3"), MemoryLog(1), clock=clock)
+        assert not service._any()
+        release = asyncio.Event()
+        add = service.store.add_webhook
+
+        async def slow_add(hook: Any) -> None:
+            await release.wait()
+            await add(hook)
+
+        service.store.add_webhook = slow_add  # type: ignore[method-assign]
+        creating = asyncio.create_task(
+            service.create("t", "http://93.184.215.14/", frozenset({"task.failed"}), None)
+        )
+        await asyncio.sleep(0.05)
+        assert service._any() and service.hooks == {}  # under way: counts as registered
+        positions = [deliver.Position(next=0, skip=0, seen=-1)]
+        assert await service._skip(positions) is positions  # returns at once, moving nothing
+        release.set()
+        await creating
+        assert service._any() and len(service.hooks) == 1
+        service.store.close()
 
     asyncio.run(run())
