@@ -138,7 +138,7 @@ def _check_name(name: Any) -> None:
 def encode_value(identity: str, value: Any) -> str:
     """The stored form of a step's value (compact JSON), checked against the per-step cap."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise StepRefused(
             f"step {identity!r} returned a {type(value).__name__}, not JSON: {exc}; "

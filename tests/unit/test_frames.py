@@ -80,3 +80,11 @@ def test_a_checkpoint_with_nan_is_refused() -> None:
     )
     with pytest.raises(ContractError, match="JSON"):
         ctx.checkpoint({"progress": math.nan})
+
+
+def test_a_step_value_with_nan_is_refused() -> None:
+    from conveyor.signals import StepRefused
+    from conveyor.steps import encode_value
+
+    with pytest.raises(StepRefused, match="not JSON"):
+        encode_value("charge", {"amount": math.inf})
