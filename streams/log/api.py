@@ -99,6 +99,13 @@ class Log(Protocol):
         """One past the offset of the last record; the next record gets this one or higher."""
         ...
 
+    @property
+    def ends_known(self) -> bool:
+        """Whether ``end_offset`` is always the true end of every partition (this process is
+        the log's only writer), so a reader may skip to it without reading; False where other
+        processes append and the end is only what this one last saw."""
+        ...
+
     def start_offset(self, partition: int) -> int: ...
 
     def fence(self, partition: int) -> int:

@@ -400,6 +400,10 @@ class KafkaLog:
     def partitions(self) -> int:
         return self._partitions
 
+    @property
+    def ends_known(self) -> bool:
+        return False  # other nodes append to the partitions they lead
+
     async def append(
         self, partition: int, records: Sequence[bytes], epoch: int | None = None
     ) -> list[int]:

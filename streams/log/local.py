@@ -813,6 +813,10 @@ class LocalLog:
         return len(self._parts)
 
     @property
+    def ends_known(self) -> bool:
+        return True  # one process writes the log
+
+    @property
     def root(self) -> Path:
         return self._root
 

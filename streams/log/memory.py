@@ -19,6 +19,10 @@ class MemoryLog:
     def partitions(self) -> int:
         return len(self._records)
 
+    @property
+    def ends_known(self) -> bool:
+        return True
+
     async def append(
         self, partition: int, records: Sequence[bytes], epoch: int | None = None
     ) -> list[int]:

@@ -411,6 +411,10 @@ class TimedLog:
     def end_offset(self, partition: int) -> int:
         return self.inner.end_offset(partition)
 
+    @property
+    def ends_known(self) -> bool:
+        return self.inner.ends_known
+
     def start_offset(self, partition: int) -> int:
         return self.inner.start_offset(partition)
 

@@ -28,7 +28,9 @@ Rules, and why:
    end every ``CURSOR_COMMIT_MS`` instead (decoding every event to match nothing cost a busy
    node ~3% of its CPU). An end is taken only if no registration began while it was read, so
    every event before it happened before any registration's ``created_ms`` (rule 2 would not
-   deliver it). On a cluster that assumes the nodes' clocks agree, as rule 2 does.
+   deliver it). Only where this process writes the whole events log (``Log.ends_known``: the
+   local log): on Kafka other nodes append, the end this node knows lags, and its cursor
+   there holds the cluster's trim of the events topic, so it keeps reading.
 """
 
 from __future__ import annotations
@@ -265,7 +267,7 @@ class Webhooks:
         positions = await self._start_positions()
         self.needed = {p: pos.next for p, pos in enumerate(positions)}
         while True:
-            if not self._any():
+            if self.events.ends_known and not self._any():
                 positions = await self._skip(positions)
             positions = await self._follow(positions)
 
@@ -305,8 +307,9 @@ class Webhooks:
                     item = await tail.next(0)
                 dirty = dirty or taken > 0
                 due = self.clock.monotonic_ms() - last_commit >= CURSOR_COMMIT_MS
-                idle = not self._any()
-                if new or (dirty and (due or idle)):
+                # every webhook was deleted: commit, then skip from here (rule 6)
+                leaving = self.events.ends_known and not self._any()
+                if new or (dirty and (due or leaving)):
                     now = self.clock.now_ms()
                     deadline = now + self.settings.retry_for_ms
                     committed = {p: pos.next for p, pos in enumerate(tail.positions)}
@@ -314,7 +317,7 @@ class Webhooks:
                         self._poke.poke()
                     self.needed = committed
                     last_commit, dirty = self.clock.monotonic_ms(), False
-                if idle and not self._any():  # every webhook was deleted: skip from here
+                if leaving and not self._any():
                     return list(tail.positions)
 
     def _matches(self, item: Event) -> list[NewDelivery]:

@@ -182,3 +182,45 @@ def test_a_registration_under_way_keeps_the_feed_from_skipping(tmp_path: Path) -
         service.store.close()
 
     asyncio.run(run())
+
+
+def test_where_other_processes_append_the_feed_keeps_reading_without_webhooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Kafka the end this node knows of a partition another node writes lags; skipping to
+    it would leave the cursor (which holds the events topic's trim) behind. So it reads."""
+    tails: list[object] = []
+
+    class CountedTail(deliver.Tail):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            tails.append(self)
+            super().__init__(*args, **kwargs)
+
+    class SharedLog(MemoryLog):
+        @property
+        def ends_known(self) -> bool:
+            return False
+
+    monkeypatch.setattr(deliver, "Tail", CountedTail)
+
+    async def run() -> None:
+        clock = FakeClock(start_ms=int(time.time() * 1000))
+        log = SharedLog(1)
+        service = Webhooks(Store(tmp_path / "webhooks.sqlite3"), log, clock=clock)
+        batch = EventBatch(
+            partition=0, offset=0, events=[event(0, EventKind.TaskFailed, "t", clock.now_ms())]
+        )
+        await service._start_positions()  # the cursor at the (empty) log's end
+        await log.append(0, [EVENT_BATCH.encode(batch)])
+        feeding = asyncio.create_task(service.feed())
+        deadline = time.monotonic() + 10
+        while service.needed.get(0) != 1:  # read past it, though no webhook wants it
+            assert time.monotonic() < deadline, service.needed
+            clock.advance(deliver.CURSOR_COMMIT_MS)  # committed once a second, as before
+            await asyncio.sleep(0.05)
+        assert len(tails) == 1
+        feeding.cancel()
+        await asyncio.gather(feeding, return_exceptions=True)
+        service.store.close()
+
+    asyncio.run(run())
