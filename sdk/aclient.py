@@ -69,14 +69,7 @@ from conveyor.wire import (
 )
 
 if TYPE_CHECKING:  # the models load with the first reply, not with ``import conveyor``
-    from conveyor.contract.replies import (
-        Delivery,
-        Events,
-        NewWebhook,
-        Webhook,
-        Workflow,
-        WorkflowHistory,
-    )
+    from conveyor.contract import replies as contract
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -265,7 +258,7 @@ class AsyncClient:
         path = f"/v1/tasks/{quote(task_id, safe='')}/rerun"
         return rerun_id(await self._send("POST", path, body=body))
 
-    async def get_workflow(self, workflow_id: str) -> Workflow:
+    async def get_workflow(self, workflow_id: str) -> contract.Workflow:
         """``GET /v1/workflows/{id}`` as ``conveyor.contract.replies.Workflow`` (see
         ``Client.get_workflow``)."""
         reply = await self._send("GET", f"/v1/workflows/{workflow_id}")
@@ -273,7 +266,7 @@ class AsyncClient:
 
     async def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> WorkflowHistory:
+    ) -> contract.WorkflowHistory:
         """One page of the workflow's step rows as ``conveyor.contract.replies.WorkflowHistory``
         (see ``Client.workflow_history``)."""
         params = query(limit=limit, cursor=cursor)
@@ -398,7 +391,7 @@ class AsyncClient:
 
     async def events(
         self, after: str | None = None, *, wait_s: float = 0.0, limit: int = 100, **filters: str
-    ) -> Events:
+    ) -> contract.Events:
         """``GET /v1/events`` as a long poll, as ``conveyor.contract.replies.Events`` (see
         ``Client.events``)."""
         params = query(after=after, wait_ms=int(wait_s * 1000), limit=limit, **filters)
@@ -407,14 +400,14 @@ class AsyncClient:
 
     async def create_webhook(
         self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
-    ) -> NewWebhook:
+    ) -> contract.NewWebhook:
         """Register a webhook, as ``conveyor.contract.replies.NewWebhook``: its ``.secret``
         (shown once) verifies its signatures."""
         types = None if task_types is None else [*task_types]
         body = {"url": url, "events": [*events], "task_types": types}
         return new_webhook(await self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
-    async def webhooks(self) -> tuple[Webhook, ...]:
+    async def webhooks(self) -> tuple[contract.Webhook, ...]:
         """The tenant's webhooks, as ``conveyor.contract.replies.Webhook``."""
         return webhook_list(await self._send("GET", "/v1/webhooks"))
 
@@ -424,7 +417,7 @@ class AsyncClient:
 
     async def webhook_deliveries(
         self, webhook_id: str, *, status: str | None = None, limit: int = 50
-    ) -> tuple[Delivery, ...]:
+    ) -> tuple[contract.Delivery, ...]:
         """A webhook's deliveries, the most recently changed first, as
         ``conveyor.contract.replies.Delivery``."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"

@@ -65,14 +65,7 @@ from conveyor.wire import (
 )
 
 if TYPE_CHECKING:  # the models load with the first reply, not with ``import conveyor``
-    from conveyor.contract.replies import (
-        Delivery,
-        Events,
-        NewWebhook,
-        Webhook,
-        Workflow,
-        WorkflowHistory,
-    )
+    from conveyor.contract import replies as contract
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -343,7 +336,7 @@ class Client:
         reply = self._send("POST", f"/v1/tasks/{quote(task_id, safe='')}/rerun", body=body)
         return rerun_id(reply)
 
-    def get_workflow(self, workflow_id: str) -> Workflow:
+    def get_workflow(self, workflow_id: str) -> contract.Workflow:
         """``GET /v1/workflows/{id}`` as ``conveyor.contract.replies.Workflow``: the workflow
         (``.workflow``, its task), its steps with their states (``.steps``), and each parallel
         step with its children (``.parallel[0].counts``: children by status). A workflow is
@@ -352,7 +345,7 @@ class Client:
 
     def workflow_history(
         self, workflow_id: str, *, limit: int = 100, cursor: str | None = None
-    ) -> WorkflowHistory:
+    ) -> contract.WorkflowHistory:
         """One page of the workflow's step rows with their values, decoded by the client's
         codec chain, as ``conveyor.contract.replies.WorkflowHistory`` (``.steps[0].value``);
         pass ``.next_cursor`` on."""
@@ -480,7 +473,7 @@ class Client:
 
     def events(
         self, after: str | None = None, *, wait_s: float = 0.0, limit: int = 100, **filters: str
-    ) -> Events:
+    ) -> contract.Events:
         """``GET /v1/events`` as a long poll, as ``conveyor.contract.replies.Events``: the
         tenant's task events after ``after`` (none: from the newest on) in ``.events``; pass
         ``.cursor`` on. ``filters``: state, task_type, queue, type (comma-separated values)."""
@@ -490,14 +483,14 @@ class Client:
 
     def create_webhook(
         self, url: str, events: Iterable[str], task_types: Iterable[str] | None = None
-    ) -> NewWebhook:
+    ) -> contract.NewWebhook:
         """Register a webhook, as ``conveyor.contract.replies.NewWebhook``: its ``.secret``
         (shown once) verifies its signatures."""
         types = None if task_types is None else [*task_types]
         body = {"url": url, "events": [*events], "task_types": types}
         return new_webhook(self._send("POST", "/v1/webhooks", body=body, idempotent=False))
 
-    def webhooks(self) -> tuple[Webhook, ...]:
+    def webhooks(self) -> tuple[contract.Webhook, ...]:
         """The tenant's webhooks, as ``conveyor.contract.replies.Webhook`` (their secrets are
         shown only when created)."""
         return webhook_list(self._send("GET", "/v1/webhooks"))
@@ -508,7 +501,7 @@ class Client:
 
     def webhook_deliveries(
         self, webhook_id: str, *, status: str | None = None, limit: int = 50
-    ) -> tuple[Delivery, ...]:
+    ) -> tuple[contract.Delivery, ...]:
         """A webhook's deliveries, the most recently changed first, as
         ``conveyor.contract.replies.Delivery``."""
         path = f"/v1/webhooks/{quote(webhook_id, safe='')}/deliveries"
