@@ -7,14 +7,16 @@ registered through one node is found by id through the other."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_cluster import PARTITIONS, leading, settled, wait_for
-from test_gateway import call
+from test_gateway import NodeProcess, call
 from test_kafka_node import AGENT, CLIENT, kafka_node
 
 from conveyor.streams.log.kafka_broker import KafkaCluster
@@ -44,16 +46,29 @@ def until_ok(
         time.sleep(0.1)  # another process decides: nothing to wait on but its answers
 
 
-def test_both_nodes_read_the_types_registered_through_either(
-    kafka_cluster: KafkaCluster, tmp_path: Path
-) -> None:
-    cluster = f"r{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def two_nodes(
+    kafka_cluster: KafkaCluster, tmp_path: Path, prefix: str
+) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+    """Two nodes of a new cluster on the broker, sharing its partitions; stopped after."""
+    cluster = f"{prefix}{uuid.uuid4().hex[:8]}"
     n1, n2 = (kafka_node(tmp_path, kafka_cluster.bootstrap, f"n{i}", cluster) for i in (1, 2))
     try:
         n1.start()
         wait_for("n1 to lead every partition", lambda: settled([n1]))
         n2.start()
         wait_for("the partitions to be shared", lambda: settled([n1, n2]) and bool(leading(n2)))
+        yield n1, n2
+    finally:
+        for node in (n1, n2):
+            if node.proc is not None:
+                node.stop()
+
+
+def test_both_nodes_read_the_types_registered_through_either(
+    kafka_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    with two_nodes(kafka_cluster, tmp_path, "r") as (n1, n2):
         p = registry_partition("default", PARTITIONS)
         owner, other = (n1, n2) if p in leading(n1) else (n2, n1)
         body = {
@@ -90,10 +105,6 @@ def test_both_nodes_read_the_types_registered_through_either(
         by_id = f"/registry/schemas/ids/{made['id']}"
         got = until_ok(other.base, "GET", by_id, None, CLIENT, meanwhile=(503, 404))
         assert json.loads(str(got["schema"]))["name"] == "Other"
-    finally:
-        for node in (n1, n2):
-            if node.proc is not None:
-                node.stop()
 
 
 def test_a_deploys_warning_counts_the_unfinished_tasks_of_both_nodes_partitions(
@@ -102,13 +113,7 @@ def test_a_deploys_warning_counts_the_unfinished_tasks_of_both_nodes_partitions(
     """A deploy that removes a type warns of its unfinished tasks in every partition: those
     of the node that leads the registry partition and those of the other (asked by a signed
     call between nodes), whichever node the agent registers through."""
-    cluster = f"w{uuid.uuid4().hex[:8]}"
-    n1, n2 = (kafka_node(tmp_path, kafka_cluster.bootstrap, f"n{i}", cluster) for i in (1, 2))
-    try:
-        n1.start()
-        wait_for("n1 to lead every partition", lambda: settled([n1]))
-        n2.start()
-        wait_for("the partitions to be shared", lambda: settled([n1, n2]) and bool(leading(n2)))
+    with two_nodes(kafka_cluster, tmp_path, "w") as (n1, n2):
         by_node = {n1.base: set(leading(n1)), n2.base: set(leading(n2))}
 
         def deploy(via: str, number: int, types: list[str]) -> list[str]:
@@ -136,7 +141,3 @@ def test_a_deploys_warning_counts_the_unfinished_tasks_of_both_nodes_partitions(
             (warning,) = deploy(via, number, ["ship"])
             assert "task type 'pack_item', referenced by 5 unfinished task(s): " in warning, warning
             assert deploy(via, number + 1, ["pack_item", "ship"]) == []
-    finally:
-        for node in (n1, n2):
-            if node.proc is not None:
-                node.stop()
